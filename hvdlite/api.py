@@ -1,0 +1,210 @@
+"""The core's collectives on NumPy arrays. Framework adapters convert and call these.
+
+Each collective has a blocking form and an ``_async`` form returning a :class:`Handle`; ``poll``
+and ``synchronize`` take the handle. Arguments are checked here, before anything is queued,
+so a bad call fails on the calling rank with a message naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .errors import UnsupportedOperationError
+from .naming import group_member_names
+from .ops import Collective, ReduceOp, resolve_op
+from .request import Handle, Request, RequestMeta
+from .runtime import current
+
+
+def _array(tensor: Any) -> np.ndarray:
+    return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+
+
+def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]]) -> list[Handle]:
+    requests = [Request(meta, tensor, Handle(meta.name)) for meta, tensor in pairs]
+    current().engine.submit(requests)
+    return [r.handle for r in requests]
+
+
+def _reduction_meta(collective: Collective, array: np.ndarray, name: str, op: ReduceOp,
+                    prescale: float, postscale: float) -> RequestMeta:
+    dtype = dtypes.dtype_name(array, name)
+    dtypes.check_reduction(dtype, op, float(prescale), float(postscale), name)
+    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale))
+
+
+# ---- allreduce -----------------------------------------------------------------------------------
+def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` across ranks (default op: Average). Returns a handle."""
+    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor, _single=True)[0]
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce ``tensor`` across ranks and return the result (a new array)."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                            op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, _single: bool = False) -> list[Handle]:
+    """Start reducing several tensors as one group (negotiated together, fused where possible)."""
+    resolved = resolve_op(op, average)
+    base = current().names.resolve(name, Collective.ALLREDUCE)
+    names = [base] if _single else group_member_names(base, len(tensors))
+    arrays = [_array(t) for t in tensors]
+    return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
+                    for a, n in zip(arrays, names)])
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[np.ndarray]:
+    """Reduce several tensors as one group and return the results in order."""
+    handles = grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)
+    return [synchronize(h) for h in handles]
+
+
+# ---- allgather -----------------------------------------------------------------------------------
+def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _single: bool = False) -> list[Handle]:
+    """Start gathering several tensors; each may have a different first dimension on each rank."""
+    base = current().names.resolve(name, Collective.ALLGATHER)
+    names = [base] if _single else group_member_names(base, len(tensors))
+    pairs = []
+    for tensor, member in zip(tensors, names):
+        array = _array(tensor)
+        if array.ndim == 0:
+            raise UnsupportedOperationError(f"allgather of tensor {member!r} needs at least one dimension, got a scalar")
+        pairs.append((RequestMeta(member, Collective.ALLGATHER, dtypes.dtype_name(array, member), array.shape), array))
+    return _submit(pairs)
+
+
+def allgather_async(tensor: Any, name: str | None = None) -> Handle:
+    return grouped_allgather_async([tensor], name, _single=True)[0]
+
+
+def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
+    """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
+    return synchronize(allgather_async(tensor, name))
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None) -> list[np.ndarray]:
+    return [synchronize(h) for h in grouped_allgather_async(tensors, name)]
+
+
+# ---- broadcast -----------------------------------------------------------------------------------
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank."""
+    runtime = current()
+    size = runtime.topology.size
+    member = runtime.names.resolve(name, Collective.BROADCAST)
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
+        raise UnsupportedOperationError(f"broadcast of tensor {member!r}: root_rank={root_rank!r} is not in [0, {size})")
+    array = _array(tensor)
+    meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), array.shape,
+                       root_rank=int(root_rank))
+    return _submit([(meta, array)])[0]
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+    """Return ``root_rank``'s ``tensor`` on every rank (a new array)."""
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+# ---- alltoall ------------------------------------------------------------------------------------
+def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
+    """Start sending ``splits[r]`` first-dimension slices to rank r (equal parts if ``splits`` is None)."""
+    runtime = current()
+    size = runtime.topology.size
+    member = runtime.names.resolve(name, Collective.ALLTOALL)
+    array = _array(tensor)
+    if array.ndim == 0:
+        raise UnsupportedOperationError(f"alltoall of tensor {member!r} needs at least one dimension")
+    rows = array.shape[0]
+    if splits is None:
+        if rows % size:
+            raise UnsupportedOperationError(
+                f"alltoall of tensor {member!r}: first dimension {rows} does not divide by {size} ranks; pass splits")
+        split_list = [rows // size] * size
+    else:
+        split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
+        if len(split_list) != size or min(split_list) < 0 or sum(split_list) != rows:
+            raise UnsupportedOperationError(
+                f"alltoall of tensor {member!r}: splits {split_list} must be {size} non-negative counts "
+                f"summing to the first dimension {rows}")
+    meta = RequestMeta(member, Collective.ALLTOALL, dtypes.dtype_name(array, member), array.shape,
+                       splits=tuple(split_list))
+    return _submit([(meta, array)])[0]
+
+
+def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Scatter slices of ``tensor`` to every rank; returns (received data, rows received per rank)."""
+    return synchronize(alltoall_async(tensor, splits, name))
+
+
+# ---- reducescatter -------------------------------------------------------------------------------
+def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                _single: bool = False) -> list[Handle]:
+    """Start reducing each tensor and leaving rank r its r-th block of rows."""
+    resolved = resolve_op(op)
+    base = current().names.resolve(name, Collective.REDUCESCATTER)
+    names = [base] if _single else group_member_names(base, len(tensors))
+    if resolved not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise UnsupportedOperationError(f"reducescatter of {base!r} supports Sum and Average, not {resolved.name}")
+    pairs = []
+    for tensor, member in zip(tensors, names):
+        array = _array(tensor)
+        if array.ndim == 0:
+            raise UnsupportedOperationError(f"reducescatter of tensor {member!r} needs at least one dimension")
+        meta = _reduction_meta(Collective.REDUCESCATTER, array, member, resolved, prescale_factor, postscale_factor)
+        pairs.append((meta, array))
+    return _submit(pairs)
+
+
+def reducescatter_async(tensor: Any, op: ReduceOp | None = None, name: str | None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    return grouped_reducescatter_async([tensor], op, name, prescale_factor, postscale_factor, _single=True)[0]
+
+
+def reducescatter(tensor: Any, op: ReduceOp | None = None, name: str | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce ``tensor`` and return this rank's block of rows (first ranks get one extra row)."""
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[np.ndarray]:
+    handles = grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor)
+    return [synchronize(h) for h in handles]
+
+
+# ---- barrier, join, handles ----------------------------------------------------------------------
+def barrier() -> None:
+    """Return once every rank has called ``barrier()``."""
+    name = current().names.next(Collective.BARRIER)
+    synchronize(_submit([(RequestMeta(name, Collective.BARRIER), None)])[0])
+
+
+def join() -> int:
+    """Declare this rank out of data. Until every rank joins, others' allreduces count it as zeros.
+
+    Returns the rank that joined last.
+    """
+    current()
+    return synchronize(_submit([(RequestMeta("join", Collective.JOIN), None)])[0])
+
+
+def poll(handle: Handle) -> bool:
+    """True if the operation behind ``handle`` has finished (never blocks)."""
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle`` and return its result, or raise the operation's error."""
+    return handle.wait()

@@ -1,0 +1,52 @@
+"""The interfaces between the engine and a transport. Negotiation and fusion never see MPI."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..ops import ReduceOp
+
+
+class ControlChannel(Protocol):
+    """The negotiation transport: small collectives on a communicator of their own."""
+
+    rank: int
+    size: int
+
+    def band(self, vector: np.ndarray) -> np.ndarray:
+        """Bitwise-AND all-reduce of a uint64 vector."""
+
+    def gather_to_root(self, payload: bytes) -> list[bytes] | None:
+        """Every rank's payload on rank 0 (``None`` elsewhere)."""
+
+    def broadcast_from_root(self, payload: bytes | None) -> bytes:
+        """Rank 0's payload on every rank."""
+
+
+class DataBackend(Protocol):
+    """Moves tensor bytes. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
+
+    name: str
+
+    def enabled_for(self, array: np.ndarray) -> bool:
+        """True if this backend can move ``array`` (host memory for MPI, device memory for NCCL)."""
+
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp) -> None:
+        """Reduce into ``recv``; ``send=None`` means in place. SUM stands in for AVERAGE."""
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        """Concatenate every rank's ``send`` (``counts[r]`` elements from rank r) into ``recv``."""
+
+    def broadcast(self, buffer: np.ndarray, root: int) -> None:
+        """Overwrite ``buffer`` with ``root``'s contents."""
+
+    def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray, recv_counts: list[int]) -> None:
+        """Send ``send_counts[r]`` elements to rank r; receive ``recv_counts[r]`` from it."""
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int], op: ReduceOp) -> None:
+        """Reduce ``send`` and leave block r (``counts[r]`` elements) on rank r."""
+
+    def barrier(self) -> None:
+        """Return once every rank has entered."""

@@ -1,0 +1,71 @@
+"""Lifecycle and topology queries (Horovod's ``basics``)."""
+
+from __future__ import annotations
+
+from .runtime import current, is_initialized, mpi_threads_supported
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    return current().topology.rank
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return current().topology.size
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its host."""
+    return current().topology.local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this process's host."""
+    return current().topology.local_size
+
+
+def cross_rank() -> int:
+    """This process's index among the ranks (one per host) that share its local rank."""
+    return current().topology.cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that have a rank with this process's local rank."""
+    return current().topology.cross_size
+
+
+def is_homogeneous() -> bool:
+    """True if every host runs the same number of ranks."""
+    return current().topology.is_homogeneous
+
+
+def mpi_enabled() -> bool:
+    """True once hvdlite runs on MPI (always, after ``init()``)."""
+    return is_initialized()
+
+
+def mpi_built() -> bool:
+    """hvdlite always carries its MPI transport (mpi4py)."""
+    return True
+
+
+def nccl_built() -> int:
+    """NCCL version number hvdlite can use, or 0 (the NCCL backend is not part of this build yet)."""
+    return 0
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    """hvdlite has no Gloo transport."""
+    return False
+
+
+__all__ = [
+    "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
+    "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled", "gloo_built", "is_initialized",
+    "mpi_threads_supported",
+]

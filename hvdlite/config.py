@@ -1,0 +1,174 @@
+"""The one place that reads ``HVDLITE_*`` environment variables.
+
+:class:`Config` is a frozen dataclass; :func:`load_config` builds it from an environment mapping
+and rejects unknown ``HVDLITE_*`` names and bad values with a message naming the variable. The
+launcher turns its flags into these same variables, so a rank sees one source of truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+MIB = 1024 * 1024
+_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be 0/1 (or true/false)")
+
+
+def _log_level(text: str) -> str:
+    upper = text.strip().upper()
+    if upper not in _LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}")
+    return upper
+
+
+def _text(text: str) -> str:
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Runtime and launcher settings. Build it with :func:`load_config`, never by hand in user code."""
+
+    fusion_threshold: int = 2 * MIB
+    chunk_bytes: int = 4 * MIB
+    cycle_time_ms: float = 0.0
+    poll_time_ms: float = 1.0
+    idle_cycle_seconds: float = 1.0
+    cache_capacity: int = 1024
+    timeline: str = ""
+    stall_check: bool = True
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 600.0
+    log_level: str = "WARNING"
+    run_dir: str = ""
+    mpi_args: str = ""
+    output_filename: str = ""
+    ssh_port: int = 0
+    ssh_identity_file: str = ""
+    verbose: bool = False
+
+    @property
+    def python_log_level(self) -> int:
+        """The ``logging`` level for :attr:`log_level` (TRACE maps to DEBUG, FATAL to CRITICAL)."""
+        return {"TRACE": logging.DEBUG, "FATAL": logging.CRITICAL}.get(
+            self.log_level, getattr(logging, self.log_level)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One ``HVDLITE_*`` variable: the field it fills and how its text is parsed."""
+
+    env: str
+    field: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("HVDLITE_FUSION_THRESHOLD", "fusion_threshold", _non_negative_int,
+            "bytes of small tensors packed into one fusion buffer (0 disables fusion)"),
+    Setting("HVDLITE_CHUNK_BYTES", "chunk_bytes", _positive_int,
+            "large buffers are reduced in pieces of this many bytes"),
+    Setting("HVDLITE_CYCLE_TIME", "cycle_time_ms", _non_negative_float,
+            "ms the engine waits after new work arrives so more requests share one negotiation"),
+    Setting("HVDLITE_POLL_TIME", "poll_time_ms", _positive_float,
+            "longest sleep (ms) between polls while waiting on other ranks"),
+    Setting("HVDLITE_IDLE_CYCLE_SECONDS", "idle_cycle_seconds", _positive_float,
+            "an idle rank joins an empty negotiation this often so stalls can be diagnosed"),
+    Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
+            "response-cache entries (0 disables the bit-vector fast path)"),
+    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of a timeline file"),
+    Setting("HVDLITE_STALL_CHECK", "stall_check", _flag, "0 disables the stall inspector"),
+    Setting("HVDLITE_STALL_CHECK_TIME_SECONDS", "stall_check_seconds", _positive_float,
+            "seconds before a stall warning names the waiting tensors and missing ranks"),
+    Setting("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_seconds", _positive_float,
+            "seconds before a stall becomes an error on every rank"),
+    Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, "log level"),
+    Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),
+    Setting("HVDLITE_MPI_ARGS", "mpi_args", _text, "extra arguments for mpiexec"),
+    Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", _text, "directory for per-rank output"),
+    Setting("HVDLITE_SSH_PORT", "ssh_port", _non_negative_int, "ssh port for remote hosts"),
+    Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", _text, "ssh identity file"),
+    Setting("HVDLITE_VERBOSE", "verbose", _flag, "print the launch command"),
+)
+SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
+
+# Variables read by other programs in the hvdlite family (tests), accepted but not parsed here.
+_RESERVED_PREFIXES = ("HVDLITE_TEST_",)
+
+
+def environ() -> dict[str, str]:
+    """A copy of the process environment: the launcher's only way to see it."""
+    return dict(os.environ)
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from ``env`` (default: ``os.environ``).
+
+    Raises :class:`ConfigError` naming the variable and its bad value, or an unknown
+    ``HVDLITE_*`` name (usually a typo) together with the known names.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name, text in env.items():
+        if not name.startswith("HVDLITE_") or name.startswith(_RESERVED_PREFIXES):
+            continue
+        setting = SETTINGS_BY_ENV.get(name)
+        if setting is None:
+            known = ", ".join(sorted(SETTINGS_BY_ENV))
+            raise ConfigError(f"unknown environment variable {name}={text!r}; known names: {known}")
+        try:
+            values[setting.field] = setting.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={text!r} is invalid: {exc}") from None
+    config = Config(**values)
+    if config.stall_shutdown_seconds < config.stall_check_seconds:
+        raise ConfigError(
+            f"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS={config.stall_shutdown_seconds} is shorter than "
+            f"HVDLITE_STALL_CHECK_TIME_SECONDS={config.stall_check_seconds}"
+        )
+    return config

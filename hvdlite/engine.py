@@ -1,0 +1,235 @@
+"""The background engine: one thread per process that owns all communication.
+
+Each *cycle*: move newly submitted requests into the pending table; agree with every rank, in
+one bitwise-AND all-reduce, on which cached requests are pending everywhere; if any rank has
+requests the cache cannot answer (or asked to bypass it), run a coordinator round; then execute
+the agreed responses, fused, in the same order on every rank.
+
+The thread sleeps while this rank has nothing pending (waking every ``idle_cycle_seconds`` to
+take part in peers' cycles, so a stall can be diagnosed). While requests are pending it cycles,
+backing off up to the poll time when a cycle makes no progress, so a rank waiting on slower peers
+costs a few percent of a core, not a spinning one.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+
+from . import errors, fusion
+from .backend.base import ControlChannel
+from .config import Config
+from .executor import Executor
+from .negotiation import Coordinator
+from .ops import Collective
+from .request import Request
+from .response import RankMessage, Response, RoundResult
+from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, CycleState, Lookup, ResponseCache, decode, encode
+
+log = logging.getLogger("hvdlite")
+
+
+class Engine:
+    """Queue, negotiation and execution for one process. Start with :meth:`start`."""
+
+    def __init__(self, config: Config, control: ControlChannel, executor: Executor) -> None:
+        self._config = config
+        self._control = control
+        self._executor = executor
+        self.rank, self.size = control.rank, control.size
+        self._cache = ResponseCache(config.cache_capacity)
+        stall = config.stall_check
+        self._coordinator = (
+            Coordinator(self.size, config.stall_check_seconds if stall else None,
+                        config.stall_shutdown_seconds if stall else None)
+            if self.rank == 0 else None
+        )
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._incoming: list[Request] = []
+        self._in_flight: set[str] = set()
+        self._pending: dict[str, Request] = {}
+        self._shutdown_requested = False
+        self._last_round = time.monotonic()
+        self._fatal: errors.HvdliteError | None = None
+        self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
+
+    # ---- user-thread side -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, requests: list[Request]) -> None:
+        """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names."""
+        with self._lock:
+            if self._fatal is not None:
+                raise type(self._fatal)(str(self._fatal))
+            if self._shutdown_requested:
+                raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
+            names = [r.meta.name for r in requests]
+            clash = sorted({n for n in names if n in self._in_flight or names.count(n) > 1})
+            if clash:
+                raise errors.DuplicateNameError(
+                    f"tensor name(s) {clash} already in flight on rank {self.rank}; wait for the earlier "
+                    "operation or give each operation a unique name"
+                )
+            self._in_flight.update(names)
+            self._incoming.extend(requests)
+        self._wake.set()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Ask every rank's engine to stop; returns when this one has (all ranks must call it)."""
+        with self._lock:
+            self._shutdown_requested = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            idle_streak = 0
+            while True:
+                self._sleep_until_work(idle_streak)
+                progressed, finished = self._cycle()
+                if finished:
+                    self._fail_all(errors.HvdliteShutdownError("hvdlite was shut down"))
+                    return
+                idle_streak = 0 if progressed else idle_streak + 1
+        except errors.HvdliteError as exc:  # fatal, and already agreed by every rank
+            log.error("%s", exc)
+            self._fail_all(exc)
+        except BaseException as exc:  # a bug: peers would wait forever for this rank, so end the job
+            log.exception("hvdlite engine failed on rank %d; aborting the job", self.rank)
+            self._fail_all(errors.HvdliteShutdownError(f"hvdlite engine failed on rank {self.rank}: {exc!r}"))
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)
+
+    def _sleep_until_work(self, idle_streak: int) -> None:
+        """Sleep while nothing is pending; back off while pending work makes no progress."""
+        if self._shutdown_requested:
+            return
+        if not self._pending and not self._incoming:
+            self._wake.wait(self._config.idle_cycle_seconds)
+        elif idle_streak:
+            backoff = min(20e-6 * 2 ** min(idle_streak, 16), self._config.poll_time_ms / 1000)
+            self._wake.wait(backoff)
+        elif self._config.cycle_time_ms:
+            time.sleep(self._config.cycle_time_ms / 1000)  # let more requests join this cycle
+        self._wake.clear()
+
+    def _cycle(self) -> tuple[bool, bool]:
+        """One negotiation + execution cycle. Returns (made progress, every rank shut down)."""
+        with self._lock:
+            arrived = self._incoming
+            self._incoming = []
+        for request in arrived:
+            self._pending[request.meta.name] = request
+        flush = self._shutdown_requested or self._joined() or self._stalled_locally()
+        state = self._local_state(flush)
+        verdict = decode(self._control.band(encode(state, self._cache.words)), self._cache.words)
+        responses: list[Response] = []
+        if verdict.or_flags & FLUSH:
+            self._cache = ResponseCache(self._cache.capacity)  # identical on every rank
+        else:
+            for bit in sorted(verdict.invalid):
+                self._cache.evict(bit)
+            responses.extend(self._cache.get(bit) for bit in sorted(verdict.hits))
+        if verdict.or_flags & (HAS_NEW | FLUSH | ROUND_DUE):
+            responses.extend(self._negotiate(bool(verdict.or_flags & FLUSH)))
+        self._execute(responses)
+        return bool(responses or arrived), bool(verdict.and_flags & SHUTDOWN)
+
+    def _joined(self) -> bool:
+        return any(r.meta.collective is Collective.JOIN for r in self._pending.values())
+
+    def _stalled_locally(self) -> bool:
+        """A request hidden behind the cache for too long goes to the coordinator's stall inspector."""
+        if not self._config.stall_check:
+            return False
+        limit = time.monotonic() - self._config.stall_check_seconds
+        return any(not r.sent_to_coordinator and r.submitted_at < limit for r in self._pending.values())
+
+    def _local_state(self, flush: bool) -> CycleState:
+        has_new, invalid, hits = False, set(), set()
+        for request in self._pending.values():
+            if request.sent_to_coordinator:
+                continue
+            found, bit = (Lookup.MISS, -1) if flush else self._cache.lookup(request.meta)
+            if found is Lookup.HIT:
+                hits.add(bit)
+            else:
+                has_new = True
+                if found is Lookup.INVALID:
+                    invalid.add(bit)
+        return CycleState(
+            or_flags=(HAS_NEW if has_new else 0) | (FLUSH if flush else 0) | self._round_due(),
+            and_flags=SHUTDOWN if self._shutdown_requested else 0,
+            invalid=frozenset(invalid),
+            hits=frozenset(hits),
+        )
+
+    def _round_due(self) -> int:
+        """On the coordinator: ask for a round now and then while names wait, so stalls are seen."""
+        if self._coordinator is None or not self._coordinator.pending_names:
+            return 0
+        return ROUND_DUE if time.monotonic() - self._last_round > self._config.idle_cycle_seconds else 0
+
+    def _negotiate(self, flush: bool) -> list[Response]:
+        """A coordinator round: send what the cache cannot answer, receive the job's verdict."""
+        now = self._last_round = time.monotonic()
+        outgoing = [
+            r for r in self._pending.values()
+            if not r.sent_to_coordinator and (flush or self._cache.lookup(r.meta)[0] is not Lookup.HIT)
+        ]
+        for request in outgoing:
+            request.sent_to_coordinator = True
+        message = RankMessage(
+            self.rank, tuple(r.meta for r in outgoing), tuple(now - r.submitted_at for r in outgoing),
+            shutdown=self._shutdown_requested,
+        )
+        gathered = self._control.gather_to_root(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = None
+        if self._coordinator is not None:
+            result = self._coordinator.round(pickle.loads(m) for m in gathered)
+            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        result: RoundResult = pickle.loads(self._control.broadcast_from_root(payload))
+        for warning in result.warnings:
+            log.warning("%s", warning)
+        if result.fatal:
+            raise errors.StallError(result.fatal)
+        for response in result.responses:
+            self._cache.put(response)
+        return list(result.responses)
+
+    def _execute(self, responses: list[Response]) -> None:
+        for item in fusion.plan(responses, self._config.fusion_threshold):
+            for response, result, error in self._executor.run(item, self._pending):
+                self._complete(response.meta.name, result, error)
+
+    def _complete(self, name: str, result: object, error: BaseException | None) -> None:
+        """Release the name *before* waking the waiter, so it can resubmit the name at once."""
+        request = self._pending.pop(name, None)
+        if request is None:  # a name this rank never submitted (it joined, or a peer's error)
+            return
+        with self._lock:
+            self._in_flight.discard(name)
+        if error is not None:
+            request.handle.set_error(error)
+        else:
+            request.handle.set_result(result)
+
+    def _fail_all(self, error: errors.HvdliteError) -> None:
+        with self._lock:
+            self._fatal = error
+            requests = list(self._pending.values()) + self._incoming
+            self._pending.clear()
+            self._incoming = []
+            self._in_flight.clear()
+        for request in requests:
+            request.handle.set_error(error)

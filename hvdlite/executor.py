@@ -1,0 +1,159 @@
+"""Executes planned work items on a data backend and completes the requests' handles.
+
+This is the only place that turns responses into buffer operations: packing fused tensors,
+widening 16-bit floats to the float32 wire type, scaling, zero contributions for joined ranks,
+and handing results back. Outputs of a fused reduction are views into the fresh fusion buffer,
+so nothing is copied back out; a large tensor is reduced straight from the caller's array.
+The engine, not the executor, hands results to the waiting handles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import dtypes, errors
+from .backend.base import DataBackend
+from .fusion import WorkItem
+from .ops import Collective, ReduceOp
+from .request import Request
+from .response import Response
+
+
+def error_for(response: Response) -> errors.HvdliteError:
+    """The exception a response's error stands for."""
+    cls = getattr(errors, response.error_type, errors.HvdliteError)
+    return cls(response.error)
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+class Executor:
+    """Runs :class:`WorkItem`s for one rank."""
+
+    def __init__(self, backend: DataBackend, rank: int, size: int) -> None:
+        self._backend = backend
+        self.rank = rank
+        self.size = size
+
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list[tuple[Response, Any, BaseException | None]]:
+        """Execute ``item``; returns (response, result, error) for each of its responses."""
+        if item.responses[0].error:
+            return [(r, None, error_for(r)) for r in item.responses]
+        results = self._dispatch(item.responses, local)
+        return [(r, result, None) for r, result in zip(item.responses, results)]
+
+    def _dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        collective = responses[0].meta.collective
+        if collective is Collective.ALLREDUCE:
+            return self._allreduce(responses, local)
+        (response,) = responses
+        request = local.get(response.meta.name)
+        if collective is Collective.ALLGATHER:
+            return [self._allgather(response, request)]
+        if collective is Collective.BROADCAST:
+            return [self._broadcast(response, request)]
+        if collective is Collective.ALLTOALL:
+            return [self._alltoall(response, request)]
+        if collective is Collective.REDUCESCATTER:
+            return [self._reducescatter(response, request)]
+        if collective is Collective.BARRIER:
+            self._backend.barrier()
+            return [None]
+        return [response.last_joined]  # JOIN
+
+    def _wire_input(self, response: Response, local: Mapping[str, Request]) -> np.ndarray:
+        meta = response.meta
+        request = local.get(meta.name)
+        wire = dtypes.wire_dtype(meta.dtype)
+        if request is None:  # this rank has joined: it contributes zeros
+            return np.zeros(math.prod(meta.shape), dtype=wire)
+        return np.ascontiguousarray(request.tensor).reshape(-1)
+
+    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        meta = responses[0].meta
+        wire = dtypes.wire_dtype(meta.dtype)
+        op = dtypes.wire_op(meta.dtype, meta.op)
+        inputs = [self._wire_input(r, local) for r in responses]
+        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
+            buffer = np.empty(inputs[0].size, dtype=wire)
+            self._backend.allreduce(inputs[0], buffer, op)
+        else:
+            buffer = np.empty(sum(i.size for i in inputs), dtype=wire)
+            offset = 0
+            for tensor in inputs:
+                buffer[offset : offset + tensor.size] = tensor  # packs, and widens 16-bit floats
+                offset += tensor.size
+            if meta.prescale != 1.0:
+                buffer *= meta.prescale
+            self._backend.allreduce(None, buffer, op)
+        self._postscale(buffer, meta.dtype, meta.op, meta.postscale)
+        outputs, offset = [], 0
+        for response in responses:
+            count = math.prod(response.meta.shape)
+            view = buffer[offset : offset + count].reshape(response.meta.shape)
+            outputs.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else view.astype(meta.dtype))
+            offset += count
+        return outputs
+
+    def _postscale(self, buffer: np.ndarray, dtype: str, op: ReduceOp, postscale: float) -> None:
+        if op is not ReduceOp.AVERAGE:
+            if postscale != 1.0:
+                buffer *= postscale
+            return
+        if dtypes.is_floating(dtype):
+            buffer *= postscale / self.size
+        else:  # integer average truncates toward zero, like a C cast of the float result
+            np.copyto(buffer, np.trunc(buffer / self.size), casting="unsafe")
+
+    def _allgather(self, response: Response, request: Request) -> np.ndarray:
+        meta = response.meta
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
+        output = np.empty((sum(response.per_rank),) + meta.shape[1:], dtype=meta.dtype)
+        counts = [rows * row_bytes for rows in response.per_rank]
+        self._backend.allgatherv(_as_bytes(request.tensor), output.reshape(-1).view(np.uint8), counts)
+        return output
+
+    def _broadcast(self, response: Response, request: Request) -> np.ndarray:
+        meta = response.meta
+        if self.rank == meta.root_rank:
+            output = np.array(request.tensor, dtype=meta.dtype, copy=True, order="C")
+        else:
+            output = np.empty(meta.shape, dtype=meta.dtype)
+        self._backend.broadcast(output.reshape(-1).view(np.uint8), meta.root_rank)
+        return output
+
+    def _alltoall(self, response: Response, request: Request) -> tuple[np.ndarray, np.ndarray]:
+        meta = response.meta
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
+        received = [splits[self.rank] for splits in response.per_rank]
+        output = np.empty((sum(received),) + meta.shape[1:], dtype=meta.dtype)
+        self._backend.alltoallv(
+            _as_bytes(request.tensor), [s * row_bytes for s in response.per_rank[self.rank]],
+            output.reshape(-1).view(np.uint8), [s * row_bytes for s in received],
+        )
+        return output, np.array(received, dtype=np.int64)
+
+    def _reducescatter(self, response: Response, request: Request) -> np.ndarray:
+        meta = response.meta
+        wire = dtypes.wire_dtype(meta.dtype)
+        rows = scatter_rows(meta.shape[0], self.size)
+        row = math.prod(meta.shape[1:])
+        send = np.ascontiguousarray(request.tensor).reshape(-1).astype(wire, copy=meta.prescale != 1.0)
+        if meta.prescale != 1.0:
+            send *= meta.prescale
+        recv = np.empty(rows[self.rank] * row, dtype=wire)
+        self._backend.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
+        self._postscale(recv, meta.dtype, meta.op, meta.postscale)
+        output = recv.reshape((rows[self.rank],) + meta.shape[1:])
+        return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else output.astype(meta.dtype)
+
+
+def scatter_rows(rows: int, size: int) -> list[int]:
+    """Rows each rank keeps after a reducescatter: equal shares, the first ranks take the remainder."""
+    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]

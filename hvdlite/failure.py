@@ -1,0 +1,36 @@
+"""Ending the whole job when one rank dies of an uncaught exception (as ``mpi4py.run`` does).
+
+Without this, peers of a crashed rank wait in their next collective until the stall deadline.
+The hook prints the traceback first, then says which rank failed, then aborts every rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+
+_previous_hook = None
+
+
+def install(rank: int, abort) -> None:
+    """Route uncaught exceptions on the main thread through ``abort(1)`` after printing them."""
+    global _previous_hook
+    if _previous_hook is not None:
+        return
+    _previous_hook = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        _previous_hook(kind, value, tb)
+        sys.stderr.write(f"hvdlite: rank {rank} failed with an uncaught {kind.__name__}; aborting all ranks\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        abort(1)
+
+    sys.excepthook = hook
+
+
+def uninstall() -> None:
+    global _previous_hook
+    if _previous_hook is not None:
+        sys.excepthook = _previous_hook
+        _previous_hook = None

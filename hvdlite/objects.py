@@ -1,0 +1,37 @@
+"""Collectives on arbitrary picklable Python objects (cloudpickle), built on the byte collectives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from . import api
+from .ops import Collective
+from .runtime import current
+
+
+def _names(name: str | None, kind: str) -> str:
+    return name if name is not None else current().names.next(Collective.BROADCAST if kind == "b" else Collective.ALLGATHER)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """Return ``root_rank``'s ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
+    base = _names(name, "b") + ".object"
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if current().topology.rank == root_rank else None
+    length = np.array([0 if payload is None else payload.size], dtype=np.int64)
+    length = api.broadcast(length, root_rank, name=base + ".size")
+    buffer = payload if payload is not None else np.empty(int(length[0]), dtype=np.uint8)
+    data = api.broadcast(buffer, root_rank, name=base + ".data")
+    return cloudpickle.loads(data.tobytes()) if payload is None else obj
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Every rank's ``obj``, as a list in rank order."""
+    base = _names(name, "g") + ".object"
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    sizes = api.allgather(np.array([payload.size], dtype=np.int64), name=base + ".size")
+    data = api.allgather(payload, name=base + ".data")
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [cloudpickle.loads(data[offsets[r] : offsets[r + 1]].tobytes()) for r in range(sizes.size)]

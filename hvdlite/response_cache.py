@@ -1,0 +1,127 @@
+"""The response cache and the bit vector that lets ranks agree on cached requests in one collective.
+
+Every rank inserts the same responses in the same order and evicts identically, so a given
+cache bit means the same request everywhere. In steady state (training: the same gradient names
+every step) a cycle is one small bitwise-AND all-reduce instead of a coordinator round trip:
+
+    [~or_flags, and_flags, ~invalid_bits..., hit_bits...]   reduced with BAND
+
+Hit bits survive only if every rank has that request pending. The OR-sections are sent
+inverted so one BAND computes "any rank" for them (de Morgan), as Horovod's cache does.
+A rank that submits a cached name with a different signature sets the name's *invalid* bit;
+every rank then evicts it and the request goes to the coordinator.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import heapq
+
+import numpy as np
+
+from .request import RequestMeta
+from .response import Response
+
+# Bits of the OR-section flags word.
+HAS_NEW = 1  # some rank has requests the cache cannot answer: run a coordinator round
+FLUSH = 2  # bypass the cache this cycle (a rank joined, is shutting down, or saw a stall)
+ROUND_DUE = 4  # the coordinator has waiting names and wants a round for its stall inspector
+# Bits of the AND-section flags word.
+SHUTDOWN = 1  # every rank asked to shut down
+
+_ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+class Lookup(enum.Enum):
+    HIT = "hit"
+    INVALID = "invalid"
+    MISS = "miss"
+
+
+class ResponseCache:
+    """LRU map ``name -> (bit, signature, response)`` with deterministic bit assignment."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.words = (capacity + 63) // 64
+        self._by_name: collections.OrderedDict[str, tuple[int, tuple, Response]] = collections.OrderedDict()
+        self._name_of_bit: dict[int, str] = {}
+        self._free_bits = list(range(capacity))  # a heap: the lowest free bit is reused first
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def lookup(self, meta: RequestMeta) -> tuple[Lookup, int]:
+        entry = self._by_name.get(meta.name)
+        if entry is None:
+            return Lookup.MISS, -1
+        bit, signature, _ = entry
+        return (Lookup.HIT if signature == meta.signature else Lookup.INVALID), bit
+
+    def put(self, response: Response) -> None:
+        """Remember a successful response; evicts the least recently used entry when full."""
+        if self.capacity == 0 or not response.cacheable:
+            return
+        name = response.meta.name
+        if name in self._by_name:
+            self.evict(self._by_name[name][0])
+        if len(self._by_name) >= self.capacity:
+            self.evict(next(iter(self._by_name.values()))[0])
+        bit = heapq.heappop(self._free_bits)
+        self._by_name[name] = (bit, response.meta.signature, response)
+        self._name_of_bit[bit] = name
+
+    def get(self, bit: int) -> Response:
+        """The response behind ``bit``, marked most recently used."""
+        name = self._name_of_bit[bit]
+        self._by_name.move_to_end(name)
+        return self._by_name[name][2]
+
+    def evict(self, bit: int) -> None:
+        name = self._name_of_bit.pop(bit, None)
+        if name is not None:
+            del self._by_name[name]
+            heapq.heappush(self._free_bits, bit)
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleState:
+    """One rank's contribution to a cycle, or (after the reduction) the whole job's verdict."""
+
+    or_flags: int = 0
+    and_flags: int = 0
+    invalid: frozenset[int] = frozenset()
+    hits: frozenset[int] = frozenset()
+
+
+def _bits_to_words(bits: frozenset[int], words: int) -> np.ndarray:
+    flat = np.zeros(words * 64, dtype=np.uint8)
+    flat[list(bits)] = 1
+    return np.packbits(flat, bitorder="little").view(np.uint64)
+
+
+def _words_to_bits(words: np.ndarray) -> frozenset[int]:
+    flat = np.unpackbits(words.view(np.uint8), bitorder="little")
+    return frozenset(int(i) for i in np.flatnonzero(flat))
+
+
+def encode(state: CycleState, words: int) -> np.ndarray:
+    """The uint64 vector this rank contributes to the cycle's BAND all-reduce."""
+    head = np.array([~np.uint64(state.or_flags), np.uint64(state.and_flags)], dtype=np.uint64)
+    invalid = ~_bits_to_words(state.invalid, words)
+    hits = _bits_to_words(state.hits, words)
+    return np.concatenate([head, invalid, hits])
+
+
+def decode(vector: np.ndarray, words: int) -> CycleState:
+    """Read the reduced vector back: OR of or_flags/invalid, AND of and_flags/hits."""
+    invalid = _words_to_bits(~vector[2 : 2 + words]) if words else frozenset()
+    hits = _words_to_bits(vector[2 + words :]) if words else frozenset()
+    return CycleState(int(~vector[0] & _ALL_ONES), int(vector[1]), invalid, hits - invalid)
+
+
+def band(vectors: list[np.ndarray]) -> np.ndarray:
+    """In-process BAND of several ranks' vectors (what MPI computes; used by unit tests)."""
+    return np.bitwise_and.reduce(np.stack(vectors), axis=0)

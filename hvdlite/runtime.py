@@ -1,0 +1,144 @@
+"""The one runtime object: created by :func:`init`, torn down by :func:`shutdown`.
+
+Everything global lives in a single :class:`Runtime`, so ``init -> shutdown -> init`` works and
+tests can reset it. mpi4py is imported here, lazily: importing hvdlite never starts MPI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from . import failure
+from .config import Config, load_config
+from .engine import Engine
+from .errors import HvdliteError, NotInitializedError
+from .naming import NameGenerator
+from .topology import Topology, topology_from_hosts
+
+log = logging.getLogger("hvdlite")
+_SHUTDOWN_JOIN_SECONDS = None  # shutdown waits for every rank; a dead peer ends the job via MPI
+
+
+@dataclasses.dataclass
+class Runtime:
+    config: Config
+    topology: Topology
+    engine: Engine
+    names: NameGenerator
+    comm: Any  # the mpi4py communicator the job runs on
+    private_comms: tuple[Any, ...]
+
+
+_runtime: Runtime | None = None
+_atexit_registered = False
+
+
+def current() -> Runtime:
+    """The live runtime, or a clear error if ``init()`` has not been called."""
+    if _runtime is None:
+        raise NotInitializedError("hvdlite has not been initialized; call hvdlite.init() first")
+    return _runtime
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _resolve_comm(MPI: Any, comm: Any) -> Any:
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    if isinstance(comm, Sequence) and all(isinstance(r, int) for r in comm):
+        world = MPI.COMM_WORLD
+        ranks = sorted(set(comm))
+        if world.Get_rank() not in ranks:
+            raise HvdliteError(f"rank {world.Get_rank()} called init(comm={list(comm)}) but is not in that list")
+        bad = [r for r in ranks if not 0 <= r < world.Get_size()]
+        if bad:
+            raise HvdliteError(f"init(comm=...) names ranks {bad} outside COMM_WORLD of size {world.Get_size()}")
+        return world.Create_group(world.Get_group().Incl(ranks))
+    raise TypeError(f"init(comm=...) takes an mpi4py communicator or a list of ranks, got {type(comm).__name__}")
+
+
+def _configure_logging(config: Config, rank: int) -> None:
+    logger = logging.getLogger("hvdlite")
+    logger.setLevel(config.python_log_level)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"[hvdlite rank {rank}] %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def init(comm: Any = None) -> None:
+    """Start hvdlite on ``comm`` (default COMM_WORLD; or an mpi4py communicator, or a list of ranks).
+
+    Calling it again while initialized does nothing, as in Horovod.
+    """
+    global _runtime, _atexit_registered
+    if _runtime is not None:
+        return
+    config = load_config()
+    from mpi4py import MPI
+
+    from .backend.mpi import MpiControlChannel, MpiDataBackend
+    from .executor import Executor
+
+    base = _resolve_comm(MPI, comm)
+    rank = base.Get_rank()
+    _configure_logging(config, rank)
+    topology = topology_from_hosts(base.allgather(MPI.Get_processor_name()), rank)
+    control, data = base.Dup(), base.Dup()
+    poll_seconds = config.poll_time_ms / 1000
+    engine = Engine(
+        config,
+        MpiControlChannel(control, poll_seconds),
+        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds), rank, topology.size),
+    )
+    engine.start()
+    _runtime = Runtime(config, topology, engine, NameGenerator(), base, (control, data))
+    if config.timeline:
+        log.warning("HVDLITE_TIMELINE is set but the timeline is not implemented yet; no file is written")
+    if config.run_dir:
+        _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
+    if topology.size > 1:
+        failure.install(rank, MPI.COMM_WORLD.Abort)
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
+
+
+def _write_pid_file(run_dir: str, world_rank: int) -> None:
+    """Lets hvdliterun name the rank behind a PID that MPI reports as killed."""
+    try:
+        with open(os.path.join(run_dir, f"rank.{world_rank}.pid"), "w") as handle:
+            handle.write(str(os.getpid()))
+    except OSError as exc:
+        log.debug("could not write pid file in %s: %s", run_dir, exc)
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank (all ranks must call it; atexit does) and free resources."""
+    global _runtime
+    runtime = _runtime
+    if runtime is None:
+        return
+    runtime.engine.shutdown(_SHUTDOWN_JOIN_SECONDS)
+    _runtime = None
+    failure.uninstall()
+    for private in runtime.private_comms:
+        private.Free()
+
+
+def mpi_threads_supported() -> bool:
+    """True if MPI runs with MPI_THREAD_MULTIPLE (hvdlite's engine thread needs at least SERIALIZED)."""
+    current()
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE

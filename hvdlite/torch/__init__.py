@@ -1,0 +1,6 @@
+"""hvdlite.torch: the torch adapter. Not part of this release yet; importing it says so."""
+
+raise ImportError(
+    "hvdlite.torch is not implemented in this version of hvdlite yet; the core API (import hvdlite) "
+    "works on NumPy arrays today"
+)

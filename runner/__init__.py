@@ -1,0 +1,1 @@
+"""hvdliterun: builds and runs the ``mpiexec`` command that starts an hvdlite job."""

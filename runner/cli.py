@@ -1,0 +1,152 @@
+"""``hvdliterun``: Horovod's ``horovodrun`` flags on top of MPICH's Hydra ``mpiexec``.
+
+Every tuning flag becomes the ``HVDLITE_*`` variable the ranks read (flag > environment >
+default). Bad input gets one line on stderr and exit code 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+
+from hvdlite.config import ConfigError, environ, load_config
+
+from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
+from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
+
+USAGE_ERROR = 2
+
+
+class LaunchError(Exception):
+    """Bad launcher input; printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + message
+        raise LaunchError(message)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hvdliterun", description="Launch an hvdlite job on MPI.")
+    p.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of processes")
+    p.add_argument("-H", "--hosts", help="hosts and slots, e.g. host1:2,host2:2 (default: all on localhost)")
+    p.add_argument("--hostfile", help="file of 'host slots=N' lines")
+    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB")
+    p.add_argument("--cycle-time-ms", type=float, help="ms to wait for more requests before negotiating")
+    p.add_argument("--cache-capacity", type=int, help="response cache entries (0 disables)")
+    p.add_argument("--timeline-filename", help="write a timeline to this file")
+    p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn about stalls after this")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail stalled jobs after this")
+    p.add_argument("--no-stall-check", action="store_true", default=None, help="disable the stall inspector")
+    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
+    p.add_argument("--verbose", action="store_true", default=None, help="print the mpiexec command")
+    p.add_argument("--mpi-args", help="extra arguments for mpiexec, quoted as one string")
+    p.add_argument("--output-filename", help="directory for per-rank stdout/stderr files")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of remote hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh identity file for remote hosts")
+    p.add_argument("--check-build", action="store_true", help="show available frameworks and operations")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
+    return p
+
+
+def find_mpiexec() -> str:
+    """The Hydra ``mpiexec`` of the MPI that mpi4py uses (pip's mpich installs it beside Python)."""
+    beside = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    found = beside or shutil.which("mpiexec")
+    if not found:
+        raise LaunchError("mpiexec not found; install hvdlite with pip (it brings the mpich package)")
+    return found
+
+
+def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:
+    if args.hosts and args.hostfile:
+        raise LaunchError("give either -H or --hostfile, not both")
+    try:
+        if args.hosts:
+            return tuple(parse_hosts(args.hosts))
+        if args.hostfile:
+            try:
+                with open(args.hostfile) as handle:
+                    return tuple(parse_hostfile(handle.read(), args.hostfile))
+            except OSError as exc:
+                raise LaunchError(f"cannot read --hostfile {args.hostfile!r}: {exc.strerror}") from None
+    except HostError as exc:
+        raise LaunchError(str(exc)) from None
+    return ()
+
+
+def _check_program(command: list[str]) -> None:
+    if not command:
+        raise LaunchError("no program given; usage: hvdliterun -np N [options] program [args ...]")
+    program = command[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise LaunchError(f"program {program!r} does not exist or is not executable")
+    elif shutil.which(program) is None:
+        raise LaunchError(f"program {program!r} not found on PATH")
+
+
+def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str, str], argparse.Namespace]:
+    """Validate ``argv``; return the launch spec, the ranks' environment, and the parsed flags."""
+    args = make_parser().parse_args(argv)
+    if args.check_build:
+        return LaunchSpec(0, ()), env, args
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.num_proc is None:
+        raise LaunchError("-np is required")
+    if args.num_proc < 1:
+        raise LaunchError(f"-np must be at least 1, got {args.num_proc}")
+    hosts = _hosts(args)
+    if hosts and args.num_proc > total_slots(hosts):
+        raise LaunchError(f"-np {args.num_proc} needs more processes than the {total_slots(hosts)} slots in "
+                          f"{', '.join(f'{h.host}:{h.slots}' for h in hosts)}")
+    _check_program(command)
+    rank_env = {**env, **flag_environment(vars(args))}
+    try:
+        config = load_config(rank_env)
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
+    spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename)
+    return spec, rank_env, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``hvdliterun``."""
+    from . import process
+    from .check_build import report
+
+    try:
+        spec, rank_env, args = prepare(sys.argv[1:] if argv is None else argv, environ())
+        if args.check_build:
+            print(report())
+            return 0
+        mpiexec = find_mpiexec()
+    except LaunchError as exc:
+        print(f"hvdliterun: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    config = load_config(rank_env)
+    with tempfile.TemporaryDirectory(prefix="hvdliterun-") as run_dir:
+        if config.ssh_port or config.ssh_identity_file:
+            agent = os.path.join(run_dir, "ssh-agent.sh")
+            with open(agent, "w") as handle:
+                handle.write(ssh_agent_script(config.ssh_port, config.ssh_identity_file))
+            os.chmod(agent, 0o755)
+            spec = LaunchSpec(**{**spec.__dict__, "launcher_agent": agent})
+        if spec.output_dir:
+            for rank in range(spec.num_proc):
+                os.makedirs(os.path.join(spec.output_dir, f"rank.{rank}"), exist_ok=True)
+        argv_out = build_mpiexec_command(spec, mpiexec)
+        if args.dry_run or config.verbose:
+            print(shlex.join(argv_out), flush=True)
+        if args.dry_run:
+            return 0
+        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

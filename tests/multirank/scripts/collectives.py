@@ -1,0 +1,188 @@
+"""Every collective, dtype and handle form, checked against values each rank computes locally.
+
+Every rank builds every other rank's input from (rank, seed), so it knows the exact answer.
+"""
+
+
+import ml_dtypes
+import numpy as np
+
+import hvdlite as hvd
+
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+FLOATS = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
+
+
+def data(rank, shape, dtype, salt=0):
+    rng = np.random.default_rng(1000 * salt + rank)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype in FLOATS:
+        return rng.uniform(-4, 4, size=shape).astype(dtype)
+    return rng.integers(1, 4, size=shape).astype(dtype)
+
+
+def check(got, want, what, tol=0.0):
+    assert got.dtype == np.dtype(want.dtype), f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol) if tol else np.array_equal(got, want)
+    assert ok, f"{what}: got {got.ravel()[:6]} want {want.ravel()[:6]}"
+
+
+def reduce_expected(inputs, op, dtype, size, prescale=1.0, postscale=1.0):
+    wide = [x.astype(np.float64) * prescale for x in inputs]
+    if op == hvd.Sum or op == hvd.Average:
+        out = np.sum(wide, axis=0)
+    elif op == hvd.Min:
+        out = np.min(wide, axis=0)
+    elif op == hvd.Max:
+        out = np.max(wide, axis=0)
+    else:
+        out = np.prod(wide, axis=0)
+    if op == hvd.Average:
+        out = out / size if np.dtype(dtype).kind == "f" or dtype == ml_dtypes.bfloat16 else np.trunc(out / size)
+    return (out * postscale).astype(dtype)
+
+
+def test_allreduce(rank, size):
+    for dtype in DTYPES:
+        for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
+            shape = (3, 5)
+            inputs = [data(r, shape, dtype, salt=int(op)) for r in range(size)]
+            got = hvd.allreduce(inputs[rank], op=op, name=f"ar.{np.dtype(dtype).name}.{op.name}")
+            want = reduce_expected(inputs, op, dtype, size)
+            # 16-bit floats are reduced in float32 and rounded once: equal to the float32 result rounded.
+            check(got, want, f"allreduce {np.dtype(dtype).name} {op.name}", tol=1e-2 if dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6)
+    for op, want_fn in ((hvd.Sum, np.any), (hvd.Max, np.any), (hvd.Min, np.all), (hvd.Product, np.all)):
+        inputs = [data(r, (7,), np.bool_, salt=int(op)) for r in range(size)]
+        got = hvd.allreduce(inputs[rank], op=op, name=f"ar.bool.{op.name}")
+        check(got, want_fn(inputs, axis=0), f"allreduce bool {op.name}")
+    # scale factors, and the deprecated average= flag
+    inputs = [data(r, (4,), np.float32) for r in range(size)]
+    got = hvd.allreduce(inputs[rank], op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="ar.scaled")
+    check(got, reduce_expected(inputs, hvd.Sum, np.float32, size, 0.5, 3.0), "scaled allreduce", 1e-5)
+    got = hvd.allreduce(inputs[rank], average=False, name="ar.average_false")
+    check(got, reduce_expected(inputs, hvd.Sum, np.float32, size), "average=False", 1e-5)
+    # a scalar and an empty tensor
+    check(hvd.allreduce(np.float64(rank), op=hvd.Sum, name="ar.scalar"), np.array(size * (size - 1) / 2), "scalar")
+    check(hvd.allreduce(np.zeros((0, 3), np.float32), name="ar.empty"), np.zeros((0, 3), np.float32), "empty")
+
+
+def test_fp16_exact(rank, size):
+    # Values whose float16 sum overflows/rounds differently when accumulated in float16.
+    x = np.full(8, 60000.0 if rank == 0 else -59999.0, dtype=np.float16)
+    got = hvd.allreduce(x, op=hvd.Sum, name="fp16.exact")
+    inputs = [np.full(8, 60000.0 if r == 0 else -59999.0, dtype=np.float16) for r in range(size)]
+    want = np.sum([i.astype(np.float32) for i in inputs], axis=0).astype(np.float16)
+    assert np.array_equal(got, want), (got, want)
+    b = np.full(8, 256.0 if rank == 0 else 1.0, dtype=ml_dtypes.bfloat16)
+    got = hvd.allreduce(b, op=hvd.Sum, name="bf16.exact")
+    want_b = np.sum([np.full(8, 256.0 if r == 0 else 1.0, np.float32) for r in range(size)], axis=0).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(got, want_b), (got, want_b)
+
+
+def test_grouped_and_fusion(rank, size):
+    shapes = [(2,), (100,), (50, 3), (20000,), (3, 4, 5)]  # small ones fuse; 20000 floats go direct
+    for step in range(3):  # repeated names: steps 2 and 3 run from the response cache
+        inputs = [[data(r, s, np.float32, salt=step * 10 + i) for i, s in enumerate(shapes)] for r in range(size)]
+        outs = hvd.grouped_allreduce(inputs[rank], name="grads", op=hvd.Average)
+        for i, out in enumerate(outs):
+            want = reduce_expected([inputs[r][i] for r in range(size)], hvd.Average, np.float32, size)
+            check(out, want, f"grouped step {step} member {i}", 1e-5)
+        handles = [hvd.allreduce_async(inputs[rank][i], name=f"param.{i}", op=hvd.Sum) for i in range(len(shapes))]
+        for i, handle in enumerate(handles):
+            out = hvd.synchronize(handle)
+            assert hvd.poll(handle)
+            check(out, reduce_expected([inputs[r][i] for r in range(size)], hvd.Sum, np.float32, size), f"async {i}", 1e-5)
+
+
+def test_allgather(rank, size):
+    for dtype in DTYPES + [np.bool_]:
+        inputs = [data(r, (r + 1, 3), dtype) for r in range(size)]  # first dimension differs per rank
+        got = hvd.allgather(inputs[rank], name=f"ag.{np.dtype(dtype).name}")
+        check(got, np.concatenate(inputs), f"allgather {np.dtype(dtype).name}")
+    inputs = [[data(r, (r + 2,), np.int32, salt=1), data(r, (1, 2), np.float64, salt=2)] for r in range(size)]
+    outs = hvd.grouped_allgather(inputs[rank], name="gag")
+    for i in range(2):
+        check(outs[i], np.concatenate([inputs[r][i] for r in range(size)]), f"grouped allgather {i}")
+
+
+def test_broadcast(rank, size):
+    for root in range(size):
+        for dtype in DTYPES + [np.bool_]:
+            inputs = [data(r, (2, 3), dtype, salt=root) for r in range(size)]
+            got = hvd.broadcast(inputs[rank], root_rank=root, name=f"bc.{root}.{np.dtype(dtype).name}")
+            check(got, inputs[root], f"broadcast root {root} {np.dtype(dtype).name}")
+            assert got is not inputs[rank]
+
+
+def test_alltoall(rank, size):
+    for dtype in (np.int32, ml_dtypes.bfloat16, np.float64, np.bool_):
+        # rank r sends (r + d + 1) rows to rank d
+        splits = [[r + d + 1 for d in range(size)] for r in range(size)]
+        inputs = [data(r, (sum(splits[r]), 2), dtype) for r in range(size)]
+        out, received = hvd.alltoall(inputs[rank], splits=splits[rank], name=f"a2a.{np.dtype(dtype).name}")
+        pieces = []
+        for src in range(size):
+            start = sum(splits[src][:rank])
+            pieces.append(inputs[src][start : start + splits[src][rank]])
+        check(out, np.concatenate(pieces), f"alltoall {np.dtype(dtype).name}")
+        assert received.tolist() == [splits[src][rank] for src in range(size)], received
+    even = np.arange(size * 2, dtype=np.float32) + 100 * rank
+    out, received = hvd.alltoall(even, name="a2a.even")
+    want = np.concatenate([np.arange(size * 2, dtype=np.float32)[2 * rank : 2 * rank + 2] + 100 * s for s in range(size)])
+    check(out, want, "alltoall without splits")
+
+
+def test_reducescatter(rank, size):
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.int64):
+        rows = 2 * size + 1  # uneven: the first rank gets one more row
+        inputs = [data(r, (rows, 2), dtype) for r in range(size)]
+        for op in (hvd.Sum, hvd.Average):
+            got = hvd.reducescatter(inputs[rank], op=op, name=f"rs.{np.dtype(dtype).name}.{op.name}")
+            full = reduce_expected(inputs, op, dtype, size)
+            counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+            start = sum(counts[:rank])
+            tol = 1e-2 if dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
+            check(got, full[start : start + counts[rank]], f"reducescatter {np.dtype(dtype).name} {op.name}", tol)
+    inputs = [[data(r, (size, 3), np.float32, salt=i) for i in range(2)] for r in range(size)]
+    outs = hvd.grouped_reducescatter(inputs[rank], op=hvd.Sum, name="grs")
+    for i in range(2):
+        check(outs[i], reduce_expected([inputs[r][i] for r in range(size)], hvd.Sum, np.float32, size)[rank : rank + 1], f"grouped rs {i}", 1e-5)
+
+
+def test_objects_and_barrier(rank, size):
+    obj = {"rank": rank, "fn": (lambda x: x + rank) if rank == 0 else None, "big": list(range(1000 * (rank + 1)))}
+    got = hvd.broadcast_object(obj, root_rank=0)
+    assert got["rank"] == 0 and got["fn"](1) == 1 and len(got["big"]) == 1000
+    everyone = hvd.allgather_object({"rank": rank, "sq": rank * rank})
+    assert [e["rank"] for e in everyone] == list(range(size)) and everyone[-1]["sq"] == (size - 1) ** 2
+    for _ in range(3):
+        hvd.barrier()
+
+
+def test_topology(rank, size):
+    assert hvd.local_rank() == rank and hvd.local_size() == size
+    assert hvd.cross_rank() == 0 and hvd.cross_size() == 1 and hvd.is_homogeneous()
+    assert hvd.mpi_enabled() and hvd.mpi_built() and hvd.mpi_threads_supported()
+    assert hvd.nccl_built() == 0 and not hvd.gloo_built() and not hvd.gloo_enabled()
+
+
+def main():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    for test in (test_topology, test_allreduce, test_fp16_exact, test_grouped_and_fusion, test_allgather,
+                 test_broadcast, test_alltoall, test_reducescatter, test_objects_and_barrier):
+        test(rank, size)
+        print(f"ok {test.__name__}", flush=True)
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    # init -> shutdown -> init works, and the new runtime starts fresh
+    hvd.init()
+    assert hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.reinit").tolist() == [size] * 3
+    hvd.shutdown()
+    print("ok reinit", flush=True)
+
+
+if __name__ == "__main__":
+    main()
