@@ -59,7 +59,7 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     names = [base] if _single else group_member_names(base, len(tensors))
     arrays = [_array(t) for t in tensors]
     return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
-                    for a, n in zip(arrays, names)])
+                    for a, n in zip(arrays, names, strict=True)])
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
@@ -76,7 +76,7 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _si
     base = current().names.resolve(name, Collective.ALLGATHER)
     names = [base] if _single else group_member_names(base, len(tensors))
     pairs = []
-    for tensor, member in zip(tensors, names):
+    for tensor, member in zip(tensors, names, strict=True):
         array = _array(tensor)
         if array.ndim == 0:
             raise UnsupportedOperationError(f"allgather of tensor {member!r} needs at least one dimension, got a scalar")
@@ -158,7 +158,7 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = No
     if resolved not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise UnsupportedOperationError(f"reducescatter of {base!r} supports Sum and Average, not {resolved.name}")
     pairs = []
-    for tensor, member in zip(tensors, names):
+    for tensor, member in zip(tensors, names, strict=True):
         array = _array(tensor)
         if array.ndim == 0:
             raise UnsupportedOperationError(f"reducescatter of tensor {member!r} needs at least one dimension")

@@ -46,7 +46,7 @@ class Executor:
         if item.responses[0].error:
             return [(r, None, error_for(r)) for r in item.responses]
         results = self._dispatch(item.responses, local)
-        return [(r, result, None) for r, result in zip(item.responses, results)]
+        return [(r, result, None) for r, result in zip(item.responses, results, strict=True)]
 
     def _dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
         collective = responses[0].meta.collective

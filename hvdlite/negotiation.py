@@ -79,7 +79,7 @@ class Coordinator:
         for message in messages:
             if message.shutdown:
                 self._shut_down.add(message.rank)
-            for meta, age in zip(message.requests, message.ages):
+            for meta, age in zip(message.requests, message.ages, strict=True):
                 if meta.collective is Collective.JOIN:
                     self._joined[message.rank] = len(self._joined)
                     continue
