@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -28,19 +29,67 @@ def _pump(stream, sink, seen: list[str]) -> None:
     sink.flush()
 
 
-def rank_of_pid(run_dir: str, pid: int) -> int | None:
-    """The rank whose pid file (written by ``hvdlite.init``) holds ``pid``."""
+def read_pid_files(run_dir: str) -> dict[int, int]:
+    """``{rank: pid}`` from the pid files ``hvdlite.init`` writes (local ranks only)."""
+    pids = {}
     try:
         names = os.listdir(run_dir)
     except OSError:
-        return None
+        return pids
     for name in names:
         match = re.fullmatch(r"rank\.(\d+)\.pid", name)
         if match:
-            with open(os.path.join(run_dir, name)) as handle:
-                if handle.read().strip() == str(pid):
-                    return int(match.group(1))
-    return None
+            try:
+                with open(os.path.join(run_dir, name)) as handle:
+                    pids[int(match.group(1))] = int(handle.read().strip())
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
+class FirstExitWatcher:
+    """Notices which rank's process ended first, so a failed job can name it.
+
+    MPI's own report names a PID that may belong to a rank it killed during clean-up.
+    """
+
+    def __init__(self, run_dir: str) -> None:
+        self._run_dir = run_dir
+        self.first: list[tuple[int, int]] = []  # (rank, pid) of the first ranks seen gone
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        # pidfds wake us the moment a rank's process ends (they work for non-child processes),
+        # so the first rank to end is told apart from the ranks MPI kills a few ms later.
+        poller = select.poll()
+        fds: dict[int, tuple[int, int]] = {}
+        watched: set[int] = set()
+        while not self._stop.is_set():
+            for rank, pid in read_pid_files(self._run_dir).items():
+                if rank in watched:
+                    continue
+                watched.add(rank)
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:  # already gone before we looked
+                    self.first.append((rank, pid))
+                    continue
+                fds[fd] = (rank, pid)
+                poller.register(fd, select.POLLIN)
+            if self.first:
+                break
+            ready = poller.poll(20)
+            if ready:
+                self.first = sorted(fds[fd] for fd, _ in ready)
+                break
+        for fd in fds:
+            os.close(fd)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1)
 
 
 def run(argv: list[str], env: dict[str, str], run_dir: str) -> int:
@@ -53,6 +102,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: str) -> int:
     for pump in pumps:
         pump.start()
     stopping: list[float] = []
+    watcher = FirstExitWatcher(run_dir)
 
     def forward(signum: int, _frame) -> None:
         if not stopping:
@@ -71,12 +121,38 @@ def run(argv: list[str], env: dict[str, str], run_dir: str) -> int:
             signal.signal(signum, handler)
     for pump in pumps:
         pump.join(timeout=5)
-    _signal_group(process, signal.SIGKILL)  # nothing of the job may outlive the launcher
+    _signal_group(process, signal.SIGKILL)
     code = process.returncode
-    _report_killed_ranks(seen, run_dir)
+    watcher.stop()
+    _reap_ranks(read_pid_files(run_dir))  # ranks run in sessions of their own: end stragglers by pid
+    if code != 0 and not stopping:
+        _report_failed_rank(watcher.first, seen)
     if stopping:
         return 130 if code in (0, None) else (code if code > 0 else 128 - code)
     return code if code >= 0 else 128 - code
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _reap_ranks(pids: dict[int, int], grace: float = 2.0) -> None:
+    """Give local ranks ``grace`` seconds to exit after mpiexec did, then kill them: no orphans."""
+    deadline = time.monotonic() + grace
+    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for rank, pid in pids.items():
+        if alive(pid):
+            sys.stderr.write(f"hvdliterun: rank {rank} (pid {pid}) outlived mpiexec; killing it\n")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
@@ -86,11 +162,14 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def _report_killed_ranks(lines: list[str], run_dir: str) -> None:
-    for line in lines:
+def _report_failed_rank(first: list[tuple[int, int]], lines: list[str]) -> None:
+    if len(first) == 1:
+        rank, pid = first[0]
+        sys.stderr.write(f"hvdliterun: rank {rank} (pid {pid}) was the first rank to end; the job failed\n")
+        return
+    for line in lines:  # no single first rank seen: fall back to MPI's report
         match = _KILLED_PID.search(line)
         if match:
-            rank = rank_of_pid(run_dir, int(match.group(1)))
-            who = f"rank {rank}" if rank is not None else "a rank that had not called hvdlite.init()"
-            sys.stderr.write(f"hvdliterun: {who} (pid {match.group(1)} on {match.group(2)}) "
-                             "terminated abnormally; the job was stopped\n")
+            sys.stderr.write(f"hvdliterun: MPI reports pid {match.group(1)} on {match.group(2)} terminated "
+                             "abnormally; the job failed\n")
+            return

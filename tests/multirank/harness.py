@@ -1,0 +1,58 @@
+"""Runs real jobs through the real ``hvdliterun`` and shows every rank's output when one fails."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "scripts"
+# One compute thread per rank: this machine has two cores and tests run up to three ranks.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+@dataclasses.dataclass
+class JobResult:
+    returncode: int
+    output: str
+    seconds: float
+
+    def lines(self, rank: int) -> list[str]:
+        prefix = f"[{rank}]: "
+        return [line[len(prefix):] for line in self.output.splitlines() if line.startswith(prefix)]
+
+
+def hvdliterun() -> str:
+    found = shutil.which("hvdliterun", path=os.path.dirname(sys.executable)) or shutil.which("hvdliterun")
+    assert found, "hvdliterun is not installed; pip install -e '.[test]'"
+    return found
+
+
+def run_job(args: list[str], np: int | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> JobResult:
+    """Run ``hvdliterun [-np N] ARGS``; kill the whole job and fail if it outlives ``timeout``."""
+    argv = [hvdliterun()] + (["-np", str(np)] if np is not None else []) + args
+    full_env = {**os.environ, **ONE_THREAD, **(env or {})}
+    start = time.monotonic()
+    process = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"job {argv} did not finish within {timeout} s; output:\n{output}") from None
+    return JobResult(process.returncode, output, time.monotonic() - start)
+
+
+def run_script(script: str, np: int, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 120, expect_ok: bool = True) -> JobResult:
+    result = run_job(["python", str(SCRIPTS / script), *args], np=np, env=env, timeout=timeout)
+    if expect_ok:
+        assert result.returncode == 0, f"job failed with exit code {result.returncode}; output:\n{result.output}"
+    return result

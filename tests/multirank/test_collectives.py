@@ -1,0 +1,31 @@
+"""Every collective, dtype, async handle and init/shutdown cycle, at np=2 and np=3 (oversubscribed)."""
+
+import pytest
+
+from .harness import run_script
+
+pytestmark = pytest.mark.multirank
+CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_and_fusion", "test_allgather",
+          "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier"]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_every_collective(np):
+    result = run_script("collectives.py", np)
+    for rank in range(np):
+        lines = result.lines(rank)
+        assert [f"ok {name}" for name in CHECKS] + ["ok reinit"] == [x for x in lines if x.startswith("ok ")], result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_join_counts_joined_ranks_as_zeros(np):
+    result = run_script("failures.py", np, "join")
+    for rank in range(np):
+        assert f"join returned {np - 1}" in result.lines(rank)
+
+
+def test_init_on_a_subset_of_ranks():
+    result = run_script("failures.py", 3, "subset")
+    assert any("caught HvdliteError: rank 2 called init(comm=[0, 1])" in line for line in result.lines(2)), result.output
+    for rank in range(2):
+        assert "rank - done" in result.lines(rank)

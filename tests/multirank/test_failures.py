@@ -1,0 +1,74 @@
+"""Error behaviour with real ranks: every rank gets a clear error, in bounded time, nothing hangs."""
+
+import re
+
+import pytest
+
+from .harness import run_script
+
+pytestmark = pytest.mark.multirank
+FAST_STALL = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_mismatches_name_tensor_and_every_rank_value(np):
+    result = run_script("failures.py", np, "mismatch")
+    others = ", ".join(f"rank {r}: (3, 2)" for r in range(1, np))
+    others_dtype = ", ".join(f"rank {r}: float64" for r in range(1, np))
+    for rank in range(np):
+        lines = result.lines(rank)
+        assert f"caught TensorMismatchError: Mismatched shape for allreduce of tensor 'w.shape': rank 0: (2, 3), {others}" in lines
+        assert f"caught TensorMismatchError: Mismatched dtype for allreduce of tensor 'w.dtype': rank 0: float32, {others_dtype}" in lines
+        assert any("Mismatched op for allreduce of tensor 'w.op': rank 0: SUM, rank 1: MAX" in x for x in lines)
+        assert any("Mismatched prescale for allreduce of tensor 'w.prescale': rank 0: 1.0, rank 1: 0.5" in x for x in lines)
+        assert any("Mismatched root_rank for broadcast of tensor 'w.root': rank 0: 0, rank 1: 1" in x for x in lines)
+        assert any("for allgather of tensor 'w.gather'" in x for x in lines)
+        assert "job continues" in lines
+
+
+def test_local_argument_errors():
+    result = run_script("failures.py", 2, "duplicate")
+    for rank in range(2):
+        lines = result.lines(rank)
+        assert f"caught DuplicateNameError: tensor name(s) ['dup'] already in flight on rank {rank}; wait for the earlier operation or give each operation a unique name" in lines
+        assert "caught UnsupportedOperationError: broadcast of tensor 'badroot': root_rank=2 is not in [0, 2)" in lines
+        assert any("has dtype str32, which hvdlite does not support" in x for x in lines)
+        assert "job continues" in lines
+
+
+@pytest.mark.parametrize("case", ["stall", "cached_stall"])
+@pytest.mark.parametrize("np", [2, 3])
+def test_stall_warns_then_fails_every_rank(case, np):
+    result = run_script("failures.py", np, case, env=FAST_STALL, timeout=60)
+    name = "lonely" if case == "stall" else "step"
+    missing = list(range(1, np))
+    assert re.search(rf"WARNING: Stall: tensor '{name}' \(allreduce\) waited .* missing on rank\(s\) {re.escape(str(missing))}", result.output), result.output
+    for rank in range(np):
+        caught = [x for x in result.lines(rank) if x.startswith("caught StallError")]
+        assert len(caught) == 2, result.output  # the waiting call, then a later call fails at once
+        assert f"tensor '{name}'" in caught[0] and f"missing on rank(s) {missing}" in caught[0]
+    assert result.seconds < 30
+
+
+def test_peer_shutdown_fails_waiting_rank_at_once():
+    result = run_script("failures.py", 2, "shutdown_peer", timeout=30)
+    assert ("caught HvdliteShutdownError: tensor 'after.peer.shutdown' can never complete: rank(s) [1] "
+            "called shutdown() without submitting it") in result.lines(0)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_uncaught_exception_ends_the_job_with_traceback(np):
+    result = run_script("failures.py", np, "uncaught", timeout=60, expect_ok=False)
+    assert result.returncode != 0
+    lines = result.lines(1)
+    assert "RuntimeError: boom from the user's training loop" in lines and "Traceback (most recent call last):" in lines
+    assert "hvdlite: rank 1 failed with an uncaught RuntimeError; aborting all ranks" in lines
+    assert result.seconds < 30
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_killed_rank_ends_the_job_and_is_named(np):
+    result = run_script("failures.py", np, "killed", timeout=60, expect_ok=False)
+    assert result.returncode != 0
+    assert re.search(r"hvdliterun: rank 1 \(pid \d+\) was the first rank to end; the job failed", result.output), result.output
+    assert result.seconds < 30

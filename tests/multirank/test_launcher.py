@@ -1,0 +1,65 @@
+"""The real hvdliterun: exit codes, tagged output, dry run, check-build, and Ctrl-C/SIGTERM."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from hvdlite.runner.process import alive
+
+from .harness import ONE_THREAD, SCRIPTS, hvdliterun, run_job
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("args", [["-np", "0", "python", "-V"], ["-np", "3", "-H", "localhost:2", "python", "-V"],
+                                  ["-np", "2", "-H", "bad:host:x", "python"], ["-np", "2", "no-such-program"]])
+def test_bad_input_is_one_line_and_exit_2(args):
+    result = run_job(args, timeout=30)
+    assert result.returncode == 2
+    assert result.output.count("\n") == 1 and result.output.startswith("hvdliterun: error: ")
+
+
+def test_output_is_tagged_by_rank_and_exit_code_is_the_failing_ranks():
+    code = "import sys, hvdlite as h; h.init(); print('hi'); h.shutdown(); sys.exit(3 if h.rank() == 1 else 0)"
+    code = code.replace("h.shutdown(); sys.exit(3 if h.rank() == 1 else 0)", "r = h.rank(); h.shutdown(); sys.exit(3 if r == 1 else 0)")
+    result = run_job(["python", "-c", code], np=3, timeout=60)
+    assert result.returncode == 3
+    for rank in range(3):
+        assert result.lines(rank) == ["hi"], result.output
+
+
+def test_dry_run_prints_the_command():
+    result = run_job(["--dry-run", "-H", "localhost:2", "python", "t.py"], np=2, timeout=30)
+    assert result.returncode == 0
+    assert re.search(r"mpiexec -n 2 -hosts localhost:2 -prepend-pattern .* python t.py$", result.output.strip())
+
+
+def test_check_build():
+    result = run_job(["--check-build"], timeout=60)
+    assert result.returncode == 0 and "[X] MPI" in result.output and "Available Frameworks:" in result.output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_ends_every_rank(signum):
+    process = subprocess.Popen([hvdliterun(), "-np", "2", "python", str(SCRIPTS / "sleeper.py")],
+                               env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    pids = []
+    deadline = time.monotonic() + 60
+    while len(pids) < 2 and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        match = re.search(r"pid (\d+)", line)
+        if match:
+            pids.append(int(match.group(1)))
+    assert len(pids) == 2, "ranks did not start"
+    process.send_signal(signum)
+    try:
+        process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("hvdliterun did not stop after the signal") from None
+    assert process.returncode != 0
+    assert not [pid for pid in pids if alive(pid)], "a rank outlived hvdliterun"

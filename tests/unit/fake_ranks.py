@@ -1,0 +1,93 @@
+"""An in-process fake of N ranks: threads exchanging values through a barrier, no MPI.
+
+It implements the engine's ControlChannel and DataBackend interfaces, so the real Engine,
+negotiation, cache and fusion code run unchanged with N engines in one process.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from hvdlite.config import Config
+from hvdlite.engine import Engine
+from hvdlite.executor import Executor
+from hvdlite.ops import ReduceOp
+
+_NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
+              ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
+
+
+class World:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._barrier = threading.Barrier(size, timeout=20)
+        self._slots: list = [None] * size
+        self.rounds = 0  # coordinator rounds (gathers) seen by rank 0
+
+    def exchange(self, rank: int, value) -> list:
+        self._slots[rank] = value
+        self._barrier.wait()
+        values = list(self._slots)
+        self._barrier.wait()
+        return values
+
+
+class FakeControl:
+    def __init__(self, world: World, rank: int) -> None:
+        self.world, self.rank, self.size = world, rank, world.size
+
+    def band(self, vector):
+        return np.bitwise_and.reduce(np.stack(self.world.exchange(self.rank, vector.copy())), axis=0)
+
+    def gather_to_root(self, payload):
+        values = self.world.exchange(self.rank, payload)
+        if self.rank == 0:
+            self.world.rounds += 1
+            return values
+        return None
+
+    def broadcast_from_root(self, payload):
+        return self.world.exchange(self.rank, payload)[0]
+
+
+class FakeData:
+    name = "fake"
+
+    def __init__(self, world: World, rank: int) -> None:
+        self.world, self.rank = world, rank
+
+    def enabled_for(self, array):
+        return True
+
+    def allreduce(self, send, recv, op):
+        source = recv if send is None else send
+        values = self.world.exchange(self.rank, source.copy())
+        recv[...] = _NUMPY_OPS[op].reduce(np.stack(values), axis=0)
+
+    def allgatherv(self, send, recv, counts):
+        recv[...] = np.concatenate(self.world.exchange(self.rank, send.copy()))
+
+    def broadcast(self, buffer, root):
+        buffer[...] = self.world.exchange(self.rank, buffer.copy())[root]
+
+    def barrier(self):
+        self.world.exchange(self.rank, None)
+
+
+def start_engines(size: int, **config) -> tuple[World, list[Engine]]:
+    world = World(size)
+    settings = Config(**{"idle_cycle_seconds": 0.05, "poll_time_ms": 0.5, **config})
+    engines = [Engine(settings, FakeControl(world, r), Executor(FakeData(world, r), r, size)) for r in range(size)]
+    for engine in engines:
+        engine.start()
+    return world, engines
+
+
+def stop_engines(engines: list[Engine]) -> None:
+    threads = [threading.Thread(target=e.shutdown, args=(20,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

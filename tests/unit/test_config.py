@@ -1,0 +1,47 @@
+import pytest
+
+from hvdlite.config import MIB, Config, load_config
+from hvdlite.errors import ConfigError
+
+
+def test_defaults_without_variables():
+    config = load_config({"PATH": "/bin"})
+    assert config == Config()
+    assert config.stall_check_seconds == 60 and config.stall_shutdown_seconds == 600
+    assert config.fusion_threshold == 2 * MIB
+
+
+def test_values_are_parsed():
+    config = load_config({"HVDLITE_FUSION_THRESHOLD": "1048576", "HVDLITE_STALL_CHECK": "0",
+                          "HVDLITE_LOG_LEVEL": "debug", "HVDLITE_CYCLE_TIME": "2.5"})
+    assert config.fusion_threshold == MIB and not config.stall_check
+    assert config.log_level == "DEBUG" and config.cycle_time_ms == 2.5
+
+
+@pytest.mark.parametrize("name,value,fragment", [
+    ("HVDLITE_FUSION_THRESHOLD", "lots", "HVDLITE_FUSION_THRESHOLD='lots' is invalid"),
+    ("HVDLITE_CACHE_CAPACITY", "-1", "HVDLITE_CACHE_CAPACITY='-1' is invalid: must be >= 0"),
+    ("HVDLITE_POLL_TIME", "0", "HVDLITE_POLL_TIME='0' is invalid: must be > 0"),
+    ("HVDLITE_STALL_CHECK_TIME_SECONDS", "nan", "must be a finite number"),
+    ("HVDLITE_LOG_LEVEL", "LOUD", "must be one of TRACE"),
+    ("HVDLITE_STALL_CHECK", "maybe", "must be 0/1"),
+    ("HVDLITE_FUSION_TRESHOLD", "1", "unknown environment variable HVDLITE_FUSION_TRESHOLD"),
+])
+def test_bad_values_name_the_variable(name, value, fragment):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config({name: value})
+    assert fragment in str(info.value)
+
+
+def test_shutdown_must_not_precede_warning():
+    with pytest.raises(ConfigError, match="HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=5.0 is shorter"):
+        load_config({"HVDLITE_STALL_CHECK_TIME_SECONDS": "10", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "5"})
+
+
+def test_reserved_test_variables_are_ignored():
+    assert load_config({"HVDLITE_TEST_GPU": "1"}) == Config()
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        Config().fusion_threshold = 1

@@ -1,0 +1,87 @@
+"""The real engine with N in-process fake ranks: cache fast path, invalidation, errors, join."""
+
+import numpy as np
+import pytest
+
+from hvdlite import errors
+from hvdlite.ops import Collective, ReduceOp
+from hvdlite.request import Handle, Request, RequestMeta
+
+from .fake_ranks import start_engines, stop_engines
+
+
+def submit(engine, name, array, op=ReduceOp.SUM, collective=Collective.ALLREDUCE):
+    meta = RequestMeta(name, collective, array.dtype.name, array.shape, op)
+    request = Request(meta, array, Handle(name))
+    engine.submit([request])
+    return request.handle
+
+
+@pytest.fixture(params=[2, 3])
+def engines(request):
+    world, engines = start_engines(request.param)
+    yield world, engines
+    stop_engines(engines)
+
+
+def test_steady_state_needs_no_coordinator_round(engines):
+    world, ranks = engines
+    size = len(ranks)
+    for step in range(5):
+        handles = [submit(e, f"grad.{i}", np.full(3, float(r + step))) for r, e in enumerate(ranks) for i in range(4)]
+        results = [h.wait(10) for h in handles]
+        assert all(np.allclose(x, sum(r + step for r in range(size))) for x in results)
+        if step == 0:
+            rounds_after_first_step = world.rounds
+    # steps 2..5 were answered by the bit-vector all-reduce alone
+    assert world.rounds == rounds_after_first_step
+
+
+def test_changed_shape_invalidates_the_cache_entry(engines):
+    world, ranks = engines
+    for shape in [(3,), (3,), (5,)]:
+        handles = [submit(e, "w", np.ones(shape)) for e in ranks]
+        assert [h.wait(10).shape for h in handles] == [shape] * len(ranks)
+
+
+def test_mismatch_is_an_error_on_every_rank(engines):
+    _, ranks = engines
+    handles = [submit(e, "m", np.ones(r + 2)) for r, e in enumerate(ranks)]
+    for handle in handles:
+        with pytest.raises(errors.TensorMismatchError, match="Mismatched shape for allreduce of tensor 'm'"):
+            handle.wait(10)
+
+
+def test_duplicate_in_flight_name_is_rejected_locally():
+    world, ranks = start_engines(2)
+    try:
+        first = submit(ranks[0], "d", np.ones(2))
+        with pytest.raises(errors.DuplicateNameError, match=r"\['d'\] already in flight on rank 0"):
+            submit(ranks[0], "d", np.ones(2))
+        second = submit(ranks[1], "d", np.ones(2))
+        assert first.wait(10).tolist() == second.wait(10).tolist() == [2.0, 2.0]
+    finally:
+        stop_engines(ranks)
+
+
+def test_join_lets_others_reduce_with_zeros():
+    world, ranks = start_engines(3)
+    try:
+        join = Request(RequestMeta("join", Collective.JOIN), None, Handle("join"))
+        ranks[2].submit([join])
+        handles = [submit(e, "late", np.full(2, 5.0)) for e in ranks[:2]]
+        assert [h.wait(10).tolist() for h in handles] == [[10.0, 10.0]] * 2
+        joins = [Request(RequestMeta("join", Collective.JOIN), None, Handle("join")) for _ in range(2)]
+        for engine, request in zip(ranks[:2], joins, strict=True):
+            engine.submit([request])
+        lasts = {join.handle.wait(10)} | {r.handle.wait(10) for r in joins}
+        assert len(lasts) == 1 and lasts <= {0, 1}  # every rank agrees; rank 2 joined first
+    finally:
+        stop_engines(ranks)
+
+
+def test_after_shutdown_new_work_is_refused():
+    world, ranks = start_engines(2)
+    stop_engines(ranks)
+    with pytest.raises(errors.HvdliteShutdownError):
+        submit(ranks[0], "x", np.ones(1))

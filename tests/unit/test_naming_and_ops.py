@@ -1,0 +1,36 @@
+import pytest
+
+from hvdlite.naming import NameGenerator, group_member_names
+from hvdlite.ops import Collective, ReduceOp, resolve_op
+
+
+def test_generated_names_are_counted_per_collective():
+    names = NameGenerator()
+    assert names.next(Collective.ALLREDUCE) == "allreduce.noname.1"
+    assert names.next(Collective.ALLGATHER) == "allgather.noname.1"
+    assert names.next(Collective.ALLREDUCE) == "allreduce.noname.2"
+    assert names.resolve("grad.w", Collective.ALLREDUCE) == "grad.w"
+    with pytest.raises(ValueError, match="non-empty string"):
+        names.resolve("", Collective.ALLREDUCE)
+
+
+def test_two_generators_agree():
+    a, b = NameGenerator(), NameGenerator()
+    calls = [Collective.ALLREDUCE, Collective.BROADCAST, Collective.ALLREDUCE]
+    assert [a.next(c) for c in calls] == [b.next(c) for c in calls]
+
+
+def test_group_member_names():
+    assert group_member_names("g", 3) == ["g.0", "g.1", "g.2"]
+
+
+def test_resolve_op():
+    assert resolve_op(None) is ReduceOp.AVERAGE
+    assert resolve_op(None, average=False) is ReduceOp.SUM
+    assert resolve_op(ReduceOp.MAX) is ReduceOp.MAX
+    with pytest.raises(ValueError, match="not both"):
+        resolve_op(ReduceOp.SUM, average=True)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        resolve_op(ReduceOp.ADASUM)
+    with pytest.raises(ValueError, match="unknown reduction op 42"):
+        resolve_op(42)

@@ -1,0 +1,137 @@
+"""Coordinator and response-cache logic, driven in process (no MPI)."""
+
+import numpy as np
+
+from hvdlite.negotiation import Coordinator, find_mismatch
+from hvdlite.ops import Collective, ReduceOp
+from hvdlite.request import RequestMeta
+from hvdlite.response import RankMessage, Response
+from hvdlite.response_cache import FLUSH, HAS_NEW, SHUTDOWN, CycleState, Lookup, ResponseCache, band, decode, encode
+
+
+def meta(name, shape=(4,), dtype="float32", collective=Collective.ALLREDUCE, **kw):
+    return RequestMeta(name, collective, dtype, shape, **kw)
+
+
+def msg(rank, *metas, shutdown=False):
+    return RankMessage(rank, metas, tuple(0.0 for _ in metas), shutdown=shutdown)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_ready_only_when_every_rank_submitted():
+    c = Coordinator(3, None, None)
+    assert c.round([msg(0, meta("a")), msg(1, meta("a")), msg(2)]).responses == ()
+    result = c.round([msg(0), msg(1), msg(2, meta("a"))])
+    assert [r.meta.name for r in result.responses] == ["a"] and not result.responses[0].error
+    assert c.pending_names == []
+
+
+def test_mismatch_names_tensor_and_each_rank():
+    c = Coordinator(2, None, None)
+    (response,) = c.round([msg(0, meta("w", (2, 3))), msg(1, meta("w", (3, 2)))]).responses
+    assert response.error_type == "TensorMismatchError"
+    assert response.error == "Mismatched shape for allreduce of tensor 'w': rank 0: (2, 3), rank 1: (3, 2)"
+
+
+def test_collective_kind_mismatch():
+    found = find_mismatch("x", {0: meta("x"), 1: meta("x", collective=Collective.ALLGATHER)})
+    assert found == "Mismatched collective for allreduce of tensor 'x': rank 0: ALLREDUCE, rank 1: ALLGATHER"
+
+
+def test_allgather_may_differ_in_first_dimension_only():
+    c = Coordinator(2, None, None)
+    (ok,) = c.round([msg(0, meta("g", (1, 3), collective=Collective.ALLGATHER)),
+                     msg(1, meta("g", (4, 3), collective=Collective.ALLGATHER))]).responses
+    assert not ok.error and ok.per_rank == (1, 4)
+    (bad,) = c.round([msg(0, meta("h", (1, 3), collective=Collective.ALLGATHER)),
+                      msg(1, meta("h", (1, 2), collective=Collective.ALLGATHER))]).responses
+    assert "rank 0: (2, (3,)), rank 1: (2, (2,))" in bad.error
+
+
+def test_stall_warns_once_then_fails_naming_missing_ranks():
+    clock = Clock()
+    c = Coordinator(3, 10.0, 30.0, clock)
+    c.round([msg(0, meta("a")), msg(1), msg(2)])
+    clock.now = 11.0
+    first = c.round([msg(0), msg(1), msg(2)])
+    assert first.warnings == ("Stall: tensor 'a' (allreduce) waited 11.0 s: submitted by rank(s) [0], "
+                              "missing on rank(s) [1, 2]",)
+    clock.now = 12.0
+    assert c.round([msg(0), msg(1), msg(2)]).warnings == ()
+    clock.now = 31.0
+    assert "missing on rank(s) [1, 2]" in c.round([msg(0), msg(1), msg(2)]).fatal
+
+
+def test_reported_age_counts_for_stalls():
+    c = Coordinator(2, 10.0, 30.0, Clock())
+    result = c.round([RankMessage(0, (meta("old"),), (12.0,)), msg(1)])
+    assert result.warnings and "waited 12.0 s" in result.warnings[0]
+
+
+def test_shutdown_rank_fails_names_it_never_submitted():
+    c = Coordinator(2, None, None)
+    (response,) = c.round([msg(0, meta("a")), msg(1, shutdown=True)]).responses
+    assert response.error_type == "HvdliteShutdownError" and "rank(s) [1] called shutdown()" in response.error
+
+
+def test_join_counts_joined_rank_for_allreduce_only():
+    c = Coordinator(3, None, None)
+    join = RequestMeta("join", Collective.JOIN)
+    (response,) = c.round([msg(0, meta("a")), msg(1, meta("a")), msg(2, join)]).responses
+    assert response.joined == (2,) and not response.error
+    (bad,) = c.round([msg(0, meta("g", collective=Collective.ALLGATHER)),
+                      msg(1, meta("g", collective=Collective.ALLGATHER)), msg(2)]).responses
+    assert bad.error_type == "UnsupportedOperationError"
+    c.round([msg(0, join), msg(1), msg(2)])
+    (done,) = c.round([msg(0), msg(1, join), msg(2)]).responses
+    assert done.meta.collective is Collective.JOIN and done.last_joined == 1
+
+
+def test_cache_hit_invalid_miss_and_lru_eviction():
+    cache = ResponseCache(2)
+    a, b, c = (Response(meta(n)) for n in "abc")
+    cache.put(a)
+    cache.put(b)
+    assert cache.lookup(meta("a")) == (Lookup.HIT, 0)
+    assert cache.lookup(meta("a", (5,)))[0] is Lookup.INVALID
+    assert cache.lookup(meta("z")) == (Lookup.MISS, -1)
+    cache.get(0)  # a is now most recently used, so b is evicted next
+    cache.put(c)
+    assert cache.lookup(meta("b"))[0] is Lookup.MISS and cache.lookup(meta("c")) == (Lookup.HIT, 1)
+
+
+def test_errors_joins_and_barriers_are_not_cached():
+    cache = ResponseCache(4)
+    cache.put(Response(meta("e"), error="bad"))
+    cache.put(Response(meta("j"), joined=(1,)))
+    cache.put(Response(RequestMeta("barrier.noname.1", Collective.BARRIER)))
+    assert len(cache) == 0
+
+
+def test_bit_vector_ands_hits_and_ors_flags():
+    words = 2
+    r0 = CycleState(or_flags=HAS_NEW, and_flags=SHUTDOWN, invalid=frozenset({70}), hits=frozenset({1, 5, 64}))
+    r1 = CycleState(or_flags=0, and_flags=SHUTDOWN, invalid=frozenset(), hits=frozenset({5, 64, 70, 100}))
+    r2 = CycleState(or_flags=FLUSH, and_flags=0, invalid=frozenset({3}), hits=frozenset({5, 64, 70}))
+    verdict = decode(band([encode(s, words) for s in (r0, r1, r2)]), words)
+    assert verdict.or_flags == HAS_NEW | FLUSH
+    assert verdict.and_flags == 0
+    assert verdict.invalid == {3, 70}
+    assert verdict.hits == {5, 64}  # 70 was hit everywhere but invalidated by rank 0
+    assert encode(r0, words).dtype == np.uint64 and encode(r0, words).size == 2 + 2 * words
+
+
+def test_all_ranks_shutdown_survives_the_and():
+    s = CycleState(and_flags=SHUTDOWN)
+    assert decode(band([encode(s, 1), encode(s, 1)]), 1).and_flags == SHUTDOWN
+
+
+def test_ops_in_meta_signature():
+    assert meta("x", op=ReduceOp.SUM).signature != meta("x", op=ReduceOp.MAX).signature

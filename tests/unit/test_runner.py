@@ -1,0 +1,93 @@
+"""Launcher logic in process: host parsing, command building, flag/env handling, output tagging."""
+
+import pytest
+from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.command import TAG_PATTERN, LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
+from hvdlite.runner.hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
+from hvdlite.runner.tagging import LineTagger
+
+
+def test_parse_hosts():
+    assert parse_hosts("a:2,b:2,c") == [HostSlots("a", 2), HostSlots("b", 2), HostSlots("c", 1)]
+    assert parse_hosts("a:1,a:2") == [HostSlots("a", 3)]
+    assert total_slots(parse_hosts("a:2,b:3")) == 5
+
+
+@pytest.mark.parametrize("spec,fragment", [("a:x", "slots for 'a' must be an integer"), ("a:0", "must be >= 1"),
+                                           ("", "empty host list"), ("a,,b", "bad host name ''")])
+def test_bad_hosts(spec, fragment):
+    with pytest.raises(HostError, match=None) as info:
+        parse_hosts(spec)
+    assert fragment in str(info.value)
+
+
+def test_parse_hostfile():
+    text = "# cluster\nnode1 slots=4\nnode2:2\n\nnode3  # one slot\n"
+    assert parse_hostfile(text) == [HostSlots("node1", 4), HostSlots("node2", 2), HostSlots("node3", 1)]
+    with pytest.raises(HostError, match="hf:2: expected 'host slots=N'"):
+        parse_hostfile("a\nb c d\n", "hf")
+
+
+def test_command_local_and_remote():
+    local = build_mpiexec_command(LaunchSpec(3, ("python", "t.py")), "/x/mpiexec")
+    assert local == ["/x/mpiexec", "-n", "3", "-prepend-pattern", TAG_PATTERN, "python", "t.py"]
+    spec = LaunchSpec(4, ("python", "t.py"), (HostSlots("h1", 2), HostSlots("h2", 2)),
+                      mpi_args="-genv FOO 'a b'", launcher_agent="/tmp/agent.sh")
+    assert build_mpiexec_command(spec, "mpiexec") == [
+        "mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-launcher", "ssh", "-launcher-exec", "/tmp/agent.sh",
+        "-prepend-pattern", TAG_PATTERN, "-genv", "FOO", "a b", "python", "t.py"]
+
+
+def test_output_files_replace_tagging():
+    argv = build_mpiexec_command(LaunchSpec(2, ("p",), output_dir="/o"), "m")
+    assert "-outfile-pattern" in argv and "/o/rank.%r/stdout" in argv and "-prepend-pattern" not in argv
+
+
+def test_ssh_agent_script():
+    assert ssh_agent_script(2222, "/k ey") == "#!/bin/sh\nexec ssh -p 2222 -i '/k ey' \"$@\"\n"
+
+
+def test_flags_become_variables():
+    env = flag_environment({"fusion_threshold_mb": 2.0, "cycle_time_ms": 1.5, "no_stall_check": True,
+                            "log_level": "DEBUG", "cache_capacity": None})
+    assert env == {"HVDLITE_FUSION_THRESHOLD": "2097152", "HVDLITE_CYCLE_TIME": "1.5",
+                   "HVDLITE_STALL_CHECK": "0", "HVDLITE_LOG_LEVEL": "DEBUG"}
+
+
+def test_flag_beats_environment_beats_default():
+    _, env, _ = prepare(["-np", "2", "--cycle-time-ms", "3", "python", "x.py"],
+                        {"HVDLITE_CYCLE_TIME": "7", "HVDLITE_CACHE_CAPACITY": "9"})
+    assert env["HVDLITE_CYCLE_TIME"] == "3.0" and env["HVDLITE_CACHE_CAPACITY"] == "9"
+    _, env, _ = prepare(["-np", "2", "python", "x.py"], {})
+    assert "HVDLITE_CYCLE_TIME" not in env
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["-np", "0", "python"], "-np must be at least 1, got 0"),
+    (["python"], "-np is required"),
+    (["-np", "5", "-H", "a:2,b:2", "python"], "-np 5 needs more processes than the 4 slots in a:2, b:2"),
+    (["-np", "2", "-H", "a:two", "python"], "slots for 'a' must be an integer"),
+    (["-np", "2", "no-such-program-xyz"], "program 'no-such-program-xyz' not found on PATH"),
+    (["-np", "2", "./missing.sh"], "program './missing.sh' does not exist"),
+    (["-np", "2"], "no program given"),
+    (["-np", "2", "--cycle-time-ms", "-1", "python"], "HVDLITE_CYCLE_TIME='-1.0' is invalid"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts", "python"], "cannot read --hostfile"),
+    (["-np", "two", "python"], "invalid int value: 'two'"),
+])
+def test_bad_input(argv, fragment):
+    with pytest.raises(LaunchError) as info:
+        prepare(argv, {})
+    assert fragment in str(info.value)
+
+
+def test_bad_environment_variable_is_a_launch_error():
+    with pytest.raises(LaunchError, match="HVDLITE_FUSION_THRESHOLD='big' is invalid"):
+        prepare(["-np", "2", "python"], {"HVDLITE_FUSION_THRESHOLD": "big"})
+
+
+def test_tagger_reassembles_split_and_interleaved_lines():
+    tagger = LineTagger()
+    out = tagger.feed(b"\x1e1\x1fhello a\x1e0\x1fzero\n\x1e1\x1f\n\x1e1\x1fb1\nb2\npart")
+    out += tagger.feed(b"\x1e1\x1fial") + b"mpiexec says hi\n" + tagger.flush()
+    assert out.split(b"\n") == [b"[0]: zero", b"[1]: hello a", b"[1]: b1", b"[1]: b2", b"mpiexec says hi",
+                                b"[1]: partial", b""]

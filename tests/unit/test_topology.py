@@ -1,0 +1,22 @@
+from hvdlite.topology import topology_from_hosts
+
+
+def test_one_host():
+    t = topology_from_hosts(["a", "a", "a"], 2)
+    assert (t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.is_homogeneous) == (2, 3, 0, 1, True)
+
+
+def test_two_hosts_interleaved():
+    hosts = ["a", "b", "a", "b"]
+    t = topology_from_hosts(hosts, 3)
+    assert (t.local_rank, t.local_size, t.cross_rank, t.cross_size) == (1, 2, 1, 2)
+    t0 = topology_from_hosts(hosts, 0)
+    assert (t0.local_rank, t0.cross_rank, t0.cross_size) == (0, 0, 2)
+
+
+def test_uneven_hosts_are_not_homogeneous():
+    hosts = ["a", "a", "a", "b"]
+    t = topology_from_hosts(hosts, 2)
+    assert (t.local_rank, t.local_size, t.cross_rank, t.cross_size, t.is_homogeneous) == (2, 3, 0, 1, False)
+    t3 = topology_from_hosts(hosts, 3)
+    assert (t3.local_rank, t3.local_size, t3.cross_rank, t3.cross_size) == (0, 1, 1, 2)
