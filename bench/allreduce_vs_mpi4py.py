@@ -43,8 +43,8 @@ def main() -> None:
         out = np.empty_like(x)
         raw, ours = [], []
         for _ in range(args.reps):  # interleaved so drift affects both alike
-            raw.append(timed(lambda: comm.Allreduce(x, out), iters))
-            ours.append(timed(lambda: hvd.allreduce(x, op=hvd.Sum, name=f"bench.{label}"), iters))
+            raw.append(timed(lambda x=x, out=out: comm.Allreduce(x, out), iters))
+            ours.append(timed(lambda x=x, label=label: hvd.allreduce(x, op=hvd.Sum, name=f"bench.{label}"), iters))
         rows.append((label, raw, ours))
     # A waiting rank: rank 0 arrives 2 s late; the others wait inside the allreduce.
     comm.Barrier()

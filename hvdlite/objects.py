@@ -12,13 +12,13 @@ from .ops import Collective
 from .runtime import current
 
 
-def _names(name: str | None, kind: str) -> str:
-    return name if name is not None else current().names.next(Collective.BROADCAST if kind == "b" else Collective.ALLGATHER)
+def _base_name(name: str | None, collective: Collective) -> str:
+    return (name if name is not None else current().names.next(collective)) + ".object"
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
     """Return ``root_rank``'s ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
-    base = _names(name, "b") + ".object"
+    base = _base_name(name, Collective.BROADCAST)
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if current().topology.rank == root_rank else None
     length = np.array([0 if payload is None else payload.size], dtype=np.int64)
     length = api.broadcast(length, root_rank, name=base + ".size")
@@ -29,7 +29,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Every rank's ``obj``, as a list in rank order."""
-    base = _names(name, "g") + ".object"
+    base = _base_name(name, Collective.ALLGATHER)
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = api.allgather(np.array([payload.size], dtype=np.int64), name=base + ".size")
     data = api.allgather(payload, name=base + ".data")

@@ -88,5 +88,5 @@ class Request:
     tensor: np.ndarray | None
     handle: Handle
     submitted_at: float = dataclasses.field(default_factory=time.monotonic)
-    # Set while the request waits in the queue; the engine uses it to pick cache or coordinator.
+    # Once sent to the coordinator, the request waits for its round's response, never for a cache bit.
     sent_to_coordinator: bool = False

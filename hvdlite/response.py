@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .ops import Collective
 from .request import RequestMeta
 
 
@@ -27,8 +28,6 @@ class Response:
     @property
     def cacheable(self) -> bool:
         """Only plain successful data collectives are worth a cache bit; generated names never repeat."""
-        from .ops import Collective
-
         return (
             not self.error
             and not self.joined

@@ -21,7 +21,6 @@ from .naming import NameGenerator
 from .topology import Topology, topology_from_hosts
 
 log = logging.getLogger("hvdlite")
-_SHUTDOWN_JOIN_SECONDS = None  # shutdown waits for every rank; a dead peer ends the job via MPI
 
 
 @dataclasses.dataclass
@@ -129,7 +128,7 @@ def shutdown() -> None:
     runtime = _runtime
     if runtime is None:
         return
-    runtime.engine.shutdown(_SHUTDOWN_JOIN_SECONDS)
+    runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
     _runtime = None
     failure.uninstall()
     for private in runtime.private_comms:
