@@ -7,8 +7,10 @@ The hook prints the traceback first, then says which rank failed, then aborts ev
 from __future__ import annotations
 
 import sys
+import time
 from types import TracebackType
 
+_FORWARD_SECONDS = 0.5
 _previous_hook = None
 
 
@@ -24,6 +26,9 @@ def install(rank: int, abort) -> None:
         sys.stderr.write(f"hvdlite: rank {rank} failed with an uncaught {kind.__name__}; aborting all ranks\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        # MPI's output forwarding reads our pipes asynchronously and the abort tears it down: give
+        # it a moment, or the traceback the user needs most can be cut short (seen in CI).
+        time.sleep(_FORWARD_SECONDS)
         abort(1)
 
     sys.excepthook = hook
