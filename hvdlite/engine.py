@@ -17,6 +17,7 @@ import logging
 import pickle
 import threading
 import time
+from collections.abc import Callable
 
 from . import errors, fusion
 from .backend.base import ControlChannel
@@ -34,8 +35,11 @@ log = logging.getLogger("hvdlite")
 class Engine:
     """Queue, negotiation and execution for one process. Start with :meth:`start`."""
 
-    def __init__(self, config: Config, control: ControlChannel, executor: Executor) -> None:
+    def __init__(self, config: Config, control: ControlChannel, executor: Executor,
+                 abort: Callable[[int], None]) -> None:
+        """``abort(code)`` ends the whole job; used only if the engine itself fails (a bug)."""
         self._config = config
+        self._abort = abort
         self._control = control
         self._executor = executor
         self.rank, self.size = control.rank, control.size
@@ -68,7 +72,13 @@ class Engine:
             if self._shutdown_requested:
                 raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
             names = [r.meta.name for r in requests]
-            clash = sorted({n for n in names if n in self._in_flight or names.count(n) > 1})
+            seen: set[str] = set()
+            clashing: set[str] = set()
+            for name in names:
+                if name in self._in_flight or name in seen:
+                    clashing.add(name)
+                seen.add(name)
+            clash = sorted(clashing)
             if clash:
                 raise errors.DuplicateNameError(
                     f"tensor name(s) {clash} already in flight on rank {self.rank}; wait for the earlier "
@@ -106,9 +116,7 @@ class Engine:
         except BaseException as exc:  # a bug: peers would wait forever for this rank, so end the job
             log.exception("hvdlite engine failed on rank %d; aborting the job", self.rank)
             self._fail_all(errors.HvdliteShutdownError(f"hvdlite engine failed on rank {self.rank}: {exc!r}"))
-            from mpi4py import MPI
-
-            MPI.COMM_WORLD.Abort(1)
+            self._abort(1)
 
     def _sleep_until_work(self, idle_streak: int) -> None:
         """Sleep while nothing is pending; back off while pending work makes no progress."""
@@ -176,7 +184,7 @@ class Engine:
 
     def _round_due(self) -> int:
         """On the coordinator: ask for a round now and then while names wait, so stalls are seen."""
-        if self._coordinator is None or not self._coordinator.pending_names:
+        if self._coordinator is None or not self._coordinator.has_pending:
             return 0
         return ROUND_DUE if time.monotonic() - self._last_round > self._config.idle_cycle_seconds else 0
 

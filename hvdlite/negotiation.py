@@ -72,6 +72,11 @@ class Coordinator:
     def pending_names(self) -> list[str]:
         return list(self._table)
 
+    @property
+    def has_pending(self) -> bool:
+        """True while some name waits for ranks (checked every cycle, so no list is built)."""
+        return bool(self._table)
+
     def round(self, messages: Iterable[RankMessage]) -> RoundResult:
         """Fold in one message per rank and return what every rank must do now."""
         now = self._clock()

@@ -99,6 +99,7 @@ def init(comm: Any = None) -> None:
         config,
         MpiControlChannel(control, poll_seconds),
         Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds), rank, topology.size),
+        abort=MPI.COMM_WORLD.Abort,
     )
     engine.start()
     _runtime = Runtime(config, topology, engine, NameGenerator(), base, (control, data))

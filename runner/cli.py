@@ -7,6 +7,7 @@ default). Bad input gets one line on stderr and exit code 2 before anything star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(agent, "w") as handle:
                 handle.write(ssh_agent_script(config.ssh_port, config.ssh_identity_file))
             os.chmod(agent, 0o755)
-            spec = LaunchSpec(**{**spec.__dict__, "launcher_agent": agent})
+            spec = dataclasses.replace(spec, launcher_agent=agent)
         if spec.output_dir:
             for rank in range(spec.num_proc):
                 os.makedirs(os.path.join(spec.output_dir, f"rank.{rank}"), exist_ok=True)

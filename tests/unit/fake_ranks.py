@@ -76,10 +76,15 @@ class FakeData:
         self.world.exchange(self.rank, None)
 
 
+def _no_abort(code: int) -> None:
+    raise AssertionError(f"the engine failed and asked to abort the job with code {code}")
+
+
 def start_engines(size: int, **config) -> tuple[World, list[Engine]]:
     world = World(size)
     settings = Config(**{"idle_cycle_seconds": 0.05, "poll_time_ms": 0.5, **config})
-    engines = [Engine(settings, FakeControl(world, r), Executor(FakeData(world, r), r, size)) for r in range(size)]
+    engines = [Engine(settings, FakeControl(world, r), Executor(FakeData(world, r), r, size), abort=_no_abort)
+               for r in range(size)]
     for engine in engines:
         engine.start()
     return world, engines
