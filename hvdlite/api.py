@@ -16,7 +16,7 @@ from . import dtypes
 from .errors import UnsupportedOperationError
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
-from .request import Handle, Request, RequestMeta
+from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import current
 
 
@@ -24,10 +24,27 @@ def _array(tensor: Any) -> np.ndarray:
     return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
 
 
-def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]]) -> list[Handle]:
-    requests = [Request(meta, tensor, Handle(meta.name)) for meta, tensor in pairs]
+def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
+            outputs: Sequence[np.ndarray | None] | None = None) -> list[Handle]:
+    outputs = outputs if outputs is not None else [None] * len(pairs)
+    requests = [Request(meta, tensor, Handle(meta.name), output)
+                for (meta, tensor), output in zip(pairs, outputs, strict=True)]
     current().engine.submit(requests)
     return [r.handle for r in requests]
+
+
+def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray], names: list[str]) -> None:
+    """An output array receives the result in place: it must match its input and be writable."""
+    if outputs is None:
+        return
+    if len(outputs) != len(arrays):
+        raise ValueError(f"{len(outputs)} output arrays given for {len(arrays)} tensors")
+    for out, array, name in zip(outputs, arrays, names, strict=True):
+        if not isinstance(out, np.ndarray) or out.shape != array.shape or out.dtype != array.dtype:
+            raise UnsupportedOperationError(
+                f"output for tensor {name!r} must be an array of shape {array.shape} and dtype {array.dtype}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise UnsupportedOperationError(f"output for tensor {name!r} must be C-contiguous and writable")
 
 
 def _reduction_meta(collective: Collective, array: np.ndarray, name: str, op: ReduceOp,
@@ -39,9 +56,15 @@ def _reduction_meta(collective: Collective, array: np.ndarray, name: str, op: Re
 
 # ---- allreduce -----------------------------------------------------------------------------------
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    """Start reducing ``tensor`` across ranks (default op: Average). Returns a handle."""
-    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor, _single=True)[0]
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    output: np.ndarray | None = None) -> Handle:
+    """Start reducing ``tensor`` across ranks (default op: Average). Returns a handle.
+
+    With ``output`` (which may be ``tensor`` itself) the result is written there, in place.
+    """
+    outputs = None if output is None else [output]
+    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
+                                   outputs=outputs, _single=True)[0]
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
@@ -52,14 +75,20 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0, _single: bool = False) -> list[Handle]:
-    """Start reducing several tensors as one group (negotiated together, fused where possible)."""
+                            postscale_factor: float = 1.0, outputs: Sequence[np.ndarray] | None = None,
+                            _single: bool = False) -> list[Handle]:
+    """Start reducing several tensors as one group (negotiated together, fused where possible).
+
+    ``outputs``, if given, are arrays (one per tensor, possibly the tensors themselves) that
+    receive the results in place.
+    """
     resolved = resolve_op(op, average)
     base = current().names.resolve(name, Collective.ALLREDUCE)
     names = [base] if _single else group_member_names(base, len(tensors))
     arrays = [_array(t) for t in tensors]
+    _check_outputs(outputs, arrays, names)
     return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
-                    for a, n in zip(arrays, names, strict=True)])
+                    for a, n in zip(arrays, names, strict=True)], outputs)
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
@@ -98,8 +127,9 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None) -> list[n
 
 
 # ---- broadcast -----------------------------------------------------------------------------------
-def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
-    """Start copying ``root_rank``'s ``tensor`` to every rank."""
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
+                    output: np.ndarray | None = None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank (into ``output`` if given, in place)."""
     runtime = current()
     size = runtime.topology.size
     member = runtime.names.resolve(name, Collective.BROADCAST)
@@ -108,7 +138,9 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None) -> Han
     array = _array(tensor)
     meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), array.shape,
                        root_rank=int(root_rank))
-    return _submit([(meta, array)])[0]
+    outputs = None if output is None else [output]
+    _check_outputs(outputs, [array], [member])
+    return _submit([(meta, array)], outputs)[0]
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
@@ -200,11 +232,11 @@ def join() -> int:
     return synchronize(_submit([(RequestMeta("join", Collective.JOIN), None)])[0])
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle: Handle | MappedHandle) -> bool:
     """True if the operation behind ``handle`` has finished (never blocks)."""
     return handle.done()
 
 
-def synchronize(handle: Handle) -> Any:
+def synchronize(handle: Handle | MappedHandle) -> Any:
     """Wait for ``handle`` and return its result, or raise the operation's error."""
     return handle.wait()

@@ -80,9 +80,9 @@ class Executor:
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
         inputs = [self._wire_input(r, local) for r in responses]
+        outputs = [_output_of(local.get(r.meta.name)) for r in responses]
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            buffer = np.empty(inputs[0].size, dtype=wire)
-            self._backend.allreduce(inputs[0], buffer, op)
+            buffer = self._reduce_unpacked(inputs[0], outputs[0], wire, op)
         else:
             buffer = np.empty(sum(i.size for i in inputs), dtype=wire)
             offset = 0
@@ -93,13 +93,32 @@ class Executor:
                 buffer *= meta.prescale
             self._backend.allreduce(None, buffer, op)
         self._postscale(buffer, meta.dtype, meta.op, meta.postscale)
-        outputs, offset = [], 0
-        for response in responses:
+        results, offset = [], 0
+        for response, output in zip(responses, outputs, strict=True):
             count = math.prod(response.meta.shape)
             view = buffer[offset : offset + count].reshape(response.meta.shape)
-            outputs.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else view.astype(meta.dtype))
             offset += count
-        return outputs
+            if output is None:
+                results.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else view.astype(meta.dtype))
+            else:
+                if not _same_memory(view, output):
+                    np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once
+                results.append(output)
+        return results
+
+    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, wire: np.dtype,
+                         op: ReduceOp) -> np.ndarray:
+        """Reduce one tensor without packing, into ``output`` when it can hold the wire type."""
+        if output is None or output.dtype != wire:
+            buffer = np.empty(source.size, dtype=wire)
+            self._backend.allreduce(source, buffer, op)
+            return buffer
+        buffer = output.reshape(-1)
+        if _same_memory(source, buffer):
+            self._backend.allreduce(None, buffer, op)  # in place: no copy at all
+        else:
+            self._backend.allreduce(source, buffer, op)
+        return buffer
 
     def _postscale(self, buffer: np.ndarray, dtype: str, op: ReduceOp, postscale: float) -> None:
         if op is not ReduceOp.AVERAGE:
@@ -121,10 +140,13 @@ class Executor:
 
     def _broadcast(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
-        if self.rank == meta.root_rank:
-            output = np.array(request.tensor, dtype=meta.dtype, copy=True, order="C")
-        else:
-            output = np.empty(meta.shape, dtype=meta.dtype)
+        output = request.output
+        is_root = self.rank == meta.root_rank
+        if output is None:
+            output = np.array(request.tensor, dtype=meta.dtype, copy=True, order="C") if is_root \
+                else np.empty(meta.shape, dtype=meta.dtype)
+        elif is_root and not _same_memory(np.asarray(request.tensor), output):
+            np.copyto(output, request.tensor)
         self._backend.broadcast(output.reshape(-1).view(np.uint8), meta.root_rank)
         return output
 
@@ -152,6 +174,15 @@ class Executor:
         self._postscale(recv, meta.dtype, meta.op, meta.postscale)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
         return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else output.astype(meta.dtype)
+
+
+def _output_of(request: Request | None) -> np.ndarray | None:
+    return None if request is None else request.output
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if ``a`` and ``b`` are the same bytes (one is a reshaped view of the other)."""
+    return a.nbytes == b.nbytes and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,35 @@ class Handle:
         return f"<hvdlite Handle {self.name!r} {state}>"
 
 
+class MappedHandle:
+    """A handle whose result is converted once, on first wait (e.g. NumPy -> framework tensor).
+
+    Adapters return these from their ``_async`` functions; the core's ``poll``/``synchronize``
+    accept them like plain handles.
+    """
+
+    __slots__ = ("name", "_inner", "_convert", "_converted", "_value")
+
+    def __init__(self, inner: Handle | MappedHandle, convert: Callable[[Any], Any]) -> None:
+        self.name = inner.name
+        self._inner = inner
+        self._convert = convert
+        self._converted = False
+        self._value: Any = None
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._converted:
+            self._value = self._convert(self._inner.wait(timeout))
+            self._converted = True
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"<hvdlite Handle {self.name!r} {'done' if self.done() else 'pending'}>"
+
+
 @dataclasses.dataclass
 class Request:
     """One rank's submission: the meta it negotiates, its input, and where the result goes."""
@@ -87,6 +117,8 @@ class Request:
     meta: RequestMeta
     tensor: np.ndarray | None
     handle: Handle
+    # Where the result is written (in-place forms); None means a fresh array. May be ``tensor`` itself.
+    output: np.ndarray | None = None
     submitted_at: float = dataclasses.field(default_factory=time.monotonic)
     # Once sent to the coordinator, the request waits for its round's response, never for a cache bit.
     sent_to_coordinator: bool = False

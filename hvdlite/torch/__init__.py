@@ -1,6 +1,96 @@
-"""hvdlite.torch: the torch adapter. Not part of this release yet; importing it says so."""
+"""hvdlite.torch: Horovod's ``horovod.torch`` API on the hvdlite core.
 
-raise ImportError(
-    "hvdlite.torch is not implemented in this version of hvdlite yet; the core API (import hvdlite) "
-    "works on NumPy arrays today"
+Change ``import horovod.torch as hvd`` to ``import hvdlite.torch as hvd``; the rest of a Horovod
+script stays as it is::
+
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+"""
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("hvdlite.torch needs PyTorch: pip install 'hvdlite[torch]'") from exc
+
+from ..basics import (
+    cross_rank,
+    cross_size,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    size,
 )
+from ..errors import (
+    ConfigError,
+    DuplicateNameError,
+    HorovodInternalError,
+    HvdliteError,
+    HvdliteShutdownError,
+    NotInitializedError,
+    StallError,
+    TensorMismatchError,
+    UnsupportedOperationError,
+)
+from ..objects import allgather_object, broadcast_object
+from ..ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..process_sets import ProcessSet, global_process_set
+from ..runtime import init, shutdown
+from .async_ops import (
+    Handle,
+    allgather_async,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    barrier,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    join,
+    poll,
+    reducescatter_async,
+    synchronize,
+)
+from .compression import Compression, Compressor
+from .differentiable import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
+)
+from .optimizer import DistributedOptimizer
+from .state import broadcast_optimizer_state, broadcast_parameters
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
+    "gloo_built", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
+    "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
+    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
+    "broadcast_object", "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
+    "DistributedOptimizer", "Compression", "Compressor", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max",
+    "Product", "ProcessSet", "global_process_set", "HvdliteError", "NotInitializedError", "ConfigError",
+    "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
+    "HvdliteShutdownError", "HorovodInternalError",
+]

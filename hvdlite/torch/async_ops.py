@@ -1,0 +1,190 @@
+"""The ``_async`` and in-place collectives on torch tensors: convert, submit to the core, convert back.
+
+Every function returns a handle for :func:`synchronize` / :func:`poll`; synchronizing gives torch
+tensors (in-place forms give back the tensor they were called on). Nothing here is differentiable;
+:mod:`hvdlite.torch.differentiable` builds the autograd-aware blocking forms on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import api
+from ..ops import ReduceOp
+from ..process_sets import ProcessSet, global_process_set, require_global
+from ..request import MappedHandle
+from .tensors import from_numpy, shares_storage, to_numpy
+
+Handle = MappedHandle
+
+
+def _new_tensor(like: torch.Tensor):
+    return lambda array: from_numpy(array, like)
+
+
+def _copy_back(tensor: torch.Tensor):
+    """Result conversion for in-place forms: nothing to do if the core wrote the tensor's own memory."""
+    def finish(array: np.ndarray) -> torch.Tensor:
+        if not shares_storage(array, tensor):
+            with torch.no_grad():
+                tensor.copy_(from_numpy(array).view(tensor.shape))
+        return tensor
+    return finish
+
+
+# ---- allreduce -----------------------------------------------------------------------------------
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> list[Handle]:
+    """Start reducing ``tensors`` as one group; each handle yields a new tensor."""
+    require_global(process_set, "grouped_allreduce_async")
+    arrays = [to_numpy(t, name) for t in tensors]
+    handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor)
+    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                             op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> list[Handle]:
+    """Start reducing ``tensors`` in place, as one group; each handle yields its tensor, updated."""
+    require_global(process_set, "grouped_allreduce_async_")
+    arrays = [to_numpy(t, name) for t in tensors]
+    handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                          outputs=arrays)
+    return [MappedHandle(h, _copy_back(t)) for h, t in zip(handles, tensors, strict=True)]
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` across ranks (default Average); the handle yields a new tensor."""
+    require_global(process_set, "allreduce_async")
+    handle = api.allreduce_async(to_numpy(tensor, name), average, name, op, prescale_factor, postscale_factor)
+    return MappedHandle(handle, _new_tensor(tensor))
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` in place; a contiguous CPU tensor is reduced in its own memory."""
+    require_global(process_set, "allreduce_async_")
+    array = to_numpy(tensor, name)
+    handle = api.allreduce_async(array, average, name, op, prescale_factor, postscale_factor, output=array)
+    return MappedHandle(handle, _copy_back(tensor))
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce ``tensor`` in place and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduce ``tensors`` in place as one group and return them."""
+    handles = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    return [synchronize(h) for h in handles]
+
+
+# ---- allgather, broadcast, alltoall, reducescatter -----------------------------------------------
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> list[Handle]:
+    require_global(process_set, "grouped_allgather_async")
+    handles = api.grouped_allgather_async([to_numpy(t, name) for t in tensors], name)
+    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start concatenating every rank's ``tensor`` along dimension 0."""
+    require_global(process_set, "allgather_async")
+    return MappedHandle(api.allgather_async(to_numpy(tensor, name), name), _new_tensor(tensor))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank; the handle yields a new tensor."""
+    require_global(process_set, "broadcast_async")
+    return MappedHandle(api.broadcast_async(to_numpy(tensor, name), root_rank, name), _new_tensor(tensor))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start overwriting ``tensor`` with ``root_rank``'s, in place."""
+    require_global(process_set, "broadcast_async_")
+    array = to_numpy(tensor, name)
+    return MappedHandle(api.broadcast_async(array, root_rank, name, output=array), _copy_back(tensor))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s, in place, and return it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Start an alltoall; the handle yields (received tensor, rows received from each rank)."""
+    require_global(process_set, "alltoall_async")
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+
+    def convert(result: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        data, received = result
+        return from_numpy(data, tensor), torch.from_numpy(received.astype(np.int32))
+
+    return MappedHandle(api.alltoall_async(to_numpy(tensor, name), splits, name), convert)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> list[Handle]:
+    require_global(process_set, "grouped_reducescatter_async")
+    arrays = [to_numpy(t, name) for t in tensors]
+    handles = api.grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor)
+    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+
+
+def reducescatter_async(tensor: torch.Tensor, op: ReduceOp | None = None, name: str | None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` and keeping this rank's block of rows."""
+    require_global(process_set, "reducescatter_async")
+    handle = api.reducescatter_async(to_numpy(tensor, name), op, name, prescale_factor, postscale_factor)
+    return MappedHandle(handle, _new_tensor(tensor))
+
+
+# ---- handles, barrier, join ----------------------------------------------------------------------
+def poll(handle: Handle) -> bool:
+    """True if the operation behind ``handle`` has finished (never blocks)."""
+    return api.poll(handle)
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle`` and return its result (tensors), or raise the operation's error."""
+    return api.synchronize(handle)
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Return once every rank has called ``barrier()``."""
+    require_global(process_set, "barrier")
+    api.barrier()
+
+
+def join(device: int = -1) -> int:
+    """Declare this rank out of data (``device`` is accepted for Horovod compatibility); returns the last rank to join."""
+    return api.join()
+
+
+__all__ = [
+    "Handle", "allreduce_async", "allreduce_async_", "allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "grouped_allreduce_", "allgather_async", "grouped_allgather_async",
+    "broadcast_async", "broadcast_async_", "broadcast_", "alltoall_async", "reducescatter_async",
+    "grouped_reducescatter_async", "poll", "synchronize", "barrier", "join",
+]

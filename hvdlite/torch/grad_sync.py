@@ -1,0 +1,166 @@
+"""Starting and finishing gradient allreduces for :mod:`hvdlite.torch.optimizer`.
+
+Gradients are reduced in place in ``param.grad`` (no copy for a contiguous CPU gradient) under
+the name ``grad.<parameter name>``, so ranks match them by name whatever order their hooks fire
+in. A gradient that never arrived on this rank is reduced as zeros, so a rank whose graph skipped
+a parameter does not leave its peers waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from .. import basics
+from ..compression import Compressor
+from ..ops import ReduceOp
+from . import async_ops
+
+Finisher = Callable[[], None]
+
+
+def name_parameters(optimizer: torch.optim.Optimizer,
+                    named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> dict[torch.Tensor, str]:
+    """Collective name of each trainable parameter of ``optimizer``, in the optimizer's order."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        given: dict[torch.Tensor, str] = {}
+        for index, param in enumerate(params):
+            given.setdefault(param, f"noname.{index}")
+    else:
+        pairs = list(named_parameters)
+        if not all(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in pairs):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        seen: set[str] = set()
+        duplicates = sorted({name for name, _ in pairs if name in seen or seen.add(name)})
+        if duplicates:
+            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {duplicates}")
+        given = {}
+        for name, param in pairs:
+            given.setdefault(param, name)  # a tied parameter listed twice keeps its first name
+        unnamed = [f"param_groups[{g}]['params'][{i}] of shape {tuple(p.shape)}"
+                   for g, group in enumerate(optimizer.param_groups)
+                   for i, p in enumerate(group["params"]) if p not in given]
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not named: "
+                             + "; ".join(unnamed))
+    names: dict[torch.Tensor, str] = {}
+    for param in params:
+        if param.requires_grad and param not in names:
+            names[param] = f"grad.{given[param]}"
+    return names
+
+
+def _split_groups(params: list[torch.Tensor],
+                  groups: int | list[list[torch.Tensor]] | None) -> list[list[torch.Tensor]]:
+    if groups is None or groups == 0:
+        return []
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative integer or a list of parameter lists, got {groups}")
+        count = min(groups, len(params))
+        return [params[i * len(params) // count:(i + 1) * len(params) // count] for i in range(count)]
+    known = set(params)
+    result = []
+    for index, group in enumerate(groups):
+        members = [p for p in group if p in known]
+        if len(members) != len(group):
+            raise ValueError(f"groups[{index}] holds tensors that are not trainable parameters of this optimizer")
+        result.append(members)
+    return result
+
+
+class GradientSubmitter:
+    """Starts each gradient's reduction (alone or with its group) and finishes them all on demand."""
+
+    def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor], op: ReduceOp,
+                 predivide: float, groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool) -> None:
+        self._names = names
+        self._compression = compression
+        self._op = op
+        # Average splits its division around the sum: 1/f before (keeps fp16 sums in range), f/size after.
+        self._scale = (1.0 / predivide, predivide) if op is ReduceOp.AVERAGE else (1.0, 1.0)
+        self._sparse_as_dense = sparse_as_dense
+        self._groups = _split_groups(list(names), groups)
+        self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
+        self._ready: dict[int, list[torch.Tensor]] = {}
+        self._finishers: list[Finisher] = []
+
+    @property
+    def in_flight(self) -> bool:
+        """True while some gradient has been handed over and not yet waited for."""
+        return bool(self._finishers or self._ready)
+
+    def submit(self, param: torch.Tensor) -> None:
+        """``param.grad`` is final for this step: start its reduction (or its group's, once complete)."""
+        index = self._group_of.get(param)
+        if index is None:
+            self._finishers.append(self._start_one(param))
+            return
+        ready = self._ready.setdefault(index, [])
+        ready.append(param)
+        if len(ready) == len(self._groups[index]):
+            del self._ready[index]
+            self._finishers.append(self._start_group(index))
+
+    def submit_missing(self, params: list[torch.Tensor]) -> None:
+        """Submit gradients the hooks never delivered; absent ones as zeros."""
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            self.submit(param)
+
+    def wait_all(self) -> None:
+        finishers, self._finishers = self._finishers, []
+        for finish in finishers:
+            finish()
+
+    # ---- starting reductions -----------------------------------------------------------------
+    def _dense_grad(self, param: torch.Tensor) -> torch.Tensor:
+        if param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+        return param.grad
+
+    def _start_one(self, param: torch.Tensor) -> Finisher:
+        if param.grad.is_sparse and not self._sparse_as_dense:
+            return self._start_sparse(param)
+        grad = self._dense_grad(param)
+        sent, ctx = self._compression.compress(grad)
+        handle = async_ops.allreduce_async_(sent, name=self._names[param], op=self._op,
+                                            prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+
+        def finish() -> None:
+            result = handle.wait()
+            if result is not grad:
+                grad.copy_(self._compression.decompress(result, ctx))
+        return finish
+
+    def _start_group(self, index: int) -> Finisher:
+        grads = [self._dense_grad(p) for p in self._groups[index]]
+        pairs = [self._compression.compress(g) for g in grads]
+        handles = async_ops.grouped_allreduce_async_(
+            [sent for sent, _ in pairs], name=f"grad.group.{index}", op=self._op,
+            prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+
+        def finish() -> None:
+            for grad, (_, ctx), handle in zip(grads, pairs, handles, strict=True):
+                result = handle.wait()
+                if result is not grad:
+                    grad.copy_(self._compression.decompress(result, ctx))
+        return finish
+
+    def _start_sparse(self, param: torch.Tensor) -> Finisher:
+        """Sparse gradients are allgathered (indices and values) and summed by coalescing, as in Horovod."""
+        grad = param.grad.coalesce()
+        name = self._names[param]
+        indices = async_ops.allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices")
+        values = async_ops.allgather_async(grad.values().contiguous(), name=f"{name}.values")
+        scale = self._scale[0] * self._scale[1] / (basics.size() if self._op is ReduceOp.AVERAGE else 1)
+
+        def finish() -> None:
+            gathered = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale, grad.shape,
+                                               check_invariants=True)
+            param.grad = gathered.coalesce()
+        return finish

@@ -1,0 +1,144 @@
+"""``DistributedOptimizer``: averages gradients across ranks while backward is still running.
+
+Design: the user's optimizer object itself is returned, so ``isinstance`` and ``state_dict`` hold
+without building a subclass at run time. A :class:`GradientReducer` attaches to it through torch's
+own extension points: a post-accumulate-grad hook per parameter starts that gradient's allreduce
+(in place, in the gradient's own memory) as soon as backward has produced it, and an optimizer
+step pre-hook waits for all of them. ``synchronize``, ``skip_synchronize`` and a guarded
+``zero_grad`` are bound onto the instance, as Horovod's optimizer has them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ..compression import Compressor, NoneCompressor
+from ..ops import Average, ReduceOp
+from ..process_sets import ProcessSet, global_process_set, require_global
+from . import async_ops
+from .grad_sync import GradientSubmitter, name_parameters
+
+ZERO_GRAD_RACE = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+
+
+class GradientReducer:
+    """The distributed half of a wrapped optimizer: hooks, in-flight reductions, synchronization."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
+                 submitter: GradientSubmitter, backward_passes_per_step: int) -> None:
+        self._optimizer = optimizer
+        self._submitter = submitter
+        self._names = names
+        self.backward_passes_per_step = backward_passes_per_step
+        self._delay = {p: backward_passes_per_step for p in names}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._original_zero_grad = optimizer.zero_grad
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in names]
+        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if self._delay[param] <= 0:
+            raise AssertionError(TOO_MANY_PASSES)
+        self._delay[param] -= 1
+        self._synchronized = False
+        if self._delay[param] == 0:
+            self._submitter.submit(param)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.",
+                    stacklevel=3)
+            self.synchronize()
+        self._synchronized = False
+
+    # ---- methods bound onto the optimizer ----------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce; gradients that never arrived are reduced as zeros."""
+        if self._synchronized and not self._submitter.in_flight:
+            return  # already done since the last backward: reducing again would only cost time
+        self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
+        self._submitter.wait_all()
+        for param in self._delay:
+            self._delay[param] = self.backward_passes_per_step
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._submitter.in_flight:
+            raise AssertionError(ZERO_GRAD_RACE)
+        self._original_zero_grad(set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        _check_passes(passes)
+        self.backward_passes_per_step = passes
+        for param in self._delay:
+            self._delay[param] = passes
+
+
+def _check_passes(passes: int) -> None:
+    if not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = NoneCompressor, backward_passes_per_step: int = 1,
+                         op: ReduceOp = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | list[list[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+    """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
+
+    Each gradient's allreduce starts as soon as backward has produced it (after
+    ``backward_passes_per_step`` local accumulations); ``step()`` waits for them. ``groups`` (an
+    int, or lists of parameters) reduces gradients in groups that are negotiated together.
+    ``gradient_predivide_factor`` splits the averaging into a division before the sum and the rest
+    after it (only with ``op=Average``). Sparse gradients are allgathered, or densified with
+    ``sparse_as_dense``.
+    """
+    require_global(process_set, "DistributedOptimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if getattr(optimizer, "_hvdlite_reducer", None) is not None:
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
+    _check_passes(backward_passes_per_step)
+    if op is not Average and gradient_predivide_factor != 1.0:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
+    names = name_parameters(optimizer, named_parameters)
+    submitter = GradientSubmitter(names, compression, op, gradient_predivide_factor,
+                                  groups if groups is not None else (num_groups or None), sparse_as_dense)
+    reducer = GradientReducer(optimizer, names, submitter, backward_passes_per_step)
+    optimizer._hvdlite_reducer = reducer
+    optimizer.synchronize = reducer.synchronize
+    optimizer.skip_synchronize = reducer.skip_synchronize
+    optimizer.zero_grad = reducer.zero_grad
+    optimizer.set_backward_passes_per_step = reducer.set_backward_passes_per_step
+    return optimizer
+
+
+__all__ = ["DistributedOptimizer", "GradientReducer", "async_ops"]

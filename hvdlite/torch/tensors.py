@@ -1,0 +1,71 @@
+"""torch tensor <-> core NumPy buffer conversion, without copies where torch allows.
+
+A contiguous CPU tensor shares its memory with the array the core sees (``Tensor.numpy()``),
+and results come back through ``torch.from_numpy`` without a copy. bfloat16, which NumPy does
+not know, travels as an int16 view re-labelled as ``ml_dtypes.bfloat16``. Tensors on another
+device are staged through host memory (the NCCL path does not copy; see ``hvdlite.backend``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import dtypes
+from ..errors import UnsupportedOperationError
+
+_TORCH_TO_CORE: dict[torch.dtype, str] = {
+    torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
+    torch.int64: "int64", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.float32: "float32", torch.float64: "float64", torch.bool: "bool",
+}
+_CORE_TO_TORCH = {name: dtype for dtype, name in _TORCH_TO_CORE.items()}
+
+
+def core_dtype(tensor: torch.Tensor) -> str:
+    """The core's name for ``tensor``'s dtype (its torch name if the core lacks it, to be rejected there)."""
+    return _TORCH_TO_CORE.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+
+
+def cast(tensor: torch.Tensor, dtype_name: str) -> torch.Tensor:
+    """``tensor`` converted to the core dtype ``dtype_name``."""
+    return tensor.to(_CORE_TO_TORCH[dtype_name])
+
+
+def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray:
+    """A C-contiguous host array with ``tensor``'s data: a view when ``tensor`` is contiguous on the CPU."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor {name or ''!r} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _TORCH_TO_CORE:
+        supported = ", ".join(map(str, _TORCH_TO_CORE))
+        raise UnsupportedOperationError(
+            f"tensor {name or f'of shape {tuple(tensor.shape)}'!r} has dtype {tensor.dtype}, which hvdlite does "
+            f"not support; supported: {supported}")
+    if tensor.is_sparse:
+        raise UnsupportedOperationError(
+            f"tensor {name or ''!r} is sparse; collectives take dense tensors (the optimizer handles sparse "
+            "gradients: see sparse_as_dense)")
+    host = tensor.detach()
+    if host.device.type != "cpu":
+        host = host.cpu()
+    host = host.contiguous()
+    if host.dtype is torch.bfloat16:
+        return host.view(torch.int16).numpy().view(dtypes.bfloat16)
+    return host.numpy()
+
+
+def from_numpy(array: np.ndarray, like: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, moved to ``like``'s device if that is not the CPU."""
+    if array.dtype == dtypes.bfloat16:
+        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(array)
+    if like is not None and like.device.type != "cpu":
+        tensor = tensor.to(like.device)
+    return tensor
+
+
+def shares_storage(array: np.ndarray, tensor: torch.Tensor) -> bool:
+    """True if writing ``array`` writes ``tensor`` (so an in-place result needs no copy back)."""
+    return (tensor.device.type == "cpu" and tensor.is_contiguous()
+            and array.__array_interface__["data"][0] == tensor.data_ptr())
