@@ -1,4 +1,5 @@
-"""Every collective, dtype, async handle and init/shutdown cycle, at np=2 and np=3 (oversubscribed)."""
+"""Every collective, dtype, async handle and init/shutdown cycle, at np=2 and np=3 (oversubscribed),
+through the core (NumPy) and through each framework adapter."""
 
 import pytest
 
@@ -9,9 +10,10 @@ CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_an
           "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier"]
 
 
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
 @pytest.mark.parametrize("np", [2, 3])
-def test_every_collective(np):
-    result = run_script("collectives.py", np)
+def test_every_collective(np, framework):
+    result = run_script("collectives.py", np, framework)
     for rank in range(np):
         lines = result.lines(rank)
         assert [f"ok {name}" for name in CHECKS] + ["ok reinit"] == [x for x in lines if x.startswith("ok ")], result.output

@@ -1,13 +1,51 @@
 """Every collective, dtype and handle form, checked against values each rank computes locally.
 
-Every rank builds every other rank's input from (rank, seed), so it knows the exact answer.
+Every rank builds every other rank's input from (rank, seed), so it knows the exact answer. One
+body runs for every framework (argument: numpy or torch): inputs are made as NumPy arrays and
+converted with ``T`` on the way in and ``N`` on the way out, as mpi4py's arrayimpl does.
 """
 
+import sys
 
 import ml_dtypes
 import numpy as np
 
-import hvdlite as hvd
+FRAMEWORK = sys.argv[1] if len(sys.argv) > 1 else "numpy"
+if FRAMEWORK == "torch":
+    import torch
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+
+    def T(array):
+        array = np.asarray(array)
+        if array.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(array.copy())
+
+    def N(tensor):
+        assert isinstance(tensor, torch.Tensor), type(tensor)
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+
+    def A2A(tensor, splits=None, name=None):
+        if splits is None:
+            return hvd.alltoall(tensor, name=name), None
+        out, received = hvd.alltoall(tensor, splits=splits, name=name)
+        return out, received.numpy()
+else:
+    import hvdlite as hvd
+
+    def T(array):
+        return array
+
+    def N(array):
+        return array
+
+    def A2A(array, splits=None, name=None):
+        return hvd.alltoall(array, splits=splits, name=name)
 
 DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 FLOATS = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
@@ -49,34 +87,34 @@ def test_allreduce(rank, size):
         for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
             shape = (3, 5)
             inputs = [data(r, shape, dtype, salt=int(op)) for r in range(size)]
-            got = hvd.allreduce(inputs[rank], op=op, name=f"ar.{np.dtype(dtype).name}.{op.name}")
+            got = N(hvd.allreduce(T(inputs[rank]), op=op, name=f"ar.{np.dtype(dtype).name}.{op.name}"))
             want = reduce_expected(inputs, op, dtype, size)
             # 16-bit floats are reduced in float32 and rounded once: equal to the float32 result rounded.
             check(got, want, f"allreduce {np.dtype(dtype).name} {op.name}", tol=1e-2 if dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6)
     for op, want_fn in ((hvd.Sum, np.any), (hvd.Max, np.any), (hvd.Min, np.all), (hvd.Product, np.all)):
         inputs = [data(r, (7,), np.bool_, salt=int(op)) for r in range(size)]
-        got = hvd.allreduce(inputs[rank], op=op, name=f"ar.bool.{op.name}")
+        got = N(hvd.allreduce(T(inputs[rank]), op=op, name=f"ar.bool.{op.name}"))
         check(got, want_fn(inputs, axis=0), f"allreduce bool {op.name}")
     # scale factors, and the deprecated average= flag
     inputs = [data(r, (4,), np.float32) for r in range(size)]
-    got = hvd.allreduce(inputs[rank], op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="ar.scaled")
+    got = N(hvd.allreduce(T(inputs[rank]), op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="ar.scaled"))
     check(got, reduce_expected(inputs, hvd.Sum, np.float32, size, 0.5, 3.0), "scaled allreduce", 1e-5)
-    got = hvd.allreduce(inputs[rank], average=False, name="ar.average_false")
+    got = N(hvd.allreduce(T(inputs[rank]), average=False, name="ar.average_false"))
     check(got, reduce_expected(inputs, hvd.Sum, np.float32, size), "average=False", 1e-5)
     # a scalar and an empty tensor
-    check(hvd.allreduce(np.float64(rank), op=hvd.Sum, name="ar.scalar"), np.array(size * (size - 1) / 2), "scalar")
-    check(hvd.allreduce(np.zeros((0, 3), np.float32), name="ar.empty"), np.zeros((0, 3), np.float32), "empty")
+    check(N(hvd.allreduce(T(np.float64(rank)), op=hvd.Sum, name="ar.scalar")), np.array(size * (size - 1) / 2), "scalar")
+    check(N(hvd.allreduce(T(np.zeros((0, 3), np.float32)), name="ar.empty")), np.zeros((0, 3), np.float32), "empty")
 
 
 def test_fp16_exact(rank, size):
     # Values whose float16 sum overflows/rounds differently when accumulated in float16.
     x = np.full(8, 60000.0 if rank == 0 else -59999.0, dtype=np.float16)
-    got = hvd.allreduce(x, op=hvd.Sum, name="fp16.exact")
+    got = N(hvd.allreduce(T(x), op=hvd.Sum, name="fp16.exact"))
     inputs = [np.full(8, 60000.0 if r == 0 else -59999.0, dtype=np.float16) for r in range(size)]
     want = np.sum([i.astype(np.float32) for i in inputs], axis=0).astype(np.float16)
     assert np.array_equal(got, want), (got, want)
     b = np.full(8, 256.0 if rank == 0 else 1.0, dtype=ml_dtypes.bfloat16)
-    got = hvd.allreduce(b, op=hvd.Sum, name="bf16.exact")
+    got = N(hvd.allreduce(T(b), op=hvd.Sum, name="bf16.exact"))
     want_b = np.sum([np.full(8, 256.0 if r == 0 else 1.0, np.float32) for r in range(size)], axis=0).astype(ml_dtypes.bfloat16)
     assert np.array_equal(got, want_b), (got, want_b)
 
@@ -85,13 +123,13 @@ def test_grouped_and_fusion(rank, size):
     shapes = [(2,), (100,), (50, 3), (20000,), (3, 4, 5)]  # small ones fuse; 20000 floats go direct
     for step in range(3):  # repeated names: steps 2 and 3 run from the response cache
         inputs = [[data(r, s, np.float32, salt=step * 10 + i) for i, s in enumerate(shapes)] for r in range(size)]
-        outs = hvd.grouped_allreduce(inputs[rank], name="grads", op=hvd.Average)
+        outs = [N(o) for o in hvd.grouped_allreduce([T(x) for x in inputs[rank]], name="grads", op=hvd.Average)]
         for i, out in enumerate(outs):
             want = reduce_expected([inputs[r][i] for r in range(size)], hvd.Average, np.float32, size)
             check(out, want, f"grouped step {step} member {i}", 1e-5)
-        handles = [hvd.allreduce_async(inputs[rank][i], name=f"param.{i}", op=hvd.Sum) for i in range(len(shapes))]
+        handles = [hvd.allreduce_async(T(inputs[rank][i]), name=f"param.{i}", op=hvd.Sum) for i in range(len(shapes))]
         for i, handle in enumerate(handles):
-            out = hvd.synchronize(handle)
+            out = N(hvd.synchronize(handle))
             assert hvd.poll(handle)
             check(out, reduce_expected([inputs[r][i] for r in range(size)], hvd.Sum, np.float32, size), f"async {i}", 1e-5)
 
@@ -99,10 +137,10 @@ def test_grouped_and_fusion(rank, size):
 def test_allgather(rank, size):
     for dtype in DTYPES + [np.bool_]:
         inputs = [data(r, (r + 1, 3), dtype) for r in range(size)]  # first dimension differs per rank
-        got = hvd.allgather(inputs[rank], name=f"ag.{np.dtype(dtype).name}")
+        got = N(hvd.allgather(T(inputs[rank]), name=f"ag.{np.dtype(dtype).name}"))
         check(got, np.concatenate(inputs), f"allgather {np.dtype(dtype).name}")
     inputs = [[data(r, (r + 2,), np.int32, salt=1), data(r, (1, 2), np.float64, salt=2)] for r in range(size)]
-    outs = hvd.grouped_allgather(inputs[rank], name="gag")
+    outs = [N(o) for o in hvd.grouped_allgather([T(x) for x in inputs[rank]], name="gag")]
     for i in range(2):
         check(outs[i], np.concatenate([inputs[r][i] for r in range(size)]), f"grouped allgather {i}")
 
@@ -111,7 +149,7 @@ def test_broadcast(rank, size):
     for root in range(size):
         for dtype in DTYPES + [np.bool_]:
             inputs = [data(r, (2, 3), dtype, salt=root) for r in range(size)]
-            got = hvd.broadcast(inputs[rank], root_rank=root, name=f"bc.{root}.{np.dtype(dtype).name}")
+            got = N(hvd.broadcast(T(inputs[rank]), root_rank=root, name=f"bc.{root}.{np.dtype(dtype).name}"))
             check(got, inputs[root], f"broadcast root {root} {np.dtype(dtype).name}")
             assert got is not inputs[rank]
 
@@ -121,7 +159,8 @@ def test_alltoall(rank, size):
         # rank r sends (r + d + 1) rows to rank d
         splits = [[r + d + 1 for d in range(size)] for r in range(size)]
         inputs = [data(r, (sum(splits[r]), 2), dtype) for r in range(size)]
-        out, received = hvd.alltoall(inputs[rank], splits=splits[rank], name=f"a2a.{np.dtype(dtype).name}")
+        out, received = A2A(T(inputs[rank]), splits=splits[rank], name=f"a2a.{np.dtype(dtype).name}")
+        out = N(out)
         pieces = []
         for src in range(size):
             start = sum(splits[src][:rank])
@@ -129,7 +168,8 @@ def test_alltoall(rank, size):
         check(out, np.concatenate(pieces), f"alltoall {np.dtype(dtype).name}")
         assert received.tolist() == [splits[src][rank] for src in range(size)], received
     even = np.arange(size * 2, dtype=np.float32) + 100 * rank
-    out, received = hvd.alltoall(even, name="a2a.even")
+    out, _ = A2A(T(even), name="a2a.even")
+    out = N(out)
     want = np.concatenate([np.arange(size * 2, dtype=np.float32)[2 * rank : 2 * rank + 2] + 100 * s for s in range(size)])
     check(out, want, "alltoall without splits")
 
@@ -139,14 +179,14 @@ def test_reducescatter(rank, size):
         rows = 2 * size + 1  # uneven: the first rank gets one more row
         inputs = [data(r, (rows, 2), dtype) for r in range(size)]
         for op in (hvd.Sum, hvd.Average):
-            got = hvd.reducescatter(inputs[rank], op=op, name=f"rs.{np.dtype(dtype).name}.{op.name}")
+            got = N(hvd.reducescatter(T(inputs[rank]), op=op, name=f"rs.{np.dtype(dtype).name}.{op.name}"))
             full = reduce_expected(inputs, op, dtype, size)
             counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
             start = sum(counts[:rank])
             tol = 1e-2 if dtype in (np.float16, ml_dtypes.bfloat16) else 1e-6
             check(got, full[start : start + counts[rank]], f"reducescatter {np.dtype(dtype).name} {op.name}", tol)
     inputs = [[data(r, (size, 3), np.float32, salt=i) for i in range(2)] for r in range(size)]
-    outs = hvd.grouped_reducescatter(inputs[rank], op=hvd.Sum, name="grs")
+    outs = [N(o) for o in hvd.grouped_reducescatter([T(x) for x in inputs[rank]], op=hvd.Sum, name="grs")]
     for i in range(2):
         check(outs[i], reduce_expected([inputs[r][i] for r in range(size)], hvd.Sum, np.float32, size)[rank : rank + 1], f"grouped rs {i}", 1e-5)
 
@@ -179,7 +219,7 @@ def main():
     assert not hvd.is_initialized()
     # init -> shutdown -> init works, and the new runtime starts fresh
     hvd.init()
-    assert hvd.allreduce(np.ones(3), op=hvd.Sum, name="after.reinit").tolist() == [size] * 3
+    assert N(hvd.allreduce(T(np.ones(3)), op=hvd.Sum, name="after.reinit")).tolist() == [size] * 3
     hvd.shutdown()
     print("ok reinit", flush=True)
 
