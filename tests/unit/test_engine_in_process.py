@@ -85,3 +85,31 @@ def test_after_shutdown_new_work_is_refused():
     stop_engines(ranks)
     with pytest.raises(errors.HvdliteShutdownError):
         submit(ranks[0], "x", np.ones(1))
+
+
+def submit_in_place(engine, name, array, op=ReduceOp.SUM, collective=Collective.ALLREDUCE, root=-1):
+    meta = RequestMeta(name, collective, array.dtype.name, array.shape, op, root_rank=root)
+    request = Request(meta, array, Handle(name), output=array)
+    engine.submit([request])
+    return request.handle
+
+
+@pytest.mark.parametrize("shape", [(3,), (40000,)])  # packed into a fusion buffer / reduced on its own
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])  # float16 is widened: a copy back is needed
+def test_in_place_results_land_in_the_callers_array(engines, shape, dtype):
+    _, ranks = engines
+    arrays = [np.full(shape, r + 1, dtype=dtype) for r in range(len(ranks))]
+    handles = [submit_in_place(e, "inplace", a, ReduceOp.AVERAGE) for e, a in zip(ranks, arrays, strict=True)]
+    want = sum(range(1, len(ranks) + 1)) / len(ranks)
+    for handle, array in zip(handles, arrays, strict=True):
+        assert handle.wait(10) is array
+        assert np.allclose(array, want, rtol=1e-3)
+
+
+def test_in_place_broadcast_overwrites_non_roots_only(engines):
+    _, ranks = engines
+    arrays = [np.full(4, r, dtype=np.int64) for r in range(len(ranks))]
+    handles = [submit_in_place(e, "bcast", a, collective=Collective.BROADCAST, root=1)
+               for e, a in zip(ranks, arrays, strict=True)]
+    for handle, array in zip(handles, arrays, strict=True):
+        assert handle.wait(10) is array and array.tolist() == [1] * 4
