@@ -48,6 +48,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _nice(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise ValueError("must be an integer from 0 to 19")
+    return value
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -77,6 +84,7 @@ class Config:
     cycle_time_ms: float = 0.0
     poll_time_ms: float = 1.0
     idle_cycle_seconds: float = 1.0
+    engine_nice: int = 19
     cache_capacity: int = 1024
     timeline: str = ""
     stall_check: bool = True
@@ -119,6 +127,8 @@ SETTINGS: tuple[Setting, ...] = (
             "longest sleep (ms) between polls while waiting on other ranks"),
     Setting("HVDLITE_IDLE_CYCLE_SECONDS", "idle_cycle_seconds", _positive_float,
             "an idle rank joins an empty negotiation this often so stalls can be diagnosed"),
+    Setting("HVDLITE_ENGINE_NICE", "engine_nice", _nice,
+            "nice value of the engine thread (Linux); 0 keeps the process's priority"),
     Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
             "response-cache entries (0 disables the bit-vector fast path)"),
     Setting("HVDLITE_TIMELINE", "timeline", _text, "path of a timeline file"),

@@ -9,12 +9,21 @@ The thread sleeps while this rank has nothing pending (waking every ``idle_cycle
 take part in peers' cycles, so a stall can be diagnosed). While requests are pending it cycles,
 backing off up to the poll time when a cycle makes no progress, so a rank waiting on slower peers
 costs a few percent of a core, not a spinning one.
+
+The thread runs at a low priority (``HVDLITE_ENGINE_NICE``, default 19). Where every core is busy
+computing (CPU training with a rank per core), a shared-memory transfer needs both peers' engine
+threads on a core at once; at normal priority they time-slice with the compute threads and spin
+waiting for each other. At low priority they run when compute waits, which was measured faster
+(np=2, 24.8 M-parameter MLP: 214-219 ms per step against 228-234 ms). Where cores are free the
+priority changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -100,8 +109,18 @@ class Engine:
         return self._thread.is_alive()
 
     # ---- engine thread ----------------------------------------------------------------------
+    def _lower_priority(self) -> None:
+        """Let compute threads win when cores are short (see the module docstring)."""
+        if not self._config.engine_nice or not sys.platform.startswith("linux"):
+            return
+        try:  # on Linux, nice applies to a single thread when given its thread id
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._config.engine_nice)
+        except OSError as exc:
+            log.debug("could not lower the engine thread's priority: %s", exc)
+
     def _run(self) -> None:
         try:
+            self._lower_priority()
             idle_streak = 0
             while True:
                 self._sleep_until_work(idle_streak)

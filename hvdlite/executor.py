@@ -10,7 +10,7 @@ The engine, not the executor, hands results to the waiting handles.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -81,8 +81,9 @@ class Executor:
         op = dtypes.wire_op(meta.dtype, meta.op)
         inputs = [self._wire_input(r, local) for r in responses]
         outputs = [_output_of(local.get(r.meta.name)) for r in responses]
+        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            buffer = self._reduce_unpacked(inputs[0], outputs[0], wire, op)
+            buffer = self._reduce_unpacked(inputs[0], outputs[0], wire, op, scale)
         else:
             buffer = np.empty(sum(i.size for i in inputs), dtype=wire)
             offset = 0
@@ -91,8 +92,7 @@ class Executor:
                 offset += tensor.size
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
-            self._backend.allreduce(None, buffer, op)
-        self._postscale(buffer, meta.dtype, meta.op, meta.postscale)
+            self._backend.allreduce(None, buffer, op, scale)
         results, offset = [], 0
         for response, output in zip(responses, outputs, strict=True):
             count = math.prod(response.meta.shape)
@@ -106,29 +106,27 @@ class Executor:
                 results.append(output)
         return results
 
-    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, wire: np.dtype,
-                         op: ReduceOp) -> np.ndarray:
+    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, wire: np.dtype, op: ReduceOp,
+                         scale: Callable[[np.ndarray], None] | None) -> np.ndarray:
         """Reduce one tensor without packing, into ``output`` when it can hold the wire type."""
         if output is None or output.dtype != wire:
             buffer = np.empty(source.size, dtype=wire)
-            self._backend.allreduce(source, buffer, op)
+            self._backend.allreduce(source, buffer, op, scale)
             return buffer
         buffer = output.reshape(-1)
-        if _same_memory(source, buffer):
-            self._backend.allreduce(None, buffer, op)  # in place: no copy at all
-        else:
-            self._backend.allreduce(source, buffer, op)
+        in_place = _same_memory(source, buffer)  # then no copy at all
+        self._backend.allreduce(None if in_place else source, buffer, op, scale)
         return buffer
 
-    def _postscale(self, buffer: np.ndarray, dtype: str, op: ReduceOp, postscale: float) -> None:
+    def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
+        """What to apply to reduced values: the post-scale factor, and the division of an Average."""
         if op is not ReduceOp.AVERAGE:
-            if postscale != 1.0:
-                buffer *= postscale
-            return
+            return None if postscale == 1.0 else (lambda piece: np.multiply(piece, postscale, out=piece))
         if dtypes.is_floating(dtype):
-            buffer *= postscale / self.size
-        else:  # integer average truncates toward zero, like a C cast of the float result
-            np.copyto(buffer, np.trunc(buffer / self.size), casting="unsafe")
+            factor = postscale / self.size
+            return lambda piece: np.multiply(piece, factor, out=piece)
+        # integer average truncates toward zero, like a C cast of the float result
+        return lambda piece: np.copyto(piece, np.trunc(piece / self.size), casting="unsafe")
 
     def _allgather(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
@@ -171,7 +169,9 @@ class Executor:
             send *= meta.prescale
         recv = np.empty(rows[self.rank] * row, dtype=wire)
         self._backend.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
-        self._postscale(recv, meta.dtype, meta.op, meta.postscale)
+        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        if scale is not None:
+            scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
         return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else output.astype(meta.dtype)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -33,8 +34,13 @@ class DataBackend(Protocol):
     def enabled_for(self, array: np.ndarray) -> bool:
         """True if this backend can move ``array`` (host memory for MPI, device memory for NCCL)."""
 
-    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp) -> None:
-        """Reduce into ``recv``; ``send=None`` means in place. SUM stands in for AVERAGE."""
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
+                  finish_piece: Callable[[np.ndarray], None] | None = None) -> None:
+        """Reduce into ``recv``; ``send=None`` means in place. SUM stands in for AVERAGE.
+
+        ``finish_piece`` is applied to each finished piece of ``recv`` (a view) while it is still
+        in cache: scaling there is cheaper than a second pass over the whole buffer.
+        """
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Concatenate every rank's ``send`` (``counts[r]`` elements from rank r) into ``recv``."""

@@ -10,6 +10,8 @@ faster than one huge message, whose shared-memory bandwidth drops above ~16 MB).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from mpi4py import MPI
 
@@ -85,13 +87,16 @@ class MpiDataBackend:
     def enabled_for(self, array: np.ndarray) -> bool:
         return isinstance(array, np.ndarray)
 
-    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
+                  finish_piece: Callable[[np.ndarray], None] | None = None) -> None:
         mpi_op = _MPI_OPS[op]
         step = max(1, self._chunk_bytes // recv.itemsize)
         for start in range(0, max(recv.size, 1), step):
             piece = slice(start, start + step)
             source = MPI.IN_PLACE if send is None else send[piece]
             self._wait(self._comm.Iallreduce(source, recv[piece], mpi_op))
+            if finish_piece is not None:
+                finish_piece(recv[piece])
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         self._wait(self._comm.Iallgatherv(send, [recv, (counts, _displacements(counts))]))

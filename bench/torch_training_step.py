@@ -1,0 +1,325 @@
+"""One data-parallel training step in PyTorch: hvdlite vs DDP (gloo) vs raw mpi4py vs no communication.
+
+Run:  python bench/torch_training_step.py            (it launches its own hvdliterun jobs)
+
+The driver starts two jobs of this script in worker mode: ``hvdliterun -np 1`` for the ``single``
+baseline, then ``hvdliterun -np N`` (``--np``, default 2) for the multi-rank modes:
+
+- ``single``   one rank, no communication: the baseline. Measured twice: in the ``-np 1`` job, and
+               inside the ``-np N`` job (rank 0 steps alone while the other ranks sleep), interleaved
+               with the other modes. Efficiencies use the interleaved one: on a shared machine the
+               load drifts between jobs by more than the effects measured here.
+- ``nocomm``   N ranks, each trains alone: the cost of sharing the machine (cores, memory bandwidth).
+- ``mpi4py``   N ranks; after backward, one ``Allreduce(IN_PLACE)`` per gradient, divided by N.
+- ``ddp``      N ranks; torch ``DistributedDataParallel`` over gloo (TCP on 127.0.0.1).
+- ``hvdlite``  N ranks; ``hvdlite.torch.DistributedOptimizer`` with ``named_parameters``.
+
+Model: 50 x ``nn.Linear(704, 704)`` with ReLU between (24.8 M parameters, 100 tensors), SGD, batch 32
+per rank, one thread per rank. All multi-rank modes run in the same job, interleaved rep by rep, so
+drifting machine load affects them alike; DDP (gloo over TCP) and hvdlite (MPI) coexist in one process.
+Each mode gets its own model so hvdlite's gradient hooks never fire in another mode's steps. When
+``hvdlite`` is among the modes, hvdlite's engine thread lives for the whole job (idle between its
+reps, it wakes about once a second).
+
+Per rep, each rank takes the median of its step times; the rep's value is the slowest rank's median
+(a synchronous job runs at its slowest rank's pace). Reported: the median over all reps, the spread
+(min-max of the per-rep values), the scaling efficiency (single step time / mode step time; the
+per-rank batch is fixed, so 1.0 is perfect weak scaling) and the throughput relative to DDP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ALL_MODES = ("single", "nocomm", "mpi4py", "ddp", "hvdlite")
+RESULT_TAG = "TRAINSTEP_RESULT "
+SKIP_TAG = "TRAINSTEP_SKIP "
+WIDTH, DEPTH, NUM_CLASSES = 704, 50, 10
+RANK_ENV = {
+    # Set before the ranks start, so torch's and the BLAS's thread pools are sized 1 from the outset.
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    # glibc hands the freed 2 MB gradients (zero_grad sets them to None) back to the kernel, and every
+    # step then faults ~100 MB in again: measured +60 ms/step in a process that holds one model, but
+    # not in one holding several, whose fragmented heap is never trimmed. Keeping freed memory in the
+    # heap removes that allocator artifact, so modes and jobs differ only in what they communicate.
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per mode per rep")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode before the first rep")
+    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions")
+    parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated subset of {ALL_MODES}")
+    parser.add_argument("--np", type=int, default=2, help="ranks in the multi-rank job")
+    parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by the driver
+    args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in ALL_MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; choose from {list(ALL_MODES)}")
+    return args
+
+
+# ---------------------------------------------------------------- worker: runs inside hvdliterun
+
+
+def build_model() -> Any:
+    import torch
+
+    layers: list[torch.nn.Module] = []
+    for index in range(DEPTH):
+        layers.append(torch.nn.Linear(WIDTH, WIDTH))
+        if index < DEPTH - 1:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def plain_step(model: Any, optimizer: Any, data: Any, target: Any) -> None:
+    import torch.nn.functional as F
+
+    optimizer.zero_grad()
+    # The last layer's first NUM_CLASSES outputs act as logits, so every layer is the same shape.
+    F.cross_entropy(model(data)[:, :NUM_CLASSES], target).backward()
+    optimizer.step()
+
+
+def mpi4py_step(model: Any, optimizer: Any, data: Any, target: Any) -> None:
+    import torch.nn.functional as F
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    optimizer.zero_grad()
+    F.cross_entropy(model(data)[:, :NUM_CLASSES], target).backward()
+    # The naive loop a user writes first: one blocking allreduce per tensor, after the whole backward.
+    for param in model.parameters():
+        comm.Allreduce(MPI.IN_PLACE, param.grad.numpy())
+        param.grad.div_(comm.Get_size())
+    optimizer.step()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_gloo() -> None:
+    """Start torch.distributed on gloo with mpi4py's rank and size; rank 0 picks the port."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    port = comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+
+
+@dataclass
+class Mode:
+    name: str
+    step: Callable[[], None]
+
+
+def make_mode(name: str, batch: int) -> Mode:
+    """Build one mode's own model, optimizer and fixed batch (each mode differs only in how it reduces)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = torch.randn(batch, WIDTH)
+    target = torch.randint(0, NUM_CLASSES, (batch,))
+    if name == "mpi4py":
+        return Mode(name, lambda: mpi4py_step(model, optimizer, data, target))
+    if name == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp_model = DistributedDataParallel(model)
+        return Mode(name, lambda: plain_step(ddp_model, optimizer, data, target))
+    if name == "hvdlite":
+        import hvdlite.torch as hvd
+
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return Mode(name, lambda: plain_step(model, optimizer, data, target))
+
+
+def hvdlite_unavailable() -> str | None:
+    """Why hvdlite.torch cannot be used here, or None. Every rank gets the same answer."""
+    try:
+        import hvdlite.torch  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def setup_modes(names: list[str], batch: int, rank: int) -> list[Mode]:
+    if "hvdlite" in names:
+        reason = hvdlite_unavailable()
+        if reason is not None:
+            names = [n for n in names if n != "hvdlite"]
+            if rank == 0:
+                print(SKIP_TAG + json.dumps({"mode": "hvdlite", "reason": reason}), flush=True)
+        else:
+            import hvdlite.torch as hvd
+
+            hvd.init()
+    if "ddp" in names:
+        init_gloo()
+    return [make_mode(name, batch) for name in names]
+
+
+def idle_until_all_arrive(comm: Any) -> None:
+    """Wait for every rank without spinning a core (a blocking MPICH barrier busy-polls)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.001)
+
+
+def time_steps(step: Callable[[], None], steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_mode(mode: Mode, steps: int, comm: Any) -> float:
+    """This rank's median step time; in ``single`` only rank 0 steps (0.0 elsewhere) while others sleep."""
+    comm.Barrier()
+    if mode.name == "single" and comm.Get_rank() != 0:
+        idle_until_all_arrive(comm)
+        return 0.0
+    median = statistics.median(time_steps(mode.step, steps)) if steps else 0.0
+    if mode.name == "single":
+        idle_until_all_arrive(comm)
+    return median
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import torch
+    from mpi4py import MPI
+
+    torch.set_num_threads(1)  # one core per rank: 2 ranks on 2 cores must not oversubscribe
+    comm = MPI.COMM_WORLD
+    modes = setup_modes(args.modes, args.batch_size, comm.Get_rank())
+    for mode in modes:
+        run_mode(mode, args.warmup, comm)
+    per_rep: dict[str, list[float]] = {m.name: [] for m in modes}
+    for _ in range(args.reps):
+        for mode in modes:  # interleaved, so drifting load affects every mode alike
+            median = run_mode(mode, args.steps, comm)
+            per_rep[mode.name].append(max(comm.allgather(median)))  # the slowest rank sets the pace
+    if comm.Get_rank() == 0:
+        for name, values in per_rep.items():
+            print(RESULT_TAG + json.dumps({"mode": name, "np": comm.Get_size(), "rep_s": values}), flush=True)
+    comm.Barrier()
+
+
+# ---------------------------------------------------------------- driver: launches the jobs, reports
+
+
+Results = dict[tuple[str, int], list[float]]  # (mode, np) -> per-rep step seconds
+
+
+def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Results, dict[str, str]]:
+    """Run one hvdliterun job of this script in worker mode; return its results and skipped modes."""
+    command = ["hvdliterun", "-np", str(np_), sys.executable, os.path.abspath(__file__), "--worker",
+               "--modes", ",".join(modes), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--reps", str(args.reps), "--batch-size", str(args.batch_size)]
+    env = {**os.environ, **RANK_ENV}
+    print("$ " + " ".join(command), flush=True)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"job failed with exit code {proc.returncode}: {' '.join(command)}")
+    results: Results = {}
+    skipped: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        # hvdliterun tags lines "[rank]: "; the payload follows our marker.
+        match = re.search(f"({RESULT_TAG}|{SKIP_TAG})(.*)$", line)
+        if not match:
+            continue
+        payload = json.loads(match.group(2))
+        if match.group(1) == RESULT_TAG:
+            results[(payload["mode"], payload["np"])] = payload["rep_s"]
+        else:
+            skipped[payload["mode"]] = payload["reason"]
+    return results, skipped
+
+
+def baseline(results: Results) -> float | None:
+    """The single-rank step time to compare with: the interleaved one when it was measured."""
+    runs = sorted((key for key in results if key[0] == "single"), key=lambda key: -key[1])
+    return statistics.median(results[runs[0]]) if runs else None
+
+
+def format_row(key: tuple[str, int], values: list[float], single: float | None, ddp_rate: float | None) -> str:
+    name, np_ = key
+    median = statistics.median(values)
+    step = f"{median * 1e3:7.1f} [{min(values) * 1e3:.1f}-{max(values) * 1e3:.1f}]"
+    # A single-rank step in an N-rank job is one rank's work, whatever N is.
+    ranks = 1 if name == "single" else np_
+    efficiency = f"{single / median:10.2f}" if single and name != "single" else f"{'-':>10}"
+    versus = f"{ranks / median / ddp_rate:17.2f}" if ddp_rate else f"{'-':>17}"
+    where = "np=1 job" if np_ == 1 else (f"np={np_} job, rank 0 alone" if name == "single" else f"np={np_}")
+    return f"{name:>8} | {where:<22} | {step:>22} | {efficiency} | {versus}"
+
+
+def report(results: Results, skipped: dict[str, str], args: argparse.Namespace) -> None:
+    print(f"\nTraining step: {DEPTH} x Linear({WIDTH}, {WIDTH}), batch {args.batch_size} per rank, SGD, "
+          f"1 thread per rank; {args.reps} reps x {args.steps} steps (median [min-max of per-rep medians])")
+    single = baseline(results)
+    ddp = [(np_, values) for (name, np_), values in results.items() if name == "ddp"]
+    ddp_rate = ddp[0][0] / statistics.median(ddp[0][1]) if ddp else None
+    print(f"{'mode':>8} | {'ranks':<22} | {'step ms':>22} | {'efficiency':>10} | {'throughput vs ddp':>17}")
+    order = {name: index for index, name in enumerate(ALL_MODES)}
+    for key in sorted(results, key=lambda key: (order[key[0]], key[1])):
+        print(format_row(key, results[key], single, ddp_rate))
+    for name, reason in skipped.items():
+        print(f"{name:>8} | skipped: {reason}")
+
+
+def run_driver(args: argparse.Namespace) -> None:
+    results: Results = {}
+    skipped: dict[str, str] = {}
+    if "single" in args.modes:
+        found, _ = launch(1, ["single"], args)
+        results.update(found)
+    multi = [m for m in args.modes if m != "single"]
+    if multi:
+        # single again inside the N-rank job, interleaved with the other modes (see the docstring).
+        found, skipped = launch(args.np, (["single"] if "single" in args.modes else []) + multi, args)
+        results.update(found)
+    report(results, skipped, args)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        run_worker(args)
+    else:
+        run_driver(args)
+
+
+if __name__ == "__main__":
+    main()
