@@ -243,7 +243,8 @@ Results = dict[tuple[str, int], list[float]]  # (mode, np) -> per-rep step secon
 
 def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Results, dict[str, str]]:
     """Run one hvdliterun job of this script in worker mode; return its results and skipped modes."""
-    command = ["hvdliterun", "-np", str(np_), sys.executable, os.path.abspath(__file__), "--worker",
+    beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")  # works without an activated venv
+    command = [beside if os.path.exists(beside) else "hvdliterun", "-np", str(np_), sys.executable, os.path.abspath(__file__), "--worker",
                "--modes", ",".join(modes), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--reps", str(args.reps), "--batch-size", str(args.batch_size)]
     env = {**os.environ, **RANK_ENV}

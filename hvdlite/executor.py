@@ -3,8 +3,9 @@
 This is the only place that turns responses into buffer operations: packing fused tensors,
 widening 16-bit floats to the float32 wire type, scaling, zero contributions for joined ranks,
 and handing results back. Outputs of a fused reduction are views into the fresh fusion buffer,
-so nothing is copied back out; a large tensor is reduced straight from the caller's array.
-The engine, not the executor, hands results to the waiting handles.
+so nothing is copied back out; a large tensor is reduced straight from the caller's array, and
+an in-place request (``Request.output`` is its own input) is reduced in the caller's memory with
+no copy at all. The engine, not the executor, hands results to the waiting handles.
 """
 
 from __future__ import annotations

@@ -38,3 +38,27 @@ def test_torch_api(np, case):
     result = run_script("torch_api.py", np, case)
     for rank in range(np):
         assert _ok_lines(result, rank) == [f"ok {case}"], result.output
+
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_synthetic_benchmark_example_prints_horovods_lines():
+    result = run_script(str(EXAMPLES / "torch_synthetic_benchmark.py"), 2, "--model", "mlp", "--fp16-allreduce",
+                        "--num-iters", "2", "--num-batches-per-iter", "2", "--num-warmup-batches", "1")
+    lines = result.lines(0)
+    assert any(line.startswith("Img/sec per CPU: ") for line in lines), result.output
+    assert any(line.startswith("Total img/sec on 2 CPU(s): ") for line in lines), result.output
+    assert not result.lines(1), "only rank 0 prints"
+
+
+def test_training_example_learns_and_resumes_from_its_checkpoint(tmp_path):
+    first = run_script(str(EXAMPLES / "torch_train.py"), 2, "--epochs", "1", "--checkpoint-dir", str(tmp_path))
+    resumed = run_script(str(EXAMPLES / "torch_train.py"), 3, "--epochs", "2", "--checkpoint-dir", str(tmp_path))
+    assert list(tmp_path.iterdir()), first.output
+    lines = resumed.lines(0)
+    assert any(line.endswith("resumed from epoch 1") for line in lines), resumed.output
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["epoch 2/2"], resumed.output
+    val_accuracy = float(epochs[-1].rsplit(" acc ", 1)[1])
+    assert val_accuracy > 0.6, f"4 classes, chance is 0.25; got {val_accuracy}\n{resumed.output}"
