@@ -45,6 +45,11 @@ def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray
                 f"output for tensor {name!r} must be an array of shape {array.shape} and dtype {array.dtype}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UnsupportedOperationError(f"output for tensor {name!r} must be C-contiguous and writable")
+        if out is not array and np.may_share_memory(out, array):
+            # In place means the very same array object; a different view of the same memory would
+            # hand MPI overlapping send and receive buffers.
+            raise UnsupportedOperationError(
+                f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
 
 
 def _reduction_meta(collective: Collective, array: np.ndarray, name: str, op: ReduceOp,

@@ -81,10 +81,13 @@ class Executor:
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
         inputs = [self._wire_input(r, local) for r in responses]
-        outputs = [_output_of(local.get(r.meta.name)) for r in responses]
+        requests = [local.get(r.meta.name) for r in responses]
+        outputs = [None if r is None else r.output for r in requests]
         scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        written = False  # True once the result already sits in the caller's output
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            buffer = self._reduce_unpacked(inputs[0], outputs[0], wire, op, scale)
+            in_place = requests[0] is not None and requests[0].output is requests[0].tensor
+            buffer, written = self._reduce_unpacked(inputs[0], outputs[0], in_place, wire, op, scale)
         else:
             buffer = np.empty(sum(i.size for i in inputs), dtype=wire)
             offset = 0
@@ -102,22 +105,25 @@ class Executor:
             if output is None:
                 results.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else view.astype(meta.dtype))
             else:
-                if not _same_memory(view, output):
+                if not written:
                     np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once
                 results.append(output)
         return results
 
-    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, wire: np.dtype, op: ReduceOp,
-                         scale: Callable[[np.ndarray], None] | None) -> np.ndarray:
-        """Reduce one tensor without packing, into ``output`` when it can hold the wire type."""
+    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, in_place: bool, wire: np.dtype,
+                         op: ReduceOp, scale: Callable[[np.ndarray], None] | None) -> tuple[np.ndarray, bool]:
+        """Reduce one tensor without packing, into ``output`` when it can hold the wire type.
+
+        Returns the reduced flat buffer and whether it is ``output``'s own memory. ``in_place``
+        (the output is the input) reduces with no copy at all.
+        """
         if output is None or output.dtype != wire:
             buffer = np.empty(source.size, dtype=wire)
             self._backend.allreduce(source, buffer, op, scale)
-            return buffer
+            return buffer, False
         buffer = output.reshape(-1)
-        in_place = _same_memory(source, buffer)  # then no copy at all
         self._backend.allreduce(None if in_place else source, buffer, op, scale)
-        return buffer
+        return buffer, True
 
     def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
@@ -144,7 +150,7 @@ class Executor:
         if output is None:
             output = np.array(request.tensor, dtype=meta.dtype, copy=True, order="C") if is_root \
                 else np.empty(meta.shape, dtype=meta.dtype)
-        elif is_root and not _same_memory(np.asarray(request.tensor), output):
+        elif is_root and output is not request.tensor:
             np.copyto(output, request.tensor)
         self._backend.broadcast(output.reshape(-1).view(np.uint8), meta.root_rank)
         return output
@@ -175,15 +181,6 @@ class Executor:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
         return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else output.astype(meta.dtype)
-
-
-def _output_of(request: Request | None) -> np.ndarray | None:
-    return None if request is None else request.output
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """True if ``a`` and ``b`` are the same bytes (one is a reshaped view of the other)."""
-    return a.nbytes == b.nbytes and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:

@@ -34,7 +34,9 @@ class RequestMeta:
 
     @property
     def signature(self) -> tuple[Any, ...]:
-        return dataclasses.astuple(self)
+        # Spelled out: dataclasses.astuple deep-copies and was a hot spot (called per request per cycle).
+        return (self.name, self.collective, self.dtype, self.shape, self.op, self.prescale, self.postscale,
+                self.root_rank, self.splits)
 
 
 class Handle:

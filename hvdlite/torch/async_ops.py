@@ -17,7 +17,7 @@ from .. import api
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, require_global
 from ..request import MappedHandle
-from .tensors import from_numpy, shares_storage, to_numpy
+from .tensors import from_numpy, is_aliased, to_numpy
 
 Handle = MappedHandle
 
@@ -28,10 +28,12 @@ def _new_tensor(like: torch.Tensor):
 
 def _copy_back(tensor: torch.Tensor):
     """Result conversion for in-place forms: nothing to do if the core wrote the tensor's own memory."""
+    if is_aliased(tensor):
+        return lambda array: tensor
+
     def finish(array: np.ndarray) -> torch.Tensor:
-        if not shares_storage(array, tensor):
-            with torch.no_grad():
-                tensor.copy_(from_numpy(array).view(tensor.shape))
+        with torch.no_grad():
+            tensor.copy_(from_numpy(array).view(tensor.shape))
         return tensor
     return finish
 

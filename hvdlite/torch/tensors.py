@@ -65,7 +65,6 @@ def from_numpy(array: np.ndarray, like: torch.Tensor | None = None) -> torch.Ten
     return tensor
 
 
-def shares_storage(array: np.ndarray, tensor: torch.Tensor) -> bool:
-    """True if writing ``array`` writes ``tensor`` (so an in-place result needs no copy back)."""
-    return (tensor.device.type == "cpu" and tensor.is_contiguous()
-            and array.__array_interface__["data"][0] == tensor.data_ptr())
+def is_aliased(tensor: torch.Tensor) -> bool:
+    """True if :func:`to_numpy` gives a view of ``tensor`` (writing the array writes the tensor)."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous()
