@@ -20,7 +20,6 @@ import torch
 from ..compression import Compressor, NoneCompressor
 from ..ops import Average, ReduceOp
 from ..process_sets import ProcessSet, global_process_set, require_global
-from . import async_ops
 from .grad_sync import GradientSubmitter, name_parameters
 
 ZERO_GRAD_RACE = (
@@ -141,4 +140,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     return optimizer
 
 
-__all__ = ["DistributedOptimizer", "GradientReducer", "async_ops"]
+__all__ = ["DistributedOptimizer", "GradientReducer"]
