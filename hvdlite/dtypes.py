@@ -26,12 +26,25 @@ SUPPORTED: dict[str, np.dtype] = {
     )
 }
 _WIDENED = {"float16", "bfloat16"}
+# Precomputed: numpy's dtype.name and np.issubdtype are slow Python code, and these run for every
+# tensor of every step.
+_NAME_OF = {dtype: name for name, dtype in SUPPORTED.items()}
+_FLOATING = frozenset(name for name, dtype in SUPPORTED.items()
+                      if name in _WIDENED or np.issubdtype(dtype, np.floating))
+_WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) if name == "bool" else dtype
+         for name, dtype in SUPPORTED.items()}
+WIRE_NAME = {name: wire.name for name, wire in _WIRE.items()}
 
 
 def dtype_name(array: np.ndarray, tensor_name: str) -> str:
     """Name of ``array``'s dtype, or a clear error if the core cannot move it."""
-    name = array.dtype.name
-    if name not in SUPPORTED:
+    name = _NAME_OF.get(array.dtype)
+    if name is None:
+        name = array.dtype.name
+        if name in SUPPORTED:  # equal names, unequal dtypes: a byte-swapped array
+            raise UnsupportedOperationError(
+                f"tensor {tensor_name!r} has dtype {array.dtype.str} in non-native byte order; "
+                "convert it with .astype(array.dtype.newbyteorder('='))")
         raise UnsupportedOperationError(
             f"tensor {tensor_name!r} has dtype {name}, which hvdlite does not support; "
             f"supported: {', '.join(SUPPORTED)}"
@@ -41,16 +54,12 @@ def dtype_name(array: np.ndarray, tensor_name: str) -> str:
 
 def is_floating(name: str) -> bool:
     """True for float16, bfloat16, float32 and float64."""
-    return name in _WIDENED or np.issubdtype(SUPPORTED[name], np.floating)
+    return name in _FLOATING
 
 
 def wire_dtype(name: str) -> np.dtype:
     """The dtype a reduction of ``name`` travels in (float32 for the 16-bit floats, uint8 for bool)."""
-    if name in _WIDENED:
-        return np.dtype(np.float32)
-    if name == "bool":
-        return np.dtype(np.uint8)
-    return SUPPORTED[name]
+    return _WIRE[name]
 
 
 def wire_op(name: str, op: ReduceOp) -> ReduceOp:

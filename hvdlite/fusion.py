@@ -35,7 +35,7 @@ def wire_nbytes(response: Response) -> int:
 
 def _fusion_key(response: Response) -> tuple:
     meta = response.meta
-    return (dtypes.wire_dtype(meta.dtype).name, dtypes.wire_op(meta.dtype, meta.op), meta.prescale, meta.postscale)
+    return (dtypes.WIRE_NAME[meta.dtype], dtypes.wire_op(meta.dtype, meta.op), meta.prescale, meta.postscale)
 
 
 def plan(responses: list[Response], threshold: int) -> list[WorkItem]:

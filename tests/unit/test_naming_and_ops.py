@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from hvdlite.naming import NameGenerator, group_member_names
@@ -34,3 +35,18 @@ def test_resolve_op():
         resolve_op(ReduceOp.ADASUM)
     with pytest.raises(ValueError, match="unknown reduction op 42"):
         resolve_op(42)
+
+
+def test_dtype_names_come_from_the_table_and_reject_byte_swapped_arrays():
+    import ml_dtypes  # noqa: I001
+
+    from hvdlite import dtypes
+    from hvdlite.errors import UnsupportedOperationError
+
+    for name, dtype in dtypes.SUPPORTED.items():
+        assert dtypes.dtype_name(np.zeros(1, dtype), "t") == name
+    assert dtypes.dtype_name(np.zeros(1, ml_dtypes.bfloat16), "t") == "bfloat16"
+    assert [n for n in dtypes.SUPPORTED if dtypes.is_floating(n)] == ["float16", "bfloat16", "float32", "float64"]
+    assert dtypes.wire_dtype("bfloat16") == np.float32 and dtypes.WIRE_NAME["bool"] == "uint8"
+    with pytest.raises(UnsupportedOperationError, match="'swapped' has dtype >f4 in non-native byte order"):
+        dtypes.dtype_name(np.zeros(2, ">f4"), "swapped")
