@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -30,31 +31,23 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
         async_ops.synchronize(handle)
 
 
-def _placeholders(state: Any, tensors: list[torch.Tensor]) -> Any:
-    """``state`` with each tensor replaced by ``_TensorSlot(index)``; the tensors go to ``tensors``."""
-    if isinstance(state, torch.Tensor):
-        tensors.append(state)
-        return _TensorSlot(len(tensors) - 1, tuple(state.shape), state.dtype)
+def _replace(state: Any, kind: type, make: Callable[[Any], Any]) -> Any:
+    """``state`` with every ``kind`` leaf replaced by ``make(leaf)``, visited in a fixed order."""
+    if isinstance(state, kind):
+        return make(state)
     if isinstance(state, dict):
-        return {key: _placeholders(value, tensors) for key, value in state.items()}
+        return {key: _replace(value, kind, make) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(_placeholders(value, tensors) for value in state)
+        return type(state)(_replace(value, kind, make) for value in state)
     return state
 
 
-def _fill(state: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(state, _TensorSlot):
-        return tensors[state.index]
-    if isinstance(state, dict):
-        return {key: _fill(value, tensors) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_fill(value, tensors) for value in state)
-    return state
-
-
+@dataclasses.dataclass(frozen=True)
 class _TensorSlot:
-    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.index, self.shape, self.dtype = index, shape, dtype
+    """Where a tensor sat in the root's state_dict: what a receiving rank must allocate."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
@@ -67,34 +60,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     """
     require_global(process_set, "broadcast_optimizer_state")
     is_root = basics.rank() == root_rank
-    tensors: list[torch.Tensor] = []
-    structure = _placeholders(optimizer.state_dict(), tensors) if is_root else None
+    tensors: list[torch.Tensor] = []  # the same order on every rank: the structure's traversal order
+
+    def send(tensor: torch.Tensor) -> _TensorSlot:
+        tensors.append(tensor)
+        return _TensorSlot(tuple(tensor.shape), tensor.dtype)
+
+    def receive(slot: _TensorSlot) -> torch.Tensor:
+        tensors.append(torch.empty(slot.shape, dtype=slot.dtype))
+        return tensors[-1]
+
+    structure = _replace(optimizer.state_dict(), torch.Tensor, send) if is_root else None
     structure = objects.broadcast_object(structure, root_rank, name="broadcast.optimizer_state.structure")
     if not is_root:
-        tensors = []
-        _collect_slots(structure, tensors)
+        received = _replace(structure, _TensorSlot, receive)
     handles = [async_ops.broadcast_async_(t, root_rank, name=f"broadcast.optimizer_state.{i}")
                for i, t in enumerate(tensors)]
     for handle in handles:
         async_ops.synchronize(handle)
     if not is_root:
-        optimizer.load_state_dict(_fill(structure, tensors))
-
-
-def _collect_slots(state: Any, tensors: list[torch.Tensor]) -> None:
-    """Allocate a receive tensor for each slot in ``state``, in slot order."""
-    slots: list[_TensorSlot] = []
-
-    def visit(value: Any) -> None:
-        if isinstance(value, _TensorSlot):
-            slots.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    visit(state)
-    for slot in sorted(slots, key=lambda s: s.index):
-        tensors.append(torch.empty(slot.shape, dtype=slot.dtype))
+        optimizer.load_state_dict(received)
