@@ -1,6 +1,86 @@
-"""hvdlite.tensorflow: the tensorflow adapter. Not part of this release yet; importing it says so."""
+"""hvdlite.tensorflow: Horovod's ``horovod.tensorflow`` API on the hvdlite core, for TF 2.16+.
 
-raise ImportError(
-    "hvdlite.tensorflow is not implemented in this version of hvdlite yet; the core API (import hvdlite) "
-    "works on NumPy arrays today"
+Change ``import horovod.tensorflow as hvd`` to ``import hvdlite.tensorflow as hvd``::
+
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Every collective works eagerly and inside ``tf.function`` (not under XLA: ``jit_compile=True``
+is refused with a clear error). For Keras, see :mod:`hvdlite.tensorflow.keras`.
+"""
+
+try:
+    import tensorflow as _tf  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("hvdlite.tensorflow needs TensorFlow: pip install 'hvdlite[tensorflow]'") from exc
+
+from ..basics import (
+    cross_rank,
+    cross_size,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    size,
 )
+from ..errors import (
+    ConfigError,
+    DuplicateNameError,
+    HorovodInternalError,
+    HvdliteError,
+    HvdliteShutdownError,
+    NotInitializedError,
+    StallError,
+    TensorMismatchError,
+    UnsupportedOperationError,
+)
+from ..objects import allgather_object, broadcast_object
+from ..ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..process_sets import ProcessSet, global_process_set
+from ..runtime import init, shutdown
+from .collectives import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+)
+from .compression import Compression, Compressor
+from .gradients import DistributedGradientTape
+from .topology_ops import local_rank_op, local_size_op, rank_op, size_op
+from .variables import broadcast_, broadcast_global_variables, broadcast_variables
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
+    """Make a Keras 3 optimizer average gradients across ranks: see hvdlite.tensorflow.keras.DistributedOptimizer."""
+    from .keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
+
+    return keras_distributed_optimizer(optimizer, *args, **kwargs)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
+    "gloo_built", "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
+    "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
+    "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
+    "broadcast_object", "allgather_object", "DistributedGradientTape", "DistributedOptimizer", "Compression",
+    "Compressor", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
+    "global_process_set", "HvdliteError", "NotInitializedError", "ConfigError", "TensorMismatchError",
+    "DuplicateNameError", "UnsupportedOperationError", "StallError", "HvdliteShutdownError", "HorovodInternalError",
+]

@@ -13,7 +13,10 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
 # One compute thread per rank: this machine has two cores and tests run up to three ranks.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# TF_* keep TensorFlow to one thread per rank and quiet; NPROC limits JAX (XLA_FLAGS do not).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+              "TF_ENABLE_ONEDNN_OPTS": "0", "NPROC": "1"}
 
 
 @dataclasses.dataclass

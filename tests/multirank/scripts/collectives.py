@@ -1,7 +1,8 @@
 """Every collective, dtype and handle form, checked against values each rank computes locally.
 
 Every rank builds every other rank's input from (rank, seed), so it knows the exact answer. One
-body runs for every framework (argument: numpy or torch): inputs are made as NumPy arrays and
+body runs for every framework (argument: numpy, torch, tensorflow, or tensorflow-graph, which runs
+every collective inside a ``tf.function``): inputs are made as NumPy arrays and
 converted with ``T`` on the way in and ``N`` on the way out, as mpi4py's arrayimpl does.
 """
 
@@ -28,6 +29,33 @@ if FRAMEWORK == "torch":
         assert isinstance(tensor, torch.Tensor), type(tensor)
         if tensor.dtype == torch.bfloat16:
             return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+
+    def A2A(tensor, splits=None, name=None):
+        if splits is None:
+            return hvd.alltoall(tensor, name=name), None
+        out, received = hvd.alltoall(tensor, splits=splits, name=name)
+        return out, received.numpy()
+elif FRAMEWORK.startswith("tensorflow"):
+    import types
+
+    import tensorflow as tf
+
+    import hvdlite.tensorflow as hvd
+
+    if FRAMEWORK == "tensorflow-graph":
+        def traced(fn):
+            return lambda *args, **kwargs: tf.function(lambda: fn(*args, **kwargs))()
+
+        hvd = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
+            "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
+            "reducescatter", "grouped_reducescatter", "barrier"} else getattr(hvd, name) for name in hvd.__all__})
+
+    def T(array):
+        return tf.constant(np.asarray(array))
+
+    def N(tensor):
+        assert isinstance(tensor, tf.Tensor), type(tensor)
         return tensor.numpy()
 
     def A2A(tensor, splits=None, name=None):
@@ -127,6 +155,8 @@ def test_grouped_and_fusion(rank, size):
         for i, out in enumerate(outs):
             want = reduce_expected([inputs[r][i] for r in range(size)], hvd.Average, np.float32, size)
             check(out, want, f"grouped step {step} member {i}", 1e-5)
+        if not hasattr(hvd, "allreduce_async"):  # horovod.tensorflow has no handle API
+            continue
         handles = [hvd.allreduce_async(T(inputs[rank][i]), name=f"param.{i}", op=hvd.Sum) for i in range(len(shapes))]
         for i, handle in enumerate(handles):
             out = N(hvd.synchronize(handle))

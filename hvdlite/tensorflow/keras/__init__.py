@@ -1,0 +1,72 @@
+"""hvdlite.tensorflow.keras: Horovod's ``horovod.tensorflow.keras`` API for Keras 3.
+
+Change ``import horovod.tensorflow.keras as hvd`` to ``import hvdlite.tensorflow.keras as hvd``::
+
+    hvd.init()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * hvd.size())), loss=...)
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd.callbacks.MetricAverageCallback()])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...basics import (
+    cross_rank,
+    cross_size,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    size,
+)
+from ...compression import Compressor, NoneCompressor
+from ...objects import allgather_object, broadcast_object
+from ...ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ...process_sets import ProcessSet, global_process_set
+from ...runtime import init, shutdown
+from .. import collectives
+from ..compression import Compression
+from . import callbacks
+from .optimizer import DistributedOptimizer
+from .state import broadcast_global_variables, load_model
+
+
+def allreduce(value: Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: ReduceOp | None = None,
+              compression: type[Compressor] = NoneCompressor) -> Any:
+    """``value`` (a tensor, array or number) reduced across ranks (default Average), as a tensor."""
+    return collectives.allreduce(value, average=average, compression=compression, op=op,
+                                 prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name)
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Every rank's ``value`` concatenated along dimension 0, as a tensor."""
+    return collectives.allgather(value, name=name)
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """``root_rank``'s ``value`` on every rank, as a tensor."""
+    return collectives.broadcast(value, root_rank, name=name)
+
+
+def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = None) -> Any:
+    """``value`` reduced across ranks (default Average); this rank's block of rows, as a tensor."""
+    return collectives.reducescatter(value, op=op, name=name)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
+    "gloo_built", "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
+    "broadcast", "reducescatter", "broadcast_object", "allgather_object", "callbacks", "Compression", "ReduceOp",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+]

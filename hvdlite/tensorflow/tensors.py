@@ -1,0 +1,89 @@
+"""TensorFlow tensor <-> core NumPy buffer conversion, and running core calls eagerly or in a graph.
+
+Eagerly, a CPU tensor's memory is handed to the core as a NumPy view (``np.asarray`` shares it).
+Inside ``tf.function`` the core call becomes one stateful ``tf.numpy_function`` op: TensorFlow
+passes its inputs as views, keeps such ops in program order (automatic control dependencies),
+and never prunes them. XLA cannot compile a host callback, so a collective traced under
+``jit_compile=True`` is refused with an error that says what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import control_flow_util
+
+from ..errors import UnsupportedOperationError
+
+_TF_TO_CORE: dict[tf.dtypes.DType, str] = {
+    tf.uint8: "uint8", tf.int8: "int8", tf.int16: "int16", tf.int32: "int32", tf.int64: "int64",
+    tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32", tf.float64: "float64", tf.bool: "bool",
+}
+_CORE_TO_TF = {name: dtype for dtype, name in _TF_TO_CORE.items()}
+
+
+def core_dtype(tensor: Any) -> str:
+    """The core's name for ``tensor``'s dtype (TensorFlow's own name if the core lacks it)."""
+    return _TF_TO_CORE.get(tensor.dtype, tensor.dtype.name)
+
+
+def cast(tensor: tf.Tensor, dtype_name: str) -> tf.Tensor:
+    """``tensor`` converted to the core dtype ``dtype_name``."""
+    return tf.cast(tensor, _CORE_TO_TF[dtype_name])
+
+
+def as_tensor(value: Any, what: str) -> tf.Tensor:
+    """``value`` (a tensor, variable, array or number) as a dense tensor of a dtype the core supports."""
+    if isinstance(value, tf.IndexedSlices):
+        raise UnsupportedOperationError(f"{what} takes a dense tensor, got tf.IndexedSlices")
+    tensor = value if isinstance(value, tf.Tensor) else tf.convert_to_tensor(value)
+    if tensor.dtype not in _TF_TO_CORE:
+        raise UnsupportedOperationError(
+            f"{what} has dtype {tensor.dtype.name}, which hvdlite does not support; supported: "
+            f"{', '.join(d.name for d in _TF_TO_CORE)}")
+    return tensor
+
+
+def in_graph() -> bool:
+    """True while tracing a ``tf.function`` (or building a TF1 graph)."""
+    return not tf.executing_eagerly()
+
+
+def graph_name(name: str | None, kind: str) -> str | None:
+    """The request name for a collective built now.
+
+    Eagerly ``None`` lets the core count calls. In a graph the name is fixed when the op is traced:
+    the graph's unique name for ``kind`` under the current name scope, which every rank derives the
+    same way and which stays the same when a function is retraced, so steps reuse the core's
+    response cache.
+    """
+    if name is not None or not in_graph():
+        return name
+    return tf_ops.get_default_graph().unique_name(f"hvdlite_{kind}", mark_as_used=True)
+
+
+def _refuse_xla(what: str) -> None:
+    if control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()):
+        raise UnsupportedOperationError(
+            f"{what} cannot run inside an XLA-compiled function: hvdlite's collectives run on the host, "
+            "which XLA cannot compile. Use tf.function(jit_compile=False), or model.compile(..., "
+            "jit_compile=False) for Keras (Keras turns jit_compile='auto' into True when it sees a GPU)")
+
+
+def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
+                output_dtypes: Sequence[tf.dtypes.DType], what: str) -> list[tf.Tensor]:
+    """Run ``fn`` on NumPy views of ``inputs`` and return its arrays as tensors.
+
+    Eagerly ``fn`` runs now, in this thread, so the core's exceptions reach the caller as they are.
+    In a graph it becomes one op that runs each time the graph does.
+    """
+    if not in_graph():
+        results = fn(*(np.asarray(t) for t in inputs))
+        return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, output_dtypes, strict=True)]
+    _refuse_xla(what)
+    results = tf.numpy_function(lambda *arrays: list(fn(*arrays)), list(inputs), list(output_dtypes), stateful=True)
+    return list(results) if isinstance(results, (list, tuple)) else [results]
