@@ -45,7 +45,7 @@ elif FRAMEWORK.startswith("tensorflow"):
 
     if FRAMEWORK == "tensorflow-graph":
         def traced(fn):
-            return lambda *args, **kwargs: tf.function(lambda: fn(*args, **kwargs))()
+            return lambda *args, **kwargs: tf.function(lambda: fn(*args, **kwargs), autograph=False)()
 
         hvd = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
             "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
