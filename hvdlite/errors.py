@@ -6,6 +6,10 @@ from __future__ import annotations
 class HvdliteError(RuntimeError):
     """Base class of every hvdlite error."""
 
+    # TensorFlow's autograph re-raises an error from a traced function with its own type only if the
+    # type's __init__ is Exception's; otherwise the caller gets a StagingError instead of ours.
+    __init__ = Exception.__init__
+
 
 class NotInitializedError(HvdliteError):
     """An hvdlite function was called before ``init()`` (or after ``shutdown()``)."""

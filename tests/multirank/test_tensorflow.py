@@ -39,3 +39,27 @@ def test_saved_model_loads_back_with_and_without_hvdlite(tmp_path):
     result = run_script("tf_api.py", 2, "state", str(tmp_path), timeout=240)
     for rank in range(2):
         assert _ok_lines(result, rank) == ["state"], result.output
+
+
+def test_synthetic_benchmark_example_prints_horovods_lines():
+    result = run_script(str(EXAMPLES / "tensorflow2_synthetic_benchmark.py"), 2, "--model", "mlp",
+                        "--fp16-allreduce", "--num-iters", "2", "--num-batches-per-iter", "2",
+                        "--num-warmup-batches", "1", timeout=240)
+    lines = result.lines(0)
+    assert any(line.startswith("Img/sec per CPU: ") for line in lines), result.output
+    assert any(line.startswith("Total img/sec on 2 CPU(s): ") for line in lines), result.output
+    assert not result.lines(1), "only rank 0 prints"
+
+
+def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
+    first = run_script(str(EXAMPLES / "keras_train.py"), 2, "--epochs", "1", "--checkpoint-dir", str(tmp_path),
+                       timeout=240)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-1.keras"], first.output
+    resumed = run_script(str(EXAMPLES / "keras_train.py"), 3, "--epochs", "2", "--checkpoint-dir", str(tmp_path),
+                         timeout=240)
+    lines = resumed.lines(0)
+    assert "resumed from epoch 1" in lines, resumed.output
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["epoch 2/2"], resumed.output
+    val_accuracy = float(epochs[-1].rsplit(" val acc ", 1)[1])
+    assert val_accuracy > 0.6, f"4 classes, chance is 0.25; got {val_accuracy}\n{resumed.output}"
