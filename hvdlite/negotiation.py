@@ -138,11 +138,13 @@ class Coordinator:
             missing = [r for r in range(self.size) if r not in by_rank and r not in self._joined]
             line = (f"tensor {name!r} ({by_rank[min(by_rank)].collective.name.lower()}) waited {waited:.1f} s: "
                     f"submitted by rank(s) {sorted(by_rank)}, missing on rank(s) {missing}")
-            if self._fail_after is not None and waited >= self._fail_after:
-                stalled.append(line)
-            elif self._warn_after is not None and waited >= self._warn_after and name not in self._warned:
+            # A slow round can jump straight past the warning time; the warning is still given first,
+            # so every stall that ends a job was announced with its tensor and missing ranks.
+            if self._warn_after is not None and waited >= self._warn_after and name not in self._warned:
                 self._warned.add(name)
                 warnings.append("Stall: " + line)
+            if self._fail_after is not None and waited >= self._fail_after:
+                stalled.append(line)
         fatal = ""
         if stalled:
             fatal = (f"Stalled for more than {self._fail_after:g} s (HVDLITE_STALL_SHUTDOWN_TIME_SECONDS); "

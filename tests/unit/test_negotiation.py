@@ -135,3 +135,15 @@ def test_all_ranks_shutdown_survives_the_and():
 
 def test_ops_in_meta_signature():
     assert meta("x", op=ReduceOp.SUM).signature != meta("x", op=ReduceOp.MAX).signature
+
+
+def test_stall_seen_first_past_shutdown_time_still_warns_before_failing():
+    """A round delayed past both limits (a loaded machine) must not skip the warning."""
+    clock = Clock()
+    c = Coordinator(2, 1.0, 3.0, clock)
+    c.round([msg(0, meta("a")), msg(1)])
+    clock.now = 3.3
+    result = c.round([msg(0), msg(1)])
+    assert result.warnings == ("Stall: tensor 'a' (allreduce) waited 3.3 s: submitted by rank(s) [0], "
+                               "missing on rank(s) [1]",)
+    assert "tensor 'a' (allreduce) waited 3.3 s" in result.fatal
