@@ -26,49 +26,15 @@ from .api import (
     reducescatter_async,
     synchronize,
 )
-from .basics import (
-    cross_rank,
-    cross_size,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    size,
-)
-from .errors import (
-    ConfigError,
-    DuplicateNameError,
-    HorovodInternalError,
-    HvdliteError,
-    HvdliteShutdownError,
-    NotInitializedError,
-    StallError,
-    TensorMismatchError,
-    UnsupportedOperationError,
-)
-from .objects import allgather_object, broadcast_object
-from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .common import *  # noqa: F403 - the names every adapter shares
+from .common import __all__ as _common_names
 from .request import Handle
-from .runtime import init, shutdown
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built",
-    "gloo_enabled", "gloo_built", "allreduce", "allreduce_async", "grouped_allreduce",
-    "grouped_allreduce_async", "allgather", "allgather_async", "grouped_allgather",
-    "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
-    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object", "Handle",
-    "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "HvdliteError",
-    "NotInitializedError", "ConfigError", "TensorMismatchError", "DuplicateNameError",
-    "UnsupportedOperationError", "StallError", "HvdliteShutdownError", "HorovodInternalError",
+    *_common_names, "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
+    "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall",
+    "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize", "Handle",
 ]

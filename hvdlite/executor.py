@@ -18,6 +18,7 @@ import numpy as np
 
 from . import dtypes, errors
 from .backend.base import DataBackend
+from .buffers import aligned_copy, aligned_empty, padded_count
 from .fusion import WorkItem
 from .ops import Collective, ReduceOp
 from .request import Request
@@ -88,22 +89,23 @@ class Executor:
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
             in_place = requests[0] is not None and requests[0].output is requests[0].tensor
             buffer, written = self._reduce_unpacked(inputs[0], outputs[0], in_place, wire, op, scale)
+            starts = [0]
         else:
-            buffer = np.empty(sum(i.size for i in inputs), dtype=wire)
-            offset = 0
-            for tensor in inputs:
-                buffer[offset : offset + tensor.size] = tensor  # packs, and widens 16-bit floats
-                offset += tensor.size
+            # Each member starts on an aligned offset, so its result view can be adopted without a copy.
+            starts = _aligned_offsets([i.size for i in inputs], wire.itemsize)
+            buffer = aligned_empty(starts[-1], wire)
+            for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
+                buffer[start : start + tensor.size] = tensor  # packs, and widens 16-bit floats
+                buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
             self._backend.allreduce(None, buffer, op, scale)
-        results, offset = [], 0
-        for response, output in zip(responses, outputs, strict=True):
+        results = []
+        for response, output, start in zip(responses, outputs, starts, strict=False):
             count = math.prod(response.meta.shape)
-            view = buffer[offset : offset + count].reshape(response.meta.shape)
-            offset += count
+            view = buffer[start : start + count].reshape(response.meta.shape)
             if output is None:
-                results.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else view.astype(meta.dtype))
+                results.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(view, meta.dtype))
             else:
                 if not written:
                     np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once
@@ -118,7 +120,7 @@ class Executor:
         (the output is the input) reduces with no copy at all.
         """
         if output is None or output.dtype != wire:
-            buffer = np.empty(source.size, dtype=wire)
+            buffer = aligned_empty(source.size, wire)
             self._backend.allreduce(source, buffer, op, scale)
             return buffer, False
         buffer = output.reshape(-1)
@@ -138,7 +140,7 @@ class Executor:
     def _allgather(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
         row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
-        output = np.empty((sum(response.per_rank),) + meta.shape[1:], dtype=meta.dtype)
+        output = aligned_empty((sum(response.per_rank),) + meta.shape[1:], meta.dtype)
         counts = [rows * row_bytes for rows in response.per_rank]
         self._backend.allgatherv(_as_bytes(request.tensor), output.reshape(-1).view(np.uint8), counts)
         return output
@@ -148,8 +150,7 @@ class Executor:
         output = request.output
         is_root = self.rank == meta.root_rank
         if output is None:
-            output = np.array(request.tensor, dtype=meta.dtype, copy=True, order="C") if is_root \
-                else np.empty(meta.shape, dtype=meta.dtype)
+            output = aligned_copy(request.tensor, meta.dtype) if is_root else aligned_empty(meta.shape, meta.dtype)
         elif is_root and output is not request.tensor:
             np.copyto(output, request.tensor)
         self._backend.broadcast(output.reshape(-1).view(np.uint8), meta.root_rank)
@@ -159,7 +160,7 @@ class Executor:
         meta = response.meta
         row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
         received = [splits[self.rank] for splits in response.per_rank]
-        output = np.empty((sum(received),) + meta.shape[1:], dtype=meta.dtype)
+        output = aligned_empty((sum(received),) + meta.shape[1:], meta.dtype)
         self._backend.alltoallv(
             _as_bytes(request.tensor), [s * row_bytes for s in response.per_rank[self.rank]],
             output.reshape(-1).view(np.uint8), [s * row_bytes for s in received],
@@ -174,13 +175,21 @@ class Executor:
         send = np.ascontiguousarray(request.tensor).reshape(-1).astype(wire, copy=meta.prescale != 1.0)
         if meta.prescale != 1.0:
             send *= meta.prescale
-        recv = np.empty(rows[self.rank] * row, dtype=wire)
+        recv = aligned_empty(rows[self.rank] * row, wire)
         self._backend.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
         scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
         if scale is not None:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
-        return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else output.astype(meta.dtype)
+        return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(output, meta.dtype)
+
+
+def _aligned_offsets(sizes: list[int], itemsize: int) -> list[int]:
+    """Start of each packed member in a fusion buffer, and its padded end as the last entry."""
+    starts = [0]
+    for count in sizes:
+        starts.append(starts[-1] + padded_count(count, itemsize))
+    return starts
 
 
 def scatter_rows(rows: int, size: int) -> list[int]:

@@ -17,37 +17,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("hvdlite.tensorflow needs TensorFlow: pip install 'hvdlite[tensorflow]'") from exc
 
-from ..basics import (
-    cross_rank,
-    cross_size,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    size,
-)
-from ..errors import (
-    ConfigError,
-    DuplicateNameError,
-    HorovodInternalError,
-    HvdliteError,
-    HvdliteShutdownError,
-    NotInitializedError,
-    StallError,
-    TensorMismatchError,
-    UnsupportedOperationError,
-)
-from ..objects import allgather_object, broadcast_object
-from ..ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..common import *  # noqa: F403 - the names every adapter shares
+from ..common import __all__ as _common_names
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import init, shutdown
 from .collectives import (
     allgather,
     allreduce,
@@ -74,13 +46,9 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
 
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
-    "gloo_built", "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
+    *_common_names, "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "broadcast_object", "allgather_object", "DistributedGradientTape", "DistributedOptimizer", "Compression",
-    "Compressor", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
-    "global_process_set", "HvdliteError", "NotInitializedError", "ConfigError", "TensorMismatchError",
-    "DuplicateNameError", "UnsupportedOperationError", "StallError", "HvdliteShutdownError", "HorovodInternalError",
+    "DistributedGradientTape", "DistributedOptimizer", "Compression", "Compressor", "ProcessSet",
+    "global_process_set",
 ]

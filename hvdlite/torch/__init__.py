@@ -14,37 +14,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("hvdlite.torch needs PyTorch: pip install 'hvdlite[torch]'") from exc
 
-from ..basics import (
-    cross_rank,
-    cross_size,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    size,
-)
-from ..errors import (
-    ConfigError,
-    DuplicateNameError,
-    HorovodInternalError,
-    HvdliteError,
-    HvdliteShutdownError,
-    NotInitializedError,
-    StallError,
-    TensorMismatchError,
-    UnsupportedOperationError,
-)
-from ..objects import allgather_object, broadcast_object
-from ..ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..common import *  # noqa: F403 - the names every adapter shares
+from ..common import __all__ as _common_names
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import init, shutdown
 from .async_ops import (
     Handle,
     allgather_async,
@@ -81,16 +53,11 @@ from .optimizer import DistributedOptimizer
 from .state import broadcast_optimizer_state, broadcast_parameters
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
-    "gloo_built", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+    *_common_names, "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
-    "broadcast_object", "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
-    "DistributedOptimizer", "Compression", "Compressor", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max",
-    "Product", "ProcessSet", "global_process_set", "HvdliteError", "NotInitializedError", "ConfigError",
-    "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
-    "HvdliteShutdownError", "HorovodInternalError",
+    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor",
+    "ProcessSet", "global_process_set",
 ]

@@ -1,0 +1,46 @@
+"""What the core and every framework adapter export unchanged: lifecycle, topology, op
+constants, object collectives and error classes.
+
+One list, so ``hvdlite``, ``hvdlite.torch``, ``hvdlite.tensorflow`` and ``hvdlite.jax`` cannot
+drift apart. Each of them does ``from ..common import *`` and adds its own tensor operations.
+"""
+
+from .basics import (
+    cross_rank,
+    cross_size,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    size,
+)
+from .errors import (
+    ConfigError,
+    DuplicateNameError,
+    HorovodInternalError,
+    HvdliteError,
+    HvdliteShutdownError,
+    NotInitializedError,
+    StallError,
+    TensorMismatchError,
+    UnsupportedOperationError,
+)
+from .objects import allgather_object, broadcast_object
+from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .runtime import init, shutdown
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built",
+    "gloo_enabled", "gloo_built", "broadcast_object", "allgather_object", "ReduceOp", "Average", "Sum",
+    "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
+    "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
+    "HvdliteShutdownError", "HorovodInternalError",
+]

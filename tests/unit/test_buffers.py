@@ -1,0 +1,67 @@
+"""Aligned output buffers: every result the executor hands back starts on a 64-byte boundary."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hvdlite.buffers import ALIGNMENT, aligned_copy, aligned_empty, padded_count
+from hvdlite.executor import Executor
+from hvdlite.fusion import WorkItem
+from hvdlite.ops import Collective, ReduceOp
+from hvdlite.request import Handle, Request, RequestMeta
+from hvdlite.response import Response
+
+from .fake_ranks import FakeData, World
+
+
+def aligned(array):
+    return array.ctypes.data % ALIGNMENT == 0
+
+
+@pytest.mark.parametrize("shape", [0, 1, 7, (3, 5), (0, 4), (2, 3, 4)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.float64, ml_dtypes.bfloat16])
+def test_aligned_empty_and_copy(shape, dtype):
+    for _ in range(5):  # several allocations, so a lucky malloc cannot pass alone
+        out = aligned_empty(shape, dtype)
+        assert aligned(out) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous
+        assert out.shape == ((shape,) if isinstance(shape, int) else shape)
+    source = np.arange(np.prod(out.shape)).reshape(out.shape).astype(np.float32)
+    copy = aligned_copy(source, dtype)
+    assert aligned(copy) and copy.dtype == np.dtype(dtype) and np.array_equal(copy.astype(np.float32), source)
+
+
+def test_padded_count_keeps_the_next_member_aligned():
+    assert [padded_count(n, 4) for n in (0, 1, 16, 17)] == [0, 16, 16, 32]
+    assert [padded_count(n, 8) for n in (1, 8, 9)] == [8, 8, 16]
+    assert padded_count(3, 1) == 64 and padded_count(5, 64) == 5
+
+
+def executor():
+    return Executor(FakeData(World(1), 0), 0, 1)
+
+
+def run(meta_list, arrays, fused=False):
+    local = {m.name: Request(m, a, Handle(m.name)) for m, a in zip(meta_list, arrays, strict=True)}
+    item = WorkItem(tuple(Response(m, per_rank=(a.shape[0],) if m.collective is Collective.ALLGATHER else ())
+                          for m, a in zip(meta_list, arrays, strict=True)), fused=fused)
+    return [result for _, result, _ in executor().run(item, local)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int8])
+def test_fused_members_are_aligned_and_correct(dtype):
+    sizes = [1, 3, 17, 5, 64, 2]  # odd sizes: unpadded packing would misalign every later member
+    arrays = [np.arange(n).astype(dtype) for n in sizes]
+    metas = [RequestMeta(f"t{i}", Collective.ALLREDUCE, np.dtype(dtype).name, (n,), ReduceOp.SUM)
+             for i, n in enumerate(sizes)]
+    results = run(metas, arrays, fused=True)
+    for array, result in zip(arrays, results, strict=True):
+        assert aligned(result) and result.dtype == array.dtype and np.array_equal(result, array)
+
+
+def test_other_collectives_return_aligned_arrays():
+    x = np.arange(1, 12, dtype=np.float32)[1:].reshape(5, 2)  # an unaligned input view
+    (gathered,) = run([RequestMeta("g", Collective.ALLGATHER, "float32", x.shape)], [x])
+    (cast,) = run([RequestMeta("h", Collective.ALLREDUCE, "float16", x.shape, ReduceOp.SUM)], [x.astype(np.float16)])
+    (bcast,) = run([RequestMeta("b", Collective.BROADCAST, "float32", x.shape, root_rank=0)], [x])
+    for result in (gathered, cast, bcast):
+        assert aligned(result) and np.array_equal(result.astype(np.float32), x)
