@@ -105,7 +105,9 @@ class Executor:
             count = math.prod(response.meta.shape)
             view = buffer[start : start + count].reshape(response.meta.shape)
             if output is None:
-                results.append(view if view.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(view, meta.dtype))
+                # Members may differ in dtype (float16, bfloat16 and float32 share a float32 buffer).
+                own = response.meta.dtype
+                results.append(view if view.dtype == dtypes.SUPPORTED[own] else aligned_copy(view, own))
             else:
                 if not written:
                     np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once

@@ -65,3 +65,12 @@ def test_other_collectives_return_aligned_arrays():
     (bcast,) = run([RequestMeta("b", Collective.BROADCAST, "float32", x.shape, root_rank=0)], [x])
     for result in (gathered, cast, bcast):
         assert aligned(result) and np.array_equal(result.astype(np.float32), x)
+
+
+def test_fused_members_of_different_dtypes_keep_their_own_dtype():
+    """float16, bfloat16 and float32 share a float32 fusion buffer; each result keeps its dtype."""
+    arrays = [np.full(3, 1.5, ml_dtypes.bfloat16), np.full(5, 2.5, np.float32), np.full(2, 3.5, np.float16)]
+    metas = [RequestMeta(f"m{i}", Collective.ALLREDUCE, a.dtype.name, a.shape, ReduceOp.SUM) for i, a in enumerate(arrays)]
+    results = run(metas, arrays, fused=True)
+    for array, result in zip(arrays, results, strict=True):
+        assert result.dtype == array.dtype and np.array_equal(result, array) and aligned(result)
