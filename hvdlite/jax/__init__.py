@@ -1,6 +1,51 @@
-"""hvdlite.jax: the jax adapter. Not part of this release yet; importing it says so."""
+"""hvdlite.jax: Horovod-style data-parallel training for JAX and optax.
 
-raise ImportError(
-    "hvdlite.jax is not implemented in this version of hvdlite yet; the core API (import hvdlite) "
-    "works on NumPy arrays today"
+One process per rank, launched by ``hvdliterun``; each holds the whole model and trains on its
+own shard of the data::
+
+    import hvdlite.jax as hvd
+    hvd.init()
+    tx = hvd.DistributedOptimizer(optax.adam(1e-3))      # averages gradients across ranks
+    params = hvd.broadcast_parameters(params, root_rank=0)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        grads = jax.grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+Collectives take arrays or whole pytrees and work outside ``jax.jit`` (host path, no copies on
+the CPU) and inside it (an ordered ``io_callback``). See :mod:`hvdlite.jax.collectives`.
+"""
+
+try:
+    import jax as _jax  # noqa: F401
+    import optax as _optax  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("hvdlite.jax needs JAX and optax: pip install 'hvdlite[jax]'") from exc
+
+from ..common import *  # noqa: F403 - the names every adapter shares
+from ..common import __all__ as _common_names
+from .collectives import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    join,
+    reducescatter,
 )
+from .compression import Compression, Compressor
+from .optimizer import DistributedOptimizer
+from .sharding import shard_indices
+from .state import broadcast_optimizer_state, broadcast_parameters
+
+__all__ = [
+    *_common_names, "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
+    "reducescatter", "grouped_reducescatter", "barrier", "join", "broadcast_parameters",
+    "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "shard_indices",
+]

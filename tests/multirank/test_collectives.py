@@ -10,7 +10,7 @@ CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_an
           "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier"]
 
 
-@pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "tensorflow-graph"])
+@pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "tensorflow-graph", "jax", "jax-jit"])
 @pytest.mark.parametrize("np", [2, 3])
 def test_every_collective(np, framework):
     result = run_script("collectives.py", np, framework)

@@ -1,9 +1,9 @@
 """Every collective, dtype and handle form, checked against values each rank computes locally.
 
 Every rank builds every other rank's input from (rank, seed), so it knows the exact answer. One
-body runs for every framework (argument: numpy, torch, tensorflow, or tensorflow-graph, which runs
-every collective inside a ``tf.function``): inputs are made as NumPy arrays and
-converted with ``T`` on the way in and ``N`` on the way out, as mpi4py's arrayimpl does.
+body runs for every framework (argument: numpy, torch, tensorflow, tensorflow-graph, which runs
+every collective inside a ``tf.function``, jax, or jax-jit, which runs them inside ``jax.jit``):
+inputs are made as NumPy arrays and converted with ``T`` on the way in and ``N`` on the way out, as mpi4py's arrayimpl does.
 """
 
 import sys
@@ -63,6 +63,45 @@ elif FRAMEWORK.startswith("tensorflow"):
             return hvd.alltoall(tensor, name=name), None
         out, received = hvd.alltoall(tensor, splits=splits, name=name)
         return out, received.numpy()
+elif FRAMEWORK.startswith("jax"):
+    import types
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # int64 and float64 stay 64-bit, as in the other frameworks
+    import jax.numpy as jnp
+
+    import hvdlite.jax as hvd
+
+    if FRAMEWORK == "jax-jit":
+        def traced(fn):
+            return lambda *args, **kwargs: jax.jit(lambda *a: fn(*a, **kwargs))(*args)
+
+        host_alltoall = hvd.alltoall
+
+        def jit_alltoall(tensor, splits=None, name=None):  # with splits the output size is not static
+            if splits is not None:
+                return host_alltoall(tensor, splits, name)
+            return traced(host_alltoall)(tensor, name=name)
+
+        # allgather stays on the host: this body gathers uneven first dimensions (jax_api.py covers jit).
+        hvd = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
+            "allreduce", "grouped_allreduce", "broadcast", "reducescatter", "grouped_reducescatter"}
+            else getattr(hvd, name) for name in hvd.__all__})
+        hvd.alltoall = jit_alltoall
+
+    def T(array):
+        return jnp.asarray(array)
+
+    def N(array):
+        assert isinstance(array, jax.Array), type(array)
+        return np.asarray(array)
+
+    def A2A(tensor, splits=None, name=None):
+        if splits is None:
+            return hvd.alltoall(tensor, name=name), None
+        out, received = hvd.alltoall(tensor, splits=splits, name=name)
+        return out, np.asarray(received)
 else:
     import hvdlite as hvd
 

@@ -10,6 +10,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+from checks import expect_error
 
 import hvdlite
 import hvdlite.tensorflow as hvd
@@ -216,15 +217,6 @@ def case_mixed_precision(rank, size):
     assert all(e == everyone[0] for e in everyone), "ranks diverged under mixed precision"
     keras.config.set_dtype_policy("float32")
     print("ok mixed_precision", flush=True)
-
-
-def expect_error(kind, text, fn, what):
-    try:
-        fn()
-    except kind as exc:
-        assert text in str(exc), f"{what}: {text!r} not in {exc}"
-        return
-    raise AssertionError(f"{what}: expected {kind.__name__}")
 
 
 def case_errors(rank, size):

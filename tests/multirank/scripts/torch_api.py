@@ -7,6 +7,7 @@ import sys
 import warnings
 
 import torch
+from checks import expect_error
 
 import hvdlite.torch as hvd
 
@@ -63,15 +64,6 @@ def case_gradients(rank, size):
 def small_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-
-
-def expect_error(error, text, fn, what):
-    try:
-        fn()
-    except error as exc:
-        assert text in str(exc), f"{what}: message {exc!s:.300} lacks {text!r}"
-        return
-    raise AssertionError(f"{what}: no {error.__name__} raised")
 
 
 def case_optimizer(rank, size):

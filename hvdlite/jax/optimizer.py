@@ -1,0 +1,114 @@
+"""``DistributedOptimizer`` for optax: average the updates (gradients) across ranks first.
+
+The wrapper is itself an optax ``GradientTransformation``: its ``update`` reduces the incoming
+updates across ranks (one request group per step, so small leaves are fused) and hands the
+result to the user's transformation. It composes like any other: inside ``optax.chain``, under
+``optax.MultiSteps``, and inside a ``jax.jit``-compiled train step, where the reduction becomes an
+ordered ``io_callback``.
+
+``optax.MultiSteps`` (0.2.8) runs its inner transformation on every step and discards the result
+on the steps that only accumulate, so a wrapper inside it communicates every step. To accumulate
+k micro-batches and communicate once, pass ``backward_passes_per_step=k`` instead: the wrapper
+then keeps the sum itself and reduces only on the k-th step (a ``lax.cond`` under jit, so the
+collective runs in the taken branch only).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ..errors import UnsupportedOperationError
+from ..ops import Average, ReduceOp, Sum
+from .arrays import is_traced
+from .collectives import allreduce
+from .compression import Compression
+
+_instances = itertools.count()
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    tx: optax.GradientTransformation,
+    op: ReduceOp = Average,
+    compression: type = Compression.none,
+    backward_passes_per_step: int = 1,
+    gradient_predivide_factor: float = 1.0,
+    name: str | None = None,
+) -> optax.GradientTransformationExtraArgs:
+    """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them.
+
+    ``compression`` (e.g. ``Compression.fp16``) casts the updates for the reduction and back.
+    ``backward_passes_per_step=k`` accumulates k micro-batch gradients locally and reduces their
+    mean once, on the k-th step (as ``optax.MultiSteps`` would, but communicating only then);
+    the other steps return zero updates, and the state is an :class:`AccumulationState`. ``gradient_predivide_factor`` splits the averaging into a
+    division before the sum and one after, as in Horovod. ``name`` fixes the request names; by
+    default each wrapper gets ``DistributedOptimizer.<n>``, numbered in creation order, which is
+    the same on every rank and every step.
+    """
+    if op not in (Average, Sum):
+        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
+    if gradient_predivide_factor != 1.0 and op is not Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive int, got {backward_passes_per_step!r}")
+    inner = optax.with_extra_args_support(tx)
+    base = name if name is not None else f"DistributedOptimizer.{next(_instances)}"
+
+    def reduce_updates(updates: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(updates)
+        if not leaves:
+            return updates
+        packed = [compression.compress(leaf) for leaf in leaves]
+        reduced = allreduce([p[0] for p in packed], name=base, op=op,
+                            prescale_factor=1.0 / gradient_predivide_factor,
+                            postscale_factor=gradient_predivide_factor)
+        restored = [compression.decompress(r, p[1]) for r, p in zip(reduced, packed, strict=True)]
+        return jax.tree.unflatten(treedef, restored)
+
+    def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
+        return inner.update(reduce_updates(updates), state, params, **extra_args)
+
+    if backward_passes_per_step > 1:
+        return _accumulating(inner, reduce_updates, backward_passes_per_step)
+    return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+class AccumulationState(NamedTuple):
+    """State of a ``DistributedOptimizer`` with ``backward_passes_per_step`` > 1."""
+
+    mini_step: jax.Array  # micro-batches accumulated so far in this cycle
+    accumulated: Any  # their summed gradients
+    inner: Any  # the wrapped transformation's state
+
+
+def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: Any,
+                  k: int) -> optax.GradientTransformationExtraArgs:
+    def init_fn(params: Any) -> AccumulationState:
+        return AccumulationState(jnp.zeros([], jnp.int32), optax.tree.zeros_like(params), inner.init(params))
+
+    def update_fn(updates: Any, state: AccumulationState, params: Any = None,
+                  **extra_args: Any) -> tuple[Any, AccumulationState]:
+        accumulated = jax.tree.map(lambda a, u: a + u.astype(a.dtype), state.accumulated, updates)
+
+        def apply(accumulated: Any, inner_state: Any) -> tuple[Any, Any, Any]:
+            mean = jax.tree.map(lambda a: a / k, accumulated)
+            new_updates, new_inner = inner.update(reduce_updates(mean), inner_state, params, **extra_args)
+            return new_updates, new_inner, optax.tree.zeros_like(accumulated)
+
+        def hold(accumulated: Any, inner_state: Any) -> tuple[Any, Any, Any]:
+            shapes = jax.eval_shape(lambda u, s: inner.update(u, s, params, **extra_args)[0], accumulated, inner_state)
+            return optax.tree.zeros_like(shapes), inner_state, accumulated
+
+        if is_traced(state.mini_step):
+            emit = state.mini_step == k - 1
+            new_updates, new_inner, kept = jax.lax.cond(emit, apply, hold, accumulated, state.inner)
+        else:  # eager: a Python branch, so nothing is traced
+            branch = apply if int(state.mini_step) == k - 1 else hold
+            new_updates, new_inner, kept = branch(accumulated, state.inner)
+        return new_updates, AccumulationState((state.mini_step + 1) % k, kept, new_inner)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

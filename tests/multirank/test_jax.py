@@ -1,0 +1,35 @@
+"""hvdlite.jax on real ranks: training equivalence (eager, jit, chain, MultiSteps, accumulation),
+the jit-only rules, state, sharding, optimizer options, errors, and the example."""
+
+import pytest
+
+from .harness import run_job, run_script
+
+pytestmark = pytest.mark.multirank
+TRAINING = ["host", "jit", "chain", "multisteps", "accumulate", "accumulate-jit"]
+API = ["pytrees", "errors", "state", "sharding", "optimizer_options"]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_training_matches_one_process_on_the_whole_batch(np):
+    result = run_script("jax_training.py", np, ",".join(TRAINING), timeout=240)
+    for rank in range(np):
+        assert [line.split(" max diff")[0] for line in result.lines(rank) if line.startswith("ok ")] == \
+            [f"ok {case}" for case in TRAINING], result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_api(np):
+    result = run_script("jax_api.py", np, ",".join(API), timeout=180)
+    for rank in range(np):
+        assert [line for line in result.lines(rank) if line.startswith("ok ")] == [f"ok {c}" for c in API], result.output
+
+
+def test_example_trains_and_checkpoints(tmp_path):
+    result = run_job(["python", "examples/jax_train.py", "--epochs", "2", "--checkpoint", str(tmp_path / "ckpt.npz")],
+                     np=2, timeout=180)
+    assert result.returncode == 0, result.output
+    assert (tmp_path / "ckpt.npz").exists()
+    losses = [float(line.split("loss ")[1].split()[0]) for line in result.lines(0) if line.startswith("epoch ")]
+    assert len(losses) == 2 and losses[1] < losses[0], result.output
+    assert not [line for line in result.lines(1) if line.startswith("epoch ")]  # rank 0 reports

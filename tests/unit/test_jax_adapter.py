@@ -1,0 +1,75 @@
+"""hvdlite.jax logic that needs no second rank: sharding, names, conversions, compression, arguments."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hvdlite.jax as hvd
+from hvdlite.buffers import aligned_empty
+from hvdlite.jax import arrays, collectives
+
+
+@pytest.mark.parametrize("n, size", [(10, 3), (9, 3), (2, 4), (0, 2), (7, 1)])
+def test_shards_are_equal_sized_and_cover_the_data(n, size):
+    shards = [hvd.shard_indices(n, 3, seed=1, rank=r, size=size) for r in range(size)]
+    assert len({len(s) for s in shards}) == 1
+    assert set(np.concatenate(shards).tolist()) == set(range(n))
+    dropped = [hvd.shard_indices(n, 3, seed=1, drop_last=True, rank=r, size=size) for r in range(size)]
+    flat = np.concatenate(dropped).tolist()
+    assert len(flat) == len(set(flat)) == n // size * size
+
+
+def test_shards_reshuffle_per_epoch_and_seed_but_not_per_call():
+    def take(epoch, seed):
+        return hvd.shard_indices(50, epoch, seed=seed, rank=1, size=2).tolist()
+    assert take(0, 0) == take(0, 0) and take(0, 0) != take(1, 0) and take(0, 0) != take(0, 1)
+    assert hvd.shard_indices(6, 5, shuffle=False, rank=0, size=2).tolist() == [0, 2, 4]
+    with pytest.raises(ValueError, match="rank=2, size=2"):
+        hvd.shard_indices(6, rank=2, size=2)
+
+
+def test_aligned_core_results_become_jax_arrays_without_a_copy():
+    result = aligned_empty((256,), np.float32)
+    result[:] = 3.0
+    adopted = arrays.to_jax(result)
+    assert adopted.unsafe_buffer_pointer() == result.ctypes.data
+    view = arrays.to_numpy(adopted)
+    assert view.ctypes.data == result.ctypes.data  # and back to NumPy for free
+
+
+def test_traced_names_are_stable_and_depend_on_what_moves():
+    treedef = jax.tree.structure({"a": 0, "b": 0})
+    spec = [jax.ShapeDtypeStruct((3,), np.dtype(np.float32))] * 2
+    name = collectives._traced_name("allreduce", treedef, spec, ("SUM",))
+    assert name == collectives._traced_name("allreduce", treedef, spec, ("SUM",))
+    assert name.startswith("jit.allreduce.")
+    other = [jax.ShapeDtypeStruct((4,), np.dtype(np.float32))] * 2
+    assert name != collectives._traced_name("allreduce", treedef, other, ("SUM",))
+    assert name != collectives._traced_name("allreduce", treedef, spec, ("MAX",))
+
+
+@pytest.mark.parametrize("compressor, wire", [(hvd.Compression.fp16, jnp.float16), (hvd.Compression.bf16, jnp.bfloat16)])
+def test_compression_casts_floats_only_and_restores(compressor, wire):
+    x = jnp.linspace(-2, 2, 5, dtype=jnp.float32)
+    sent, ctx = compressor.compress(x)
+    assert sent.dtype == wire and compressor.decompress(sent, ctx).dtype == jnp.float32
+    ints = jnp.arange(3)
+    assert compressor.compress(ints)[0] is ints
+    traced = jax.jit(lambda v: compressor.decompress(*compressor.compress(v)))(x)
+    assert np.allclose(traced, x, atol=1e-2)
+
+
+def test_optimizer_arguments_are_checked_before_any_collective():
+    with pytest.raises(hvd.UnsupportedOperationError, match="Average or Sum"):
+        hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Min)
+    with pytest.raises(ValueError, match="needs op=Average"):
+        hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="positive int"):
+        hvd.DistributedOptimizer(optax.sgd(0.1), backward_passes_per_step=1.5)
+
+
+def test_the_adapter_exports_the_core_names_and_its_own():
+    for name in ("init", "rank", "Average", "StallError", "allreduce", "DistributedOptimizer", "shard_indices"):
+        assert name in hvd.__all__ and hasattr(hvd, name)
