@@ -19,6 +19,11 @@ def case_pytrees(rank, size):
         assert jax.tree.structure(out) == jax.tree.structure(tree)
         assert np.allclose(out["a"], sum(range(size))) and out["b"][0].tolist() == [size * i + sum(range(size)) for i in range(4)]
         assert out["b"][1].dtype == jnp.bfloat16 and float(out["b"][1]) == size
+    # In jit, results are written into buffers reused per call site: earlier results must not change.
+    step = jax.jit(lambda t: hvd.allreduce(t, op=hvd.Sum))
+    first = step(jnp.full(70000, float(rank)))
+    second = step(jnp.full(70000, float(rank + 1)))
+    assert float(first[0]) == sum(range(size)) and float(second[0]) == sum(range(1, size + 1)), (first, second)
     # broadcast of a pytree, in and out of jit, from a non-zero root
     root = size - 1
     for fn in (lambda t: hvd.broadcast(t, root, name="bc.tree"), jax.jit(lambda t: hvd.broadcast(t, root_rank=root))):
