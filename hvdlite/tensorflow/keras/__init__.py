@@ -12,27 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...basics import (
-    cross_rank,
-    cross_size,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    size,
-)
+from ...common import *  # noqa: F403 - the names every adapter shares
+from ...common import __all__ as _common_names
 from ...compression import Compressor, NoneCompressor
-from ...objects import allgather_object, broadcast_object
-from ...ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ...runtime import init, shutdown
 from .. import collectives
 from ..compression import Compression
 from . import callbacks
@@ -64,9 +48,6 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = Non
 
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled",
-    "gloo_built", "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
-    "broadcast", "reducescatter", "broadcast_object", "allgather_object", "callbacks", "Compression", "ReduceOp",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+    *_common_names, "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
+    "broadcast", "reducescatter", "callbacks", "Compression", "ProcessSet", "global_process_set",
 ]
