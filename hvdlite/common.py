@@ -34,10 +34,10 @@ from .errors import (
 )
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .runtime import init, shutdown
+from .runtime import init, shutdown, start_timeline, stop_timeline
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "init", "shutdown", "start_timeline", "stop_timeline", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "nccl_built",
     "gloo_enabled", "gloo_built", "broadcast_object", "allgather_object", "ReduceOp", "Average", "Sum",
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",

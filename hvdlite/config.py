@@ -87,6 +87,7 @@ class Config:
     engine_nice: int = 19
     cache_capacity: int = 1024
     timeline: str = ""
+    timeline_mark_cycles: bool = False
     stall_check: bool = True
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 600.0
@@ -131,7 +132,9 @@ SETTINGS: tuple[Setting, ...] = (
             "nice value of the engine thread (Linux); 0 keeps the process's priority"),
     Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
             "response-cache entries (0 disables the bit-vector fast path)"),
-    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of a timeline file"),
+    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of the timeline file rank 0 writes (Chrome trace JSON)"),
+    Setting("HVDLITE_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _flag,
+            "1 marks every engine cycle that did work in the timeline"),
     Setting("HVDLITE_STALL_CHECK", "stall_check", _flag, "0 disables the stall inspector"),
     Setting("HVDLITE_STALL_CHECK_TIME_SECONDS", "stall_check_seconds", _positive_float,
             "seconds before a stall warning names the waiting tensors and missing ranks"),

@@ -37,6 +37,7 @@ from .ops import Collective
 from .request import Request
 from .response import RankMessage, Response, RoundResult
 from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, CycleState, Lookup, ResponseCache, decode, encode
+from .timeline import Timeline
 
 log = logging.getLogger("hvdlite")
 
@@ -67,6 +68,8 @@ class Engine:
         self._shutdown_requested = False
         self._last_round = time.monotonic()
         self._fatal: errors.HvdliteError | None = None
+        # Set and cleared from the user's thread (start_timeline / stop_timeline); read once per cycle.
+        self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
 
     # ---- user-thread side -------------------------------------------------------------------
@@ -155,8 +158,11 @@ class Engine:
         with self._lock:
             arrived = self._incoming
             self._incoming = []
+        timeline = self.timeline
         for request in arrived:
             self._pending[request.meta.name] = request
+            if timeline is not None:
+                timeline.begin(request.meta.name, "NEGOTIATE_" + request.meta.collective.name, request.submitted_at)
         flush = self._shutdown_requested or self._joined() or self._stalled_locally()
         state = self._local_state(flush)
         verdict = decode(self._control.band(encode(state, self._cache.words)), self._cache.words)
@@ -169,8 +175,26 @@ class Engine:
             responses.extend(self._cache.get(bit) for bit in sorted(verdict.hits))
         if verdict.or_flags & (HAS_NEW | FLUSH | ROUND_DUE):
             responses.extend(self._negotiate(bool(verdict.or_flags & FLUSH)))
-        self._execute(responses)
+        if timeline is not None:
+            self._record_negotiated(timeline, responses)
+        self._execute(responses, timeline)
+        if timeline is not None:
+            if timeline.mark_cycles and (responses or arrived):
+                timeline.cycle(time.monotonic())
+            timeline.flush()
         return bool(responses or arrived), bool(verdict.and_flags & SHUTDOWN)
+
+    def _record_negotiated(self, timeline: Timeline, responses: list[Response]) -> None:
+        """End each local request's negotiation; on rank 0, mark when each rank was ready."""
+        now = time.monotonic()
+        ready = self._coordinator.decided_ready if self._coordinator is not None else {}
+        for response in responses:
+            name = response.meta.name
+            if name not in self._pending:
+                continue
+            for rank, when in sorted(ready.get(name, {}).items(), key=lambda item: item[1]):
+                timeline.instant(name, f"rank {rank} ready", when)
+            timeline.end(name, now)
 
     def _joined(self) -> bool:
         return any(r.meta.collective is Collective.JOIN for r in self._pending.values())
@@ -234,9 +258,18 @@ class Engine:
             self._cache.put(response)
         return list(result.responses)
 
-    def _execute(self, responses: list[Response]) -> None:
+    def _execute(self, responses: list[Response], timeline: Timeline | None = None) -> None:
         for item in fusion.plan(responses, self._config.fusion_threshold):
+            if timeline is not None:
+                start = time.monotonic()
+                for response in item.responses:
+                    if response.meta.name in self._pending:
+                        nbytes = fusion.wire_nbytes(response) if response.meta.dtype else 0
+                        args = {"bytes": nbytes, "fused_with": len(item.responses) - 1}
+                        timeline.begin(response.meta.name, response.meta.collective.name, start, args)
             for response, result, error in self._executor.run(item, self._pending):
+                if timeline is not None and response.meta.name in self._pending:
+                    timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
                 self._complete(response.meta.name, result, error)
 
     def _complete(self, name: str, result: object, error: BaseException | None) -> None:

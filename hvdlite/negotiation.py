@@ -64,6 +64,9 @@ class Coordinator:
         self._clock = clock
         self._table: dict[str, dict[int, RequestMeta]] = {}
         self._first_seen: dict[str, float] = {}
+        self._ready_at: dict[str, dict[int, float]] = {}  # name -> rank -> when that rank submitted it
+        # For the timeline: when each rank became ready, for the names decided in the last round.
+        self.decided_ready: dict[str, dict[int, float]] = {}
         self._warned: set[str] = set()
         self._joined: dict[int, int] = {}  # rank -> arrival order
         self._shut_down: set[int] = set()
@@ -81,6 +84,7 @@ class Coordinator:
         """Fold in one message per rank and return what every rank must do now."""
         now = self._clock()
         responses: list[Response] = []
+        self.decided_ready = {}
         for message in messages:
             if message.shutdown:
                 self._shut_down.add(message.rank)
@@ -94,6 +98,7 @@ class Coordinator:
                     continue
                 by_rank[message.rank] = meta
                 self._first_seen[meta.name] = min(self._first_seen.get(meta.name, now), now - age)
+                self._ready_at.setdefault(meta.name, {})[message.rank] = now - age
         for name in list(self._table):
             response = self._decide(name)
             if response is not None:
@@ -128,6 +133,7 @@ class Coordinator:
     def _forget(self, name: str) -> None:
         del self._table[name]
         self._first_seen.pop(name, None)
+        self.decided_ready[name] = self._ready_at.pop(name, {})
         self._warned.discard(name)
 
     def _inspect_stalls(self, now: float) -> tuple[list[str], str]:

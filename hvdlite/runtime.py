@@ -18,6 +18,7 @@ from .config import Config, load_config
 from .engine import Engine
 from .errors import HvdliteError, NotInitializedError
 from .naming import NameGenerator
+from .timeline import Timeline
 from .topology import Topology, topology_from_hosts
 
 log = logging.getLogger("hvdlite")
@@ -104,7 +105,7 @@ def init(comm: Any = None) -> None:
     engine.start()
     _runtime = Runtime(config, topology, engine, NameGenerator(), base, (control, data))
     if config.timeline:
-        log.warning("HVDLITE_TIMELINE is set but the timeline is not implemented yet; no file is written")
+        start_timeline(config.timeline, config.timeline_mark_cycles)
     if config.run_dir:
         _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
     if topology.size > 1:
@@ -130,10 +131,34 @@ def shutdown() -> None:
     if runtime is None:
         return
     runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
+    _close_timeline(runtime.engine)
     _runtime = None
     failure.uninstall()
     for private in runtime.private_comms:
         private.Free()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing the timeline (Chrome trace JSON) to ``file_path``; rank 0 writes it, as in Horovod.
+
+    Call it on every rank. A timeline already being written is closed first. ``mark_cycles``
+    adds an event per engine cycle that did work.
+    """
+    runtime = current()
+    _close_timeline(runtime.engine)
+    if runtime.topology.rank == 0:
+        runtime.engine.timeline = Timeline(file_path, 0, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline and close its file (a no-op if none is being written)."""
+    _close_timeline(current().engine)
+
+
+def _close_timeline(engine: Engine) -> None:
+    timeline, engine.timeline = engine.timeline, None
+    if timeline is not None:
+        timeline.close()
 
 
 def mpi_threads_supported() -> bool:

@@ -39,7 +39,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB")
     p.add_argument("--cycle-time-ms", type=float, help="ms to wait for more requests before negotiating")
     p.add_argument("--cache-capacity", type=int, help="response cache entries (0 disables)")
-    p.add_argument("--timeline-filename", help="write a timeline to this file")
+    p.add_argument("--timeline-filename", help="rank 0 writes a timeline (Chrome trace JSON) to this file")
+    p.add_argument("--timeline-mark-cycles", action="store_true", default=None,
+                   help="mark every engine cycle that did work in the timeline")
     p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn about stalls after this")
     p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail stalled jobs after this")
     p.add_argument("--no-stall-check", action="store_true", default=None, help="disable the stall inspector")

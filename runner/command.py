@@ -81,4 +81,6 @@ def flag_environment(values: dict[str, object]) -> dict[str, str]:
         env["HVDLITE_STALL_CHECK"] = "0"
     if values.get("verbose"):
         env["HVDLITE_VERBOSE"] = "1"
+    if values.get("timeline_mark_cycles"):
+        env["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
     return env
