@@ -96,29 +96,42 @@ class CycleState:
     hits: frozenset[int] = frozenset()
 
 
-def _bits_to_words(bits: frozenset[int], words: int) -> np.ndarray:
-    flat = np.zeros(words * 64, dtype=np.uint8)
-    flat[list(bits)] = 1
-    return np.packbits(flat, bitorder="little").view(np.uint64)
+# Bit sets travel as Python ints: building and reading a 1024-bit set this way takes a few
+# microseconds, against tens for NumPy's packbits/unpackbits, and it runs twice every cycle.
+def _bits_to_int(bits: frozenset[int]) -> int:
+    value = 0
+    for bit in bits:
+        value |= 1 << bit
+    return value
 
 
-def _words_to_bits(words: np.ndarray) -> frozenset[int]:
-    flat = np.unpackbits(words.view(np.uint8), bitorder="little")
-    return frozenset(int(i) for i in np.flatnonzero(flat))
+def _int_to_bits(value: int) -> frozenset[int]:
+    bits = []
+    while value:
+        lowest = value & -value
+        bits.append(lowest.bit_length() - 1)
+        value ^= lowest
+    return frozenset(bits)
 
 
 def encode(state: CycleState, words: int) -> np.ndarray:
     """The uint64 vector this rank contributes to the cycle's BAND all-reduce."""
-    head = np.array([~np.uint64(state.or_flags), np.uint64(state.and_flags)], dtype=np.uint64)
-    invalid = ~_bits_to_words(state.invalid, words)
-    hits = _bits_to_words(state.hits, words)
-    return np.concatenate([head, invalid, hits])
+    width = 8 * words
+    every = (1 << (64 * words)) - 1
+    invalid = every ^ _bits_to_int(state.invalid)  # OR through a BAND: send the complement
+    payload = invalid.to_bytes(width, "little") + _bits_to_int(state.hits).to_bytes(width, "little")
+    vector = np.empty(2 + 2 * words, dtype=np.uint64)
+    vector[0] = ~np.uint64(state.or_flags)
+    vector[1] = state.and_flags
+    vector[2:] = np.frombuffer(payload, dtype=np.uint64)
+    return vector
 
 
 def decode(vector: np.ndarray, words: int) -> CycleState:
     """Read the reduced vector back: OR of or_flags/invalid, AND of and_flags/hits."""
-    invalid = _words_to_bits(~vector[2 : 2 + words]) if words else frozenset()
-    hits = _words_to_bits(vector[2 + words :]) if words else frozenset()
+    every = (1 << (64 * words)) - 1
+    invalid = _int_to_bits(every ^ int.from_bytes(vector[2 : 2 + words].tobytes(), "little"))
+    hits = _int_to_bits(int.from_bytes(vector[2 + words :].tobytes(), "little"))
     return CycleState(int(~vector[0] & _ALL_ONES), int(vector[1]), invalid, hits - invalid)
 
 
