@@ -67,6 +67,7 @@ class FirstExitWatcher:
         fds: dict[int, tuple[int, int]] = {}
         watched: set[int] = set()
         while not self._stop.is_set():
+            gone: list[tuple[int, int]] = []
             for rank, pid in read_pid_files(self._run_dir).items():
                 if rank in watched:
                     continue
@@ -74,15 +75,16 @@ class FirstExitWatcher:
                 try:
                     fd = os.pidfd_open(pid)
                 except OSError:  # already gone before we looked
-                    self.first.append((rank, pid))
+                    gone.append((rank, pid))
                     continue
                 fds[fd] = (rank, pid)
                 poller.register(fd, select.POLLIN)
-            if self.first:
-                break
-            ready = poller.poll(20)
-            if ready:
-                self.first = sorted(fds[fd] for fd, _ in ready)
+            # A watcher that looked late (a busy machine) may find several ranks ended, some reaped and
+            # some still zombies: all of them count as seen at once, never just the reaped ones.
+            ready = poller.poll(0 if gone else 20)
+            gone += [fds[fd] for fd, _ in ready]
+            if gone:
+                self.first = sorted(gone)
                 break
         for fd in fds:
             os.close(fd)
@@ -163,6 +165,7 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
 
 
 def _report_failed_rank(first: list[tuple[int, int]], lines: list[str]) -> None:
+    """Name the rank that ended first, or, when several were seen ending together, the one MPI reports."""
     if len(first) == 1:
         rank, pid = first[0]
         sys.stderr.write(f"hvdliterun: rank {rank} (pid {pid}) was the first rank to end; the job failed\n")
@@ -170,6 +173,12 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str]) -> None:
     for line in lines:  # no single first rank seen: fall back to MPI's report
         match = _KILLED_PID.search(line)
         if match:
+            named = [rank for rank, pid in first if pid == int(match.group(1))]
+            if named:  # say which rank MPI means, without claiming to know it ended first
+                sys.stderr.write(f"hvdliterun: ranks {[rank for rank, _ in first]} ended before hvdliterun could "
+                                 f"tell them apart; MPI reports rank {named[0]} (pid {match.group(1)}) terminated "
+                                 "abnormally; the job failed\n")
+                return
             sys.stderr.write(f"hvdliterun: MPI reports pid {match.group(1)} on {match.group(2)} terminated "
                              "abnormally; the job failed\n")
             return

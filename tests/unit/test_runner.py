@@ -4,6 +4,7 @@ import pytest
 from hvdlite.runner.cli import LaunchError, prepare
 from hvdlite.runner.command import TAG_PATTERN, LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from hvdlite.runner.hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
+from hvdlite.runner.process import _report_failed_rank
 from hvdlite.runner.tagging import LineTagger
 
 
@@ -93,3 +94,14 @@ def test_tagger_reassembles_split_and_interleaved_lines():
     out += tagger.feed(b"\x1e1\x1fial") + b"mpiexec says hi\n" + tagger.flush()
     assert out.split(b"\n") == [b"[0]: zero", b"[1]: hello a", b"[1]: b1", b"[1]: b2", b"mpiexec says hi",
                                 b"[1]: partial", b""]
+
+
+def test_failed_rank_report_never_claims_an_order_it_did_not_see(capsys):
+    _report_failed_rank([(1, 101)], [])
+    assert capsys.readouterr().err == "hvdliterun: rank 1 (pid 101) was the first rank to end; the job failed\n"
+    # seen gone together (a late look on a busy machine): MPI's report says which one it means
+    _report_failed_rank([(0, 100), (1, 101)], ["=   PID 101 RUNNING AT vm"])
+    err = capsys.readouterr().err
+    assert "ranks [0, 1] ended before hvdliterun could tell them apart; MPI reports rank 1 (pid 101)" in err
+    _report_failed_rank([(0, 100), (1, 101)], ["=   PID 555 RUNNING AT vm"])
+    assert "MPI reports pid 555 on vm terminated abnormally" in capsys.readouterr().err
