@@ -30,12 +30,6 @@ if FRAMEWORK == "torch":
         if tensor.dtype == torch.bfloat16:
             return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return tensor.numpy()
-
-    def A2A(tensor, splits=None, name=None):
-        if splits is None:
-            return hvd.alltoall(tensor, name=name), None
-        out, received = hvd.alltoall(tensor, splits=splits, name=name)
-        return out, received.numpy()
 elif FRAMEWORK.startswith("tensorflow"):
     import types
 
@@ -57,12 +51,6 @@ elif FRAMEWORK.startswith("tensorflow"):
     def N(tensor):
         assert isinstance(tensor, tf.Tensor), type(tensor)
         return tensor.numpy()
-
-    def A2A(tensor, splits=None, name=None):
-        if splits is None:
-            return hvd.alltoall(tensor, name=name), None
-        out, received = hvd.alltoall(tensor, splits=splits, name=name)
-        return out, received.numpy()
 elif FRAMEWORK.startswith("jax"):
     import types
 
@@ -96,12 +84,6 @@ elif FRAMEWORK.startswith("jax"):
     def N(array):
         assert isinstance(array, jax.Array), type(array)
         return np.asarray(array)
-
-    def A2A(tensor, splits=None, name=None):
-        if splits is None:
-            return hvd.alltoall(tensor, name=name), None
-        out, received = hvd.alltoall(tensor, splits=splits, name=name)
-        return out, np.asarray(received)
 else:
     import hvdlite as hvd
 
@@ -111,8 +93,17 @@ else:
     def N(array):
         return array
 
-    def A2A(array, splits=None, name=None):
-        return hvd.alltoall(array, splits=splits, name=name)
+
+def A2A(tensor, splits=None, name=None):
+    """alltoall as (received, received splits or None). The adapters, like Horovod's, return the
+    received tensor alone without ``splits`` and a pair with them; the core always returns a pair."""
+    if FRAMEWORK == "numpy":
+        return hvd.alltoall(tensor, splits=splits, name=name)
+    if splits is None:
+        return hvd.alltoall(tensor, name=name), None
+    out, received = hvd.alltoall(tensor, splits=splits, name=name)
+    return out, np.asarray(received)
+
 
 DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 FLOATS = (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)
