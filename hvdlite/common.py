@@ -22,6 +22,7 @@ from .basics import (
     size,
 )
 from .errors import (
+    CommTimeoutError,
     ConfigError,
     DuplicateNameError,
     HorovodInternalError,
@@ -42,5 +43,5 @@ __all__ = [
     "gloo_enabled", "gloo_built", "broadcast_object", "allgather_object", "ReduceOp", "Average", "Sum",
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
     "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
-    "HvdliteShutdownError", "HorovodInternalError",
+    "HvdliteShutdownError", "HorovodInternalError", "CommTimeoutError",
 ]

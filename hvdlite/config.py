@@ -91,13 +91,29 @@ class Config:
     stall_check: bool = True
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 600.0
+    comm_timeout_seconds: float = 60.0
     log_level: str = "WARNING"
     run_dir: str = ""
     mpi_args: str = ""
     output_filename: str = ""
     ssh_port: int = 0
     ssh_identity_file: str = ""
+    launcher_agent: str = ""
+    network_interface: str = ""
     verbose: bool = False
+
+    @property
+    def comm_timeout(self) -> float | None:
+        """The deadline of one communication wait in seconds, or ``None`` for no deadline."""
+        return self.comm_timeout_seconds or None
+
+    @property
+    def probe_window_seconds(self) -> float:
+        """How long a rank that timed out waits for its peers to answer, to name the missing ones.
+
+        Healthy peers time out on the same step within about one idle cycle of each other.
+        """
+        return min(self.comm_timeout_seconds, 2 * self.idle_cycle_seconds + 1.0)
 
     @property
     def python_log_level(self) -> int:
@@ -140,12 +156,19 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds before a stall warning names the waiting tensors and missing ranks"),
     Setting("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_seconds", _positive_float,
             "seconds before a stall becomes an error on every rank"),
+    Setting("HVDLITE_COMM_TIMEOUT_SECONDS", "comm_timeout_seconds", _non_negative_float,
+            "a collective or negotiation step that makes no progress this long ends the job, naming the "
+            "ranks that stopped answering (0: wait forever)"),
     Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, "log level"),
     Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),
     Setting("HVDLITE_MPI_ARGS", "mpi_args", _text, "extra arguments for mpiexec"),
     Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", _text, "directory for per-rank output"),
     Setting("HVDLITE_SSH_PORT", "ssh_port", _non_negative_int, "ssh port for remote hosts"),
     Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", _text, "ssh identity file"),
+    Setting("HVDLITE_LAUNCHER_AGENT", "launcher_agent", _text,
+            "program that starts processes on remote hosts instead of ssh (AGENT [-x] HOST COMMAND...)"),
+    Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", _text,
+            "network interface for MPI's control and data traffic (hvdliterun --network-interface)"),
     Setting("HVDLITE_VERBOSE", "verbose", _flag, "print the launch command"),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
@@ -183,5 +206,12 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(
             f"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS={config.stall_shutdown_seconds} is shorter than "
             f"HVDLITE_STALL_CHECK_TIME_SECONDS={config.stall_check_seconds}"
+        )
+    if 0 < config.comm_timeout_seconds < 2 * config.idle_cycle_seconds:
+        # An idle rank joins negotiation only every idle_cycle_seconds: a shorter deadline would
+        # fail healthy jobs whenever one rank waits on an idle peer.
+        raise ConfigError(
+            f"HVDLITE_COMM_TIMEOUT_SECONDS={config.comm_timeout_seconds} must be 0 or at least twice "
+            f"HVDLITE_IDLE_CYCLE_SECONDS={config.idle_cycle_seconds}"
         )
     return config

@@ -34,6 +34,7 @@ from .config import Config
 from .executor import Executor
 from .negotiation import Coordinator
 from .ops import Collective
+from .polling import WaitTimeout
 from .request import Request
 from .response import RankMessage, Response, RoundResult
 from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, CycleState, Lookup, ResponseCache, decode, encode
@@ -68,6 +69,7 @@ class Engine:
         self._shutdown_requested = False
         self._last_round = time.monotonic()
         self._fatal: errors.HvdliteError | None = None
+        self._executing: fusion.WorkItem | None = None  # what a timed-out wait was doing (None: negotiating)
         # Set and cleared from the user's thread (start_timeline / stop_timeline); read once per cycle.
         self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
@@ -111,6 +113,11 @@ class Engine:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def fatal(self) -> errors.HvdliteError | None:
+        """The error that stopped the engine, if one did."""
+        return self._fatal
+
     # ---- engine thread ----------------------------------------------------------------------
     def _lower_priority(self) -> None:
         """Let compute threads win when cores are short (see the module docstring)."""
@@ -135,10 +142,37 @@ class Engine:
         except errors.HvdliteError as exc:  # fatal, and already agreed by every rank
             log.error("%s", exc)
             self._fail_all(exc)
+        except WaitTimeout as exc:  # a peer behind a dead link, or one that stopped: say which
+            error = self._timeout_error(exc)
+            log.error("%s", error)
+            self._fail_all(error)
         except BaseException as exc:  # a bug: peers would wait forever for this rank, so end the job
             log.exception("hvdlite engine failed on rank %d; aborting the job", self.rank)
             self._fail_all(errors.HvdliteShutdownError(f"hvdlite engine failed on rank {self.rank}: {exc!r}"))
             self._abort(1)
+
+    def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
+        """Probe every peer, then describe the timeout with the ranks that did not answer."""
+        item = self._executing
+        if item is None:
+            doing = "negotiation"
+        else:
+            names = [r.meta.name for r in item.responses]
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            doing = f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
+        window = self._config.probe_window_seconds
+        answered = self._control.reachable_peers(window)
+        missing = sorted(set(range(self.size)) - answered)
+        setting = f"HVDLITE_COMM_TIMEOUT_SECONDS={self._config.comm_timeout_seconds:g}"
+        if missing:
+            who = (f"rank(s) {missing} did not answer a probe within {window:g} s (unreachable, or stopped "
+                   f"answering); rank(s) {sorted(answered)} did")
+        else:
+            who = f"every rank answered afterwards, so one made no progress; raise {setting} if a step needs longer"
+        return errors.CommTimeoutError(
+            f"rank {self.rank}: {doing} made no progress for {exc.seconds:g} s ({setting}); {who}; "
+            "the job cannot continue"
+        )
 
     def _sleep_until_work(self, idle_streak: int) -> None:
         """Sleep while nothing is pending; back off while pending work makes no progress."""
@@ -260,6 +294,7 @@ class Engine:
 
     def _execute(self, responses: list[Response], timeline: Timeline | None = None) -> None:
         for item in fusion.plan(responses, self._config.fusion_threshold):
+            self._executing = item
             if timeline is not None:
                 start = time.monotonic()
                 for response in item.responses:
@@ -271,6 +306,7 @@ class Engine:
                 if timeline is not None and response.meta.name in self._pending:
                     timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
                 self._complete(response.meta.name, result, error)
+        self._executing = None
 
     def _complete(self, name: str, result: object, error: BaseException | None) -> None:
         """Release the name *before* waking the waiter, so it can resubmit the name at once."""

@@ -39,5 +39,12 @@ class HvdliteShutdownError(HvdliteError):
     """The background engine stopped (shutdown, a fatal error, or a peer shut down)."""
 
 
+class CommTimeoutError(HvdliteShutdownError):
+    """A collective or negotiation made no progress within ``HVDLITE_COMM_TIMEOUT_SECONDS``.
+
+    The message names the ranks that did not answer afterwards (unreachable, or stopped).
+    """
+
+
 # Horovod's name for a failed collective; elastic-style code catches it.
 HorovodInternalError = HvdliteShutdownError

@@ -6,12 +6,32 @@ The hook prints the traceback first, then says which rank failed, then aborts ev
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from types import TracebackType
 
 _FORWARD_SECONDS = 0.5
+_ABORT_GRACE_SECONDS = 5.0
 _previous_hook = None
+
+
+def abort_job(code: int) -> None:
+    """``MPI_Abort``: the launcher kills every rank it can reach. Never returns.
+
+    Bounded: MPICH's abort asks the launcher to kill the job and then waits to be killed. On a
+    host cut off from the launcher that order never comes (seen: ranks blocked for good), so
+    the rank exits by itself after a grace period.
+    """
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    aborting = threading.Thread(target=MPI.COMM_WORLD.Abort, args=(code,), daemon=True)
+    aborting.start()
+    aborting.join(_ABORT_GRACE_SECONDS)
+    os._exit(code)
 
 
 def install(rank: int, abort) -> None:

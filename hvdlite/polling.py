@@ -6,6 +6,9 @@ progress calls), then sleeps with exponential backoff capped at the configured p
 While spinning it yields the CPU between polls: with more threads than cores (two cores, two
 ranks, each with a training thread and an engine thread) a plain spin starves the very peer it
 is waiting for.
+
+A wait can carry a deadline: MPI over TCP never fails a transfer to a peer behind a dead link
+(the kernel retries for ~15 minutes), so hvdlite's own deadline is what bounds a network fault.
 """
 
 from __future__ import annotations
@@ -17,8 +20,20 @@ from collections.abc import Callable
 _FIRST_SLEEP = 20e-6
 
 
-def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float) -> None:
-    """Return once ``done()`` is true: spin ``spin_seconds``, then back off up to ``max_sleep``."""
+class WaitTimeout(Exception):
+    """A wait made no progress within its deadline (peers unreachable, or stopped answering)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no progress for {seconds:g} s")
+        self.seconds = seconds
+
+
+def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float,
+               timeout: float | None = None) -> None:
+    """Return once ``done()`` is true: spin ``spin_seconds``, then back off up to ``max_sleep``.
+
+    Raises :class:`WaitTimeout` if ``done()`` is still false after ``timeout`` seconds.
+    """
     if done():
         return
     start = time.perf_counter()
@@ -28,5 +43,7 @@ def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float) 
             return
     sleep = _FIRST_SLEEP
     while not done():
+        if timeout is not None and time.perf_counter() - start > timeout:
+            raise WaitTimeout(timeout)
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)

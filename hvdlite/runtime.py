@@ -10,13 +10,14 @@ import atexit
 import dataclasses
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
 from . import failure
 from .config import Config, load_config
 from .engine import Engine
-from .errors import HvdliteError, NotInitializedError
+from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
 from .timeline import Timeline
 from .topology import Topology, topology_from_hosts
@@ -98,9 +99,9 @@ def init(comm: Any = None) -> None:
     poll_seconds = config.poll_time_ms / 1000
     engine = Engine(
         config,
-        MpiControlChannel(control, poll_seconds),
-        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds), rank, topology.size),
-        abort=MPI.COMM_WORLD.Abort,
+        MpiControlChannel(control, poll_seconds, config.comm_timeout),
+        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout), rank, topology.size),
+        abort=failure.abort_job,
     )
     engine.start()
     _runtime = Runtime(config, topology, engine, NameGenerator(), base, (control, data))
@@ -109,17 +110,17 @@ def init(comm: Any = None) -> None:
     if config.run_dir:
         _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
     if topology.size > 1:
-        failure.install(rank, MPI.COMM_WORLD.Abort)
+        failure.install(rank, failure.abort_job)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
 
 
 def _write_pid_file(run_dir: str, world_rank: int) -> None:
-    """Lets hvdliterun name the rank behind a PID that MPI reports as killed."""
+    """Lets hvdliterun name the rank behind a PID that MPI reports as killed, and reap its host's ranks."""
     try:
         with open(os.path.join(run_dir, f"rank.{world_rank}.pid"), "w") as handle:
-            handle.write(str(os.getpid()))
+            handle.write(f"{os.getpid()} {socket.gethostname()}")
     except OSError as exc:
         log.debug("could not write pid file in %s: %s", run_dir, exc)
 
@@ -132,6 +133,10 @@ def shutdown() -> None:
         return
     runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
     _close_timeline(runtime.engine)
+    if isinstance(runtime.engine.fatal, CommTimeoutError):
+        # Peers are unreachable: MPI_Finalize could wait on them for the kernel's TCP timeout.
+        log.error("ending the job after a communication timeout (see the error above)")
+        failure.abort_job(1)
     _runtime = None
     failure.uninstall()
     for private in runtime.private_comms:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
 
@@ -51,6 +53,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-filename", help="directory for per-rank stdout/stderr files")
     p.add_argument("-p", "--ssh-port", type=int, help="ssh port of remote hosts")
     p.add_argument("-i", "--ssh-identity-file", help="ssh identity file for remote hosts")
+    p.add_argument("--launcher-agent", help="program that starts processes on remote hosts instead of ssh; "
+                   "called as AGENT [-x] HOST COMMAND...")
+    p.add_argument("--network-interface", help="network interface (e.g. eth1) for MPI's control and data traffic")
+    p.add_argument("--comm-timeout-seconds", type=float,
+                   help="end the job if a collective makes no progress this long (unreachable ranks)")
+    p.add_argument("-x", "--env", dest="env", action="append", default=[], metavar="VAR[=VALUE]",
+                   help="set VAR for every rank (or check that it is set here); repeatable")
     p.add_argument("--check-build", action="store_true", help="show available frameworks and operations")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
@@ -83,6 +92,39 @@ def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:
     return ()
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _forwarded_environment(items: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``-x VAR=VALUE`` sets VAR; ``-x VAR`` insists VAR is set here (Hydra forwards the whole environment)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            raise LaunchError(f"-x {item!r}: {name!r} is not an environment variable name")
+        if sep:
+            out[name] = value
+        elif name not in env:
+            raise LaunchError(f"-x {name}: {name} is not set in hvdliterun's environment; use -x {name}=VALUE")
+    return out
+
+
+def _interface_environment(iface: str) -> dict[str, str]:
+    """Transport variables that keep MPI's data on ``iface`` (UCX, and libfabric's TCP provider)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]+", iface):
+        raise LaunchError(f"--network-interface {iface!r}: give one interface name, such as eth1")
+    if not os.path.exists(os.path.join("/sys/class/net", iface)):
+        have = ", ".join(sorted(os.listdir("/sys/class/net"))) if os.path.isdir("/sys/class/net") else "unknown"
+        raise LaunchError(f"--network-interface {iface!r} does not exist on this host (it has: {have})")
+    return {"UCX_NET_DEVICES": iface, "FI_TCP_IFACE": iface}
+
+
+def all_hosts_local(hosts: tuple[HostSlots, ...]) -> bool:
+    """True if every host is this machine by name (as Hydra decides, by name, where to use ssh)."""
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+    return all(h.host in here for h in hosts)
+
+
 def _check_program(command: list[str]) -> None:
     if not command:
         raise LaunchError("no program given; usage: hvdliterun -np N [options] program [args ...]")
@@ -109,12 +151,24 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         raise LaunchError(f"-np {args.num_proc} needs more processes than the {total_slots(hosts)} slots in "
                           f"{', '.join(f'{h.host}:{h.slots}' for h in hosts)}")
     _check_program(command)
-    rank_env = {**env, **flag_environment(vars(args))}
+    rank_env = {**env, **flag_environment(vars(args)), **_forwarded_environment(args.env, env)}
     try:
         config = load_config(rank_env)
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
-    spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename)
+    if config.launcher_agent and (config.ssh_port or config.ssh_identity_file):
+        raise LaunchError("-p/--ssh-port and -i/--ssh-identity-file are ssh options; "
+                          "--launcher-agent replaces ssh, so give them to the agent instead")
+    if config.launcher_agent:
+        agent = shutil.which(config.launcher_agent)
+        if agent is None:
+            raise LaunchError(f"--launcher-agent {config.launcher_agent!r} is not an executable program")
+        config = dataclasses.replace(config, launcher_agent=os.path.abspath(agent))
+    if config.network_interface:
+        # The user's own transport settings win over the ones the interface implies.
+        rank_env = {**_interface_environment(config.network_interface), **rank_env}
+    spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
+                      launcher_agent=config.launcher_agent, network_interface=config.network_interface)
     return spec, rank_env, args
 
 
@@ -148,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(argv_out), flush=True)
         if args.dry_run:
             return 0
-        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir)
+        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir, all_hosts_local(spec.hosts))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ class LaunchSpec:
     hosts: tuple[HostSlots, ...] = ()
     mpi_args: str = ""
     output_dir: str = ""
-    launcher_agent: str = ""  # executable Hydra uses instead of plain ssh (port / identity file)
+    launcher_agent: str = ""  # executable Hydra uses instead of plain ssh (port / identity file, or the user's)
+    network_interface: str = ""  # Hydra's control connections use this interface
 
 
 def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
@@ -35,6 +36,8 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
         argv += ["-hosts", ",".join(f"{h.host}:{h.slots}" for h in spec.hosts)]
     if spec.launcher_agent:
         argv += ["-launcher", "ssh", "-launcher-exec", spec.launcher_agent]
+    if spec.network_interface:
+        argv += ["-iface", spec.network_interface]
     if spec.output_dir:
         argv += ["-outfile-pattern", f"{spec.output_dir}/rank.%r/stdout",
                  "-errfile-pattern", f"{spec.output_dir}/rank.%r/stderr"]
@@ -77,6 +80,9 @@ def flag_environment(values: dict[str, object]) -> dict[str, str]:
     put("output_filename", "HVDLITE_OUTPUT_FILENAME")
     put("ssh_port", "HVDLITE_SSH_PORT")
     put("ssh_identity_file", "HVDLITE_SSH_IDENTITY_FILE")
+    put("launcher_agent", "HVDLITE_LAUNCHER_AGENT")
+    put("network_interface", "HVDLITE_NETWORK_INTERFACE")
+    put("comm_timeout_seconds", "HVDLITE_COMM_TIMEOUT_SECONDS")
     if values.get("no_stall_check"):
         env["HVDLITE_STALL_CHECK"] = "0"
     if values.get("verbose"):

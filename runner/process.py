@@ -6,6 +6,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,22 +30,32 @@ def _pump(stream, sink, seen: list[str]) -> None:
     sink.flush()
 
 
-def read_pid_files(run_dir: str) -> dict[int, int]:
-    """``{rank: pid}`` from the pid files ``hvdlite.init`` writes (local ranks only)."""
-    pids = {}
+def read_pid_files(run_dir: str, host: str | None = None) -> dict[int, tuple[int, str]]:
+    """``{rank: (pid, host)}`` from the pid files ``hvdlite.init`` writes; only ``host``'s ranks if given.
+
+    Ranks on other hosts write theirs only where the run directory is a shared file system; their
+    pids mean nothing here, so only this host's ranks are ever watched or killed.
+    """
+    ranks = {}
     try:
         names = os.listdir(run_dir)
     except OSError:
-        return pids
+        return ranks
     for name in names:
         match = re.fullmatch(r"rank\.(\d+)\.pid", name)
         if match:
             try:
                 with open(os.path.join(run_dir, name)) as handle:
-                    pids[int(match.group(1))] = int(handle.read().strip())
+                    pid_text, rank_host = handle.read().split()
+                ranks[int(match.group(1))] = (int(pid_text), rank_host)
             except (OSError, ValueError):
                 continue
-    return pids
+    return {rank: found for rank, found in ranks.items() if host is None or found[1] == host}
+
+
+def local_pids(run_dir: str) -> dict[int, int]:
+    """``{rank: pid}`` of the ranks on this host."""
+    return {rank: pid for rank, (pid, _) in read_pid_files(run_dir, socket.gethostname()).items()}
 
 
 class FirstExitWatcher:
@@ -68,7 +79,7 @@ class FirstExitWatcher:
         watched: set[int] = set()
         while not self._stop.is_set():
             gone: list[tuple[int, int]] = []
-            for rank, pid in read_pid_files(self._run_dir).items():
+            for rank, pid in local_pids(self._run_dir).items():
                 if rank in watched:
                     continue
                 watched.add(rank)
@@ -94,8 +105,12 @@ class FirstExitWatcher:
         self._thread.join(1)
 
 
-def run(argv: list[str], env: dict[str, str], run_dir: str) -> int:
-    """Run ``argv``; forward SIGINT/SIGTERM to the whole job; return its exit code."""
+def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = True) -> int:
+    """Run ``argv``; forward SIGINT/SIGTERM to the whole job; return its exit code.
+
+    ``all_local``: every rank runs on this host, so the first rank seen ending here is the
+    first in the job (with remote hosts it may not be, and only MPI's report is quoted).
+    """
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
     seen: list[str] = []
@@ -126,9 +141,9 @@ def run(argv: list[str], env: dict[str, str], run_dir: str) -> int:
     _signal_group(process, signal.SIGKILL)
     code = process.returncode
     watcher.stop()
-    _reap_ranks(read_pid_files(run_dir))  # ranks run in sessions of their own: end stragglers by pid
+    _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
     if code != 0 and not stopping:
-        _report_failed_rank(watcher.first, seen)
+        _report_failed_rank(watcher.first if all_local else [], seen, read_pid_files(run_dir))
     if stopping:
         return 130 if code in (0, None) else (code if code > 0 else 128 - code)
     return code if code >= 0 else 128 - code
@@ -164,21 +179,29 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def _report_failed_rank(first: list[tuple[int, int]], lines: list[str]) -> None:
-    """Name the rank that ended first, or, when several were seen ending together, the one MPI reports."""
+def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
+                        known: dict[int, tuple[int, str]] | None = None) -> None:
+    """Name the rank that ended first, or, when that is not known, the one MPI reports.
+
+    ``first``: the (rank, pid) pairs seen ending first on this host, when every rank is local.
+    ``known``: every pid file found, ``{rank: (pid, host)}``, to put a rank to MPI's pid and host.
+    """
     if len(first) == 1:
         rank, pid = first[0]
         sys.stderr.write(f"hvdliterun: rank {rank} (pid {pid}) was the first rank to end; the job failed\n")
         return
     for line in lines:  # no single first rank seen: fall back to MPI's report
         match = _KILLED_PID.search(line)
-        if match:
-            named = [rank for rank, pid in first if pid == int(match.group(1))]
-            if named:  # say which rank MPI means, without claiming to know it ended first
-                sys.stderr.write(f"hvdliterun: ranks {[rank for rank, _ in first]} ended before hvdliterun could "
-                                 f"tell them apart; MPI reports rank {named[0]} (pid {match.group(1)}) terminated "
-                                 "abnormally; the job failed\n")
-                return
-            sys.stderr.write(f"hvdliterun: MPI reports pid {match.group(1)} on {match.group(2)} terminated "
+        if not match:
+            continue
+        pid, host = int(match.group(1)), match.group(2)
+        named = [rank for rank, seen in first if seen == pid]
+        if named:  # say which rank MPI means, without claiming to know it ended first
+            sys.stderr.write(f"hvdliterun: ranks {[rank for rank, _ in first]} ended before hvdliterun could "
+                             f"tell them apart; MPI reports rank {named[0]} (pid {pid}) terminated "
                              "abnormally; the job failed\n")
             return
+        named = [rank for rank, found in (known or {}).items() if found == (pid, host)]
+        who = f"rank {named[0]} (pid {pid} on {host})" if named else f"pid {pid} on {host}"
+        sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally; the job failed\n")
+        return

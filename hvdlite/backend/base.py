@@ -25,6 +25,9 @@ class ControlChannel(Protocol):
     def broadcast_from_root(self, payload: bytes | None) -> bytes:
         """Rank 0's payload on every rank."""
 
+    def reachable_peers(self, window: float) -> set[int]:
+        """After a timed-out wait: the ranks (this one included) that answer within ``window`` seconds."""
+
 
 class DataBackend(Protocol):
     """Moves tensor bytes. Buffers are flat, contiguous NumPy arrays in the wire dtype."""

@@ -6,10 +6,14 @@ negotiation agreed that every rank is ready, so they spin longer: MPICH progress
 collective only inside test calls, and sleeping between them was measured to triple the time of
 a 64 MB reduction. Large reductions go in ``chunk_bytes`` pieces, one after another (measured
 faster than one huge message, whose shared-memory bandwidth drops above ~16 MB).
+
+Every wait has the job's communication deadline (``HVDLITE_COMM_TIMEOUT_SECONDS``): MPI itself
+would wait for a peer behind a dead link until the kernel gives up on TCP (~15 minutes).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -27,11 +31,13 @@ _MPI_OPS = {
 }
 _CONTROL_SPIN_SECONDS = 200e-6
 _DATA_SPIN_SECONDS = 0.05
+_PROBE_TAG = 7_001  # point-to-point on the control communicator: never matches its collectives
+_PROBE_POLL_SECONDS = 0.005
 
 
-def _waiter(spin: float, max_sleep: float):
+def _waiter(spin: float, max_sleep: float, timeout: float | None):
     def wait(request: MPI.Request) -> None:
-        wait_until(request.Test, spin, max_sleep)
+        wait_until(request.Test, spin, max_sleep, timeout)
 
     return wait
 
@@ -43,11 +49,40 @@ def _displacements(counts: list[int]) -> list[int]:
 class MpiControlChannel:
     """Negotiation collectives on a private duplicate of the job's communicator."""
 
-    def __init__(self, comm: MPI.Comm, poll_seconds: float) -> None:
+    def __init__(self, comm: MPI.Comm, poll_seconds: float, timeout: float | None = None) -> None:
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self._wait = _waiter(_CONTROL_SPIN_SECONDS, poll_seconds)
+        self._wait = _waiter(_CONTROL_SPIN_SECONDS, poll_seconds, timeout)
+        self._abandoned: list = []  # probe sends a dead peer never takes: their buffers must stay alive
+
+    def reachable_peers(self, window: float) -> set[int]:
+        """The ranks (this one included) whose probe message arrives within ``window`` seconds.
+
+        Called by every rank after a timed-out wait; a peer that answers ran into the same wait.
+        """
+        token = np.zeros(1, dtype=np.uint8)
+        peers = [r for r in range(self.size) if r != self.rank]
+        inbox = {r: np.empty(1, dtype=np.uint8) for r in peers}
+        receives = {}
+        try:
+            receives = {r: self._comm.Irecv(inbox[r], source=r, tag=_PROBE_TAG) for r in peers}
+            sends = [self._comm.Isend(token, dest=r, tag=_PROBE_TAG) for r in peers]
+        except MPI.Exception:  # the transport itself reports the failure: nobody is known to answer
+            return {self.rank}
+        self._abandoned.append((token, inbox, sends, receives))
+        answered = {self.rank}
+        deadline = time.monotonic() + window
+        while True:
+            for rank, request in receives.items():
+                try:
+                    if rank not in answered and request.Test():
+                        answered.add(rank)
+                except MPI.Exception:
+                    continue
+            if len(answered) == self.size or time.monotonic() > deadline:
+                return answered
+            time.sleep(_PROBE_POLL_SECONDS)
 
     def band(self, vector: np.ndarray) -> np.ndarray:
         result = np.empty_like(vector)
@@ -79,10 +114,10 @@ class MpiDataBackend:
 
     name = "MPI"
 
-    def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float) -> None:
+    def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None) -> None:
         self._comm = comm
         self._chunk_bytes = chunk_bytes
-        self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds)
+        self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds, timeout)
 
     def enabled_for(self, array: np.ndarray) -> bool:
         return isinstance(array, np.ndarray)

@@ -37,9 +37,12 @@ def hvdliterun() -> str:
 
 
 def run_job(args: list[str], np: int | None = None, env: dict[str, str] | None = None,
-            timeout: float = 120) -> JobResult:
-    """Run ``hvdliterun [-np N] ARGS``; kill the whole job and fail if it outlives ``timeout``."""
-    argv = [hvdliterun()] + (["-np", str(np)] if np is not None else []) + args
+            timeout: float = 120, wrap: list[str] | None = None) -> JobResult:
+    """Run ``hvdliterun [-np N] ARGS``; kill the whole job and fail if it outlives ``timeout``.
+
+    ``wrap`` is a command prefix hvdliterun runs under (e.g. on a namespace "host").
+    """
+    argv = (wrap or []) + [hvdliterun()] + (["-np", str(np)] if np is not None else []) + args
     full_env = {**os.environ, **ONE_THREAD, **(env or {})}
     start = time.monotonic()
     process = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -76,3 +76,19 @@ def test_killed_rank_ends_the_job_and_is_named(np):
              r"hvdliterun: ranks \[[\d, ]+\] ended before hvdliterun could tell them apart; MPI reports rank 1 ")
     assert any(re.search(pattern, result.output) for pattern in named), result.output
     assert result.seconds < 30
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_rank_that_stops_answering_ends_the_job_and_is_named(np):
+    # SIGSTOP: the process lives but never takes part again, as a host behind a dead link looks.
+    timeout = 3
+    result = run_script("multihost.py", np, "die", "1", "stop", env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)},
+                        timeout=90, expect_ok=False)
+    assert result.returncode != 0, result.output
+    reachable = [0, *range(2, np)]
+    for rank in reachable:  # every other rank names the silent one and the ones that did answer
+        assert any(f"rank {rank}: " in line and f"made no progress for {timeout} s (HVDLITE_COMM_TIMEOUT_SECONDS="
+                   f"{timeout}); rank(s) [1] did not answer a probe" in line and f"rank(s) {reachable} did" in line
+                   for line in result.lines(rank)), result.output
+    # deadline + probe window (3 s) + abort grace, with room for a loaded CI machine
+    assert result.seconds < timeout + 3 + 20, result.output

@@ -51,6 +51,9 @@ class FakeControl:
     def broadcast_from_root(self, payload):
         return self.world.exchange(self.rank, payload)[0]
 
+    def reachable_peers(self, window):
+        return set(range(self.size))
+
 
 class FakeData:
     name = "fake"
@@ -82,10 +85,11 @@ def _no_abort(code: int) -> None:
     raise AssertionError(f"the engine failed and asked to abort the job with code {code}")
 
 
-def start_engines(size: int, **config) -> tuple[World, list[Engine]]:
+def start_engines(size: int, control=FakeControl, data=FakeData, **config) -> tuple[World, list[Engine]]:
+    """``size`` engines on fakes; ``control`` / ``data`` are the fake classes (subclass them to inject faults)."""
     world = World(size)
     settings = Config(**{"idle_cycle_seconds": 0.05, "poll_time_ms": 0.5, **config})
-    engines = [Engine(settings, FakeControl(world, r), Executor(FakeData(world, r), r, size), abort=_no_abort)
+    engines = [Engine(settings, control(world, r), Executor(data(world, r), r, size), abort=_no_abort)
                for r in range(size)]
     for engine in engines:
         engine.start()

@@ -1,7 +1,10 @@
+import time
+
 import pytest
 
 from hvdlite.config import MIB, Config, load_config
 from hvdlite.errors import ConfigError
+from hvdlite.polling import WaitTimeout, wait_until
 
 
 def test_defaults_without_variables():
@@ -45,3 +48,21 @@ def test_reserved_test_variables_are_ignored():
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         Config().fusion_threshold = 1
+
+
+def test_comm_timeout_must_outlast_an_idle_cycle():
+    assert load_config({}).comm_timeout == 60.0 and load_config({}).probe_window_seconds == 3.0
+    assert load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "0"}).comm_timeout is None  # 0: wait forever
+    with pytest.raises(ConfigError, match=r"HVDLITE_COMM_TIMEOUT_SECONDS=1.5 must be 0 or at least twice "
+                                          r"HVDLITE_IDLE_CYCLE_SECONDS=1.0"):
+        load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "1.5"})
+    assert load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "2", "HVDLITE_IDLE_CYCLE_SECONDS": "0.5"}).comm_timeout == 2
+
+
+def test_wait_until_gives_up_at_its_deadline():
+    start = time.monotonic()
+    with pytest.raises(WaitTimeout, match="no progress for 0.2 s"):
+        wait_until(lambda: False, spin_seconds=0.01, max_sleep=0.01, timeout=0.2)
+    assert 0.2 <= time.monotonic() - start < 2
+    calls = iter([False, False, True])
+    wait_until(lambda: next(calls), spin_seconds=0, max_sleep=0.01, timeout=0.2)  # done in time: no error

@@ -1,13 +1,16 @@
 """The real engine with N in-process fake ranks: cache fast path, invalidation, errors, join."""
 
+import threading
+
 import numpy as np
 import pytest
 
 from hvdlite import errors
 from hvdlite.ops import Collective, ReduceOp
+from hvdlite.polling import WaitTimeout
 from hvdlite.request import Handle, Request, RequestMeta
 
-from .fake_ranks import start_engines, stop_engines
+from .fake_ranks import FakeControl, FakeData, start_engines, stop_engines
 
 
 def submit(engine, name, array, op=ReduceOp.SUM, collective=Collective.ALLREDUCE):
@@ -113,3 +116,47 @@ def test_in_place_broadcast_overwrites_non_roots_only(engines):
                for e, a in zip(ranks, arrays, strict=True)]
     for handle, array in zip(handles, arrays, strict=True):
         assert handle.wait(10) is array and array.tolist() == [1] * 4
+
+
+class _SilentRankOne(FakeControl):
+    """Rank 1 is behind a dead link: the others' negotiation never completes, and it never answers."""
+
+    link_restored = threading.Event()
+
+    def band(self, vector):
+        if self.rank == 1:  # rank 1's engine just stops, as a process behind a dead link looks
+            self.link_restored.wait(30)
+        raise WaitTimeout(2.5)
+
+    def reachable_peers(self, window):
+        return {0, 2}
+
+
+class _StuckData(FakeData):
+    def allreduce(self, send, recv, op, finish_piece=None):
+        raise WaitTimeout(2.5)
+
+
+def test_a_negotiation_timeout_names_the_ranks_that_did_not_answer():
+    _, ranks = start_engines(3, control=_SilentRankOne, comm_timeout_seconds=2.5)
+    for rank in (0, 2):
+        with pytest.raises(errors.CommTimeoutError) as info:
+            submit(ranks[rank], "g", np.ones(2)).wait(10)
+        assert str(info.value) == (
+            f"rank {rank}: negotiation made no progress for 2.5 s (HVDLITE_COMM_TIMEOUT_SECONDS=2.5); rank(s) [1] "
+            "did not answer a probe within 1.1 s (unreachable, or stopped answering); rank(s) [0, 2] did; "
+            "the job cannot continue")
+        with pytest.raises(errors.CommTimeoutError):  # the engine is done: later work fails at once
+            submit(ranks[rank], "h", np.ones(2))
+        assert isinstance(ranks[rank].fatal, errors.HorovodInternalError)
+    _SilentRankOne.link_restored.set()
+
+
+def test_a_transfer_timeout_names_the_tensors_and_says_every_rank_answered():
+    _, ranks = start_engines(2, data=_StuckData, comm_timeout_seconds=2.5)
+    handles = [submit(engine, "grad.w", np.ones(2)) for engine in ranks]
+    for rank, handle in enumerate(handles):
+        with pytest.raises(errors.CommTimeoutError, match=rf"rank {rank}: allreduce of \['grad.w'\] made no progress "
+                           r"for 2.5 s .*; every rank answered afterwards, so one made no progress; raise "
+                           r"HVDLITE_COMM_TIMEOUT_SECONDS=2.5 if a step needs longer"):
+            handle.wait(10)

@@ -1,10 +1,10 @@
 """Launcher logic in process: host parsing, command building, flag/env handling, output tagging."""
 
 import pytest
-from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.cli import LaunchError, all_hosts_local, prepare
 from hvdlite.runner.command import TAG_PATTERN, LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from hvdlite.runner.hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
-from hvdlite.runner.process import _report_failed_rank
+from hvdlite.runner.process import _report_failed_rank, local_pids, read_pid_files
 from hvdlite.runner.tagging import LineTagger
 
 
@@ -105,3 +105,57 @@ def test_failed_rank_report_never_claims_an_order_it_did_not_see(capsys):
     assert "ranks [0, 1] ended before hvdliterun could tell them apart; MPI reports rank 1 (pid 101)" in err
     _report_failed_rank([(0, 100), (1, 101)], ["=   PID 555 RUNNING AT vm"])
     assert "MPI reports pid 555 on vm terminated abnormally" in capsys.readouterr().err
+
+
+def test_network_interface_reaches_hydra_and_the_transports():
+    spec, env, _ = prepare(["-np", "2", "-H", "a:1,b:1", "--network-interface", "lo", "python"], {})
+    assert build_mpiexec_command(spec, "m")[:7] == ["m", "-n", "2", "-hosts", "a:1,b:1", "-iface", "lo"]
+    assert env["UCX_NET_DEVICES"] == "lo" and env["FI_TCP_IFACE"] == "lo" and env["HVDLITE_NETWORK_INTERFACE"] == "lo"
+    _, env, _ = prepare(["-np", "2", "--network-interface", "lo", "python"], {"UCX_NET_DEVICES": "mlx5_0:1"})
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1"  # the user's own transport setting wins
+
+
+def test_environment_forwarding_flags():
+    _, env, _ = prepare(["-np", "2", "-x", "A=1", "-x", "B", "--env", "C=x=y", "python"], {"B": "kept"})
+    assert (env["A"], env["B"], env["C"]) == ("1", "kept", "x=y")
+
+
+def test_launcher_agent_is_resolved_and_passed_to_hydra(tmp_path):
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
+    spec, env, _ = prepare(["-np", "2", "-H", "h1,h2", "--launcher-agent", str(agent), "python"], {})
+    assert ["-launcher", "ssh", "-launcher-exec", str(agent)] == build_mpiexec_command(spec, "m")[5:9]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["-x", "B"], "-x B: B is not set in hvdliterun's environment; use -x B=VALUE"),
+    (["-x", "1BAD=2"], "-x '1BAD=2': '1BAD' is not an environment variable name"),
+    (["--network-interface", "nosuch0"], "--network-interface 'nosuch0' does not exist on this host (it has: "),
+    (["--network-interface", "eth0,eth1"], "give one interface name"),
+    (["--launcher-agent", "/nonexistent/agent"], "--launcher-agent '/nonexistent/agent' is not an executable"),
+    (["--launcher-agent", "sh", "-p", "2222"], "--launcher-agent replaces ssh"),
+    (["--comm-timeout-seconds", "1"], "HVDLITE_COMM_TIMEOUT_SECONDS=1.0 must be 0 or at least twice"),
+])
+def test_bad_multi_host_input(argv, fragment):
+    with pytest.raises(LaunchError) as info:
+        prepare(["-np", "2", *argv, "python"], {})
+    assert fragment in str(info.value)
+
+
+def test_only_this_hosts_pid_files_are_watched(tmp_path, monkeypatch):
+    (tmp_path / "rank.0.pid").write_text("100 here")
+    (tmp_path / "rank.1.pid").write_text("100 there")  # the same pid number on another host
+    (tmp_path / "rank.2.pid").write_text("garbage")
+    assert read_pid_files(str(tmp_path)) == {0: (100, "here"), 1: (100, "there")}
+    monkeypatch.setattr("socket.gethostname", lambda: "here")
+    assert local_pids(str(tmp_path)) == {0: 100}
+    assert all_hosts_local((HostSlots("localhost", 2), HostSlots("here", 1)))
+    assert not all_hosts_local((HostSlots("here", 1), HostSlots("there", 1)))
+
+
+def test_remote_failure_is_named_from_mpis_pid_and_host(capsys):
+    known = {0: (100, "hostA"), 3: (100, "hostB")}
+    _report_failed_rank([], ["=   PID 100 RUNNING AT hostB"], known)
+    assert capsys.readouterr().err == ("hvdliterun: MPI reports rank 3 (pid 100 on hostB) terminated abnormally; "
+                                       "the job failed\n")

@@ -1,0 +1,166 @@
+"""Jobs across two "hosts" (network namespaces joined by a veth pair) through ``hvdliterun -H``.
+
+Root only: skipped with the reason elsewhere. hvdliterun itself runs on hostA, as on a login node;
+ranks on hostB are started by a launch agent standing in for ssh, with an empty environment.
+UCX would use shared memory between namespaces of one machine, so ``-x UCX_TLS=tcp,self`` makes
+every byte cross the network, as it must between real hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from .harness import ONE_THREAD, SCRIPTS, hvdliterun, run_job
+from .netns import IFACE, make_two_hosts, unavailable
+from .test_torch import EQUIVALENCE
+
+pytestmark = [pytest.mark.multirank, pytest.mark.netns]
+_WHY_NOT = unavailable()
+if _WHY_NOT:
+    pytestmark.append(pytest.mark.skip(reason=f"two-host tests need network namespaces: {_WHY_NOT}"))
+
+TIMEOUT_SECONDS = 4  # hvdlite's communication deadline in the fault tests
+PROBE_SECONDS = 3  # the probe window that follows it (2 x idle cycle + 1 s)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    two = make_two_hosts(tmp_path_factory.mktemp("hosts"))
+    yield two
+    two.close()
+
+
+def _launch_args(hosts, np_per_host: int = 2) -> list[str]:
+    return ["-np", str(2 * np_per_host), "-H", f"hostA:{np_per_host},hostB:{np_per_host}",
+            "--launcher-agent", hosts.agent, "--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
+
+
+def _job_processes(marker: str) -> list[int]:
+    """Live (not zombie) processes on this machine, any namespace, whose environment has ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if marker.encode() not in handle.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def _assert_nothing_left(marker: str, within: float) -> float:
+    """Wait up to ``within`` s for every process of the job to end on both hosts; return how long it took."""
+    start = time.monotonic()
+    while _job_processes(marker) and time.monotonic() - start < within:
+        time.sleep(0.2)
+    left = _job_processes(marker)
+    for pid in left:  # do not leak into later tests, but fail this one
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind after {within} s: {left}"
+    return time.monotonic() - start
+
+
+def test_torch_training_across_two_hosts_matches_one_process(hosts):
+    result = run_job(_launch_args(hosts) + ["python", str(SCRIPTS / "torch_training.py"), "equivalence"],
+                     wrap=hosts.command_on("hostA", []), timeout=300)
+    assert result.returncode == 0, result.output
+    for rank in range(4):
+        got = [line.split(" max diff")[0].removeprefix("ok ") for line in result.lines(rank) if line.startswith("ok ")]
+        assert got == EQUIVALENCE, result.output
+
+
+def test_ranks_know_their_host_and_get_the_environment(hosts):
+    marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
+    sent_before = {host: hosts.bytes_sent(host) for host in ("hostA", "hostB")}
+    megabytes = 32
+    result = run_job(_launch_args(hosts) + ["-x", marker, "-x", "HVDLITE_TEST_FORWARDED=yes",
+                                            "--comm-timeout-seconds", "30",
+                                            "python", str(SCRIPTS / "multihost.py"), "where", str(megabytes)],
+                     wrap=hosts.command_on("hostA", []), env={"PYTHONPATH": "/opt/example"}, timeout=120)
+    assert result.returncode == 0, result.output
+    expected = {0: "hostA local=0/2 cross=0/2", 1: "hostA local=1/2 cross=0/2",
+                2: "hostB local=0/2 cross=1/2", 3: "hostB local=1/2 cross=1/2"}
+    for rank, where in expected.items():
+        line = next(x for x in result.lines(rank) if x.startswith("where "))
+        # the launch agent starts remote ranks with an empty environment: these came through hvdliterun
+        assert f"rank={rank} host={where} forwarded=yes pythonpath=/opt/example timeout=30.0" in line, line
+        assert "ok where" in result.lines(rank)
+    # Data crossed the veth: each host sent at least half of what was reduced (UCX_TLS=tcp,self;
+    # with UCX's default, shared memory between the namespaces would carry it and this would fail).
+    for host, before in sent_before.items():
+        assert hosts.bytes_sent(host) - before >= megabytes * 2**20 / 2, f"{host} sent too little over {IFACE}"
+    _assert_nothing_left(marker, within=5)
+
+
+def test_killed_remote_rank_ends_the_job_and_is_named(hosts):
+    marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
+    result = run_job(_launch_args(hosts) + ["-x", marker, "python", str(SCRIPTS / "multihost.py"), "die", "3", "kill"],
+                     wrap=hosts.command_on("hostA", []), timeout=120)
+    assert result.returncode != 0, result.output
+    assert "rank 3 pid" in result.output and "kills itself" in result.output, result.output
+    # MPI names the pid and host; the pid file (shared file system here) puts the rank to it.
+    assert re.search(r"hvdliterun: MPI reports rank 3 \(pid \d+ on hostB\) terminated abnormally", result.output), \
+        result.output
+    assert result.seconds < 60
+    _assert_nothing_left(marker, within=10)
+
+
+def test_link_down_mid_allreduce_ends_the_job_within_the_deadline(hosts, tmp_path):
+    marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
+    argv = hosts.command_on("hostA", [hvdliterun()]) + _launch_args(hosts) + [
+        "-x", marker, "--comm-timeout-seconds", str(TIMEOUT_SECONDS),
+        "python", str(SCRIPTS / "multihost.py"), "loop", str(tmp_path)]
+    process = subprocess.Popen(argv, env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if sum("ready rank" in x for x in lines) == 4:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(90), "ranks did not start:\n" + "".join(lines)
+        time.sleep(1)  # mid-loop: allreduces are in flight on every rank
+        hosts.set_link("hostB", up=False)
+        down_at = time.monotonic()
+        process.wait(timeout=90)
+        ended = time.monotonic() - down_at
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        hosts.set_link("hostB", up=True)
+    reader.join(5)
+    output = "".join(lines)
+    assert process.returncode != 0, output
+    # deadline + probe window + the failure hook's half second, with room for a loaded machine
+    assert ended < TIMEOUT_SECONDS + PROBE_SECONDS + 10, f"job ended {ended:.1f} s after the link went down\n{output}"
+    for rank in (0, 1):  # hostA's ranks: their errors reach the launcher, naming hostB's ranks
+        assert any(f"CommTimeoutError: rank {rank}: " in line and "rank(s) [2, 3] did not answer a probe" in line
+                   for line in output.splitlines()), output
+    # hostB's output cannot cross the dead link; their errors, on the shared disk, name hostA's ranks.
+    for rank in (2, 3):
+        error = (tmp_path / f"rank.{rank}.err").read_text()
+        assert f"CommTimeoutError: rank {rank}: " in error and "did not answer a probe" in error, error
+        assert re.search(r"rank\(s\) \[0, 1(, [23])?\] did not answer", error), error
+    # hostB's ranks and Hydra proxy end by themselves: the abort order cannot reach them.
+    _assert_nothing_left(marker, within=15)
