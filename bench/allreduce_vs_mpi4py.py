@@ -29,12 +29,13 @@ from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
+from readme import replace_block
 
 import hvdlite as hvd
 from hvdlite.runtime import current
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+SECTIONS = ("sweep", "mix", "waiting", "memory")
 
 
 def label(nbytes: int) -> str:
@@ -158,25 +159,26 @@ def memory(comm: MPI.Comm) -> tuple[list[str], float, int]:
             f"{left}"], growth, left
 
 
-def update_readme(size: int, text: str) -> None:
-    start, end = f"<!-- results: allreduce_vs_mpi4py np={size} -->", "<!-- /results -->"
-    with open(README) as handle:
-        content = handle.read()
-    if start not in content:
-        content += f"\n{start}\n{end}\n"
-    head, rest = content.split(start, 1)
-    _, tail = rest.split(end, 1)
-    with open(README, "w") as handle:
-        handle.write(f"{head}{start}\n{text}\n{end}{tail}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (the targets need all)")
     args = parser.parse_args()
+    sections = args.sections.split(",")
+    if set(sections) - set(SECTIONS):
+        parser.error(f"unknown section(s) {sorted(set(sections) - set(SECTIONS))}; choose from {SECTIONS}")
     hvd.init()
     comm = MPI.COMM_WORLD
+    if set(sections) != set(SECTIONS):
+        tables = {"sweep": lambda: size_sweep(comm, args.reps)[0], "mix": lambda: tensor_mix(comm, args.reps)[0],
+                  "waiting": lambda: waiting_cpu(comm)[0], "memory": lambda: memory(comm)[0]}
+        text = "\n\n".join("\n".join(tables[name]()) for name in sections)
+        if comm.Get_rank() == 0:
+            print(text, flush=True)
+        hvd.shutdown()
+        return
     sweep, ratios, latency = size_sweep(comm, args.reps)
     mix, mix_ratios = tensor_mix(comm, args.reps)
     waiting, worst_cpu = waiting_cpu(comm)
@@ -200,7 +202,7 @@ def main() -> None:
                           if comm.Get_size() == 2 else ["The targets are set for np=2; other sizes are reported only."]))
         print(text, flush=True)
         if args.update_readme:
-            update_readme(comm.Get_size(), text)
+            replace_block(f"allreduce_vs_mpi4py np={comm.Get_size()}", text)
     hvd.shutdown()
 
 

@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default=",".join(ALL_MODES), help=f"comma-separated subset of {ALL_MODES}")
     parser.add_argument("--np", type=int, default=2, help="ranks in the multi-rank job")
     parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
+    parser.add_argument("--wrap", default="", help="command prefix the jobs' hvdliterun runs under (bench/two_hosts.py)")
+    parser.add_argument("--hvdliterun-args", default="", help="extra hvdliterun arguments, e.g. '-H a:1,b:1'")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by the driver
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -244,7 +247,8 @@ Results = dict[tuple[str, int], list[float]]  # (mode, np) -> per-rep step secon
 def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Results, dict[str, str]]:
     """Run one hvdliterun job of this script in worker mode; return its results and skipped modes."""
     beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")  # works without an activated venv
-    command = [beside if os.path.exists(beside) else "hvdliterun", "-np", str(np_), sys.executable, os.path.abspath(__file__), "--worker",
+    command = [*shlex.split(args.wrap), beside if os.path.exists(beside) else "hvdliterun", "-np", str(np_),
+               *shlex.split(args.hvdliterun_args), sys.executable, os.path.abspath(__file__), "--worker",
                "--modes", ",".join(modes), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--reps", str(args.reps), "--batch-size", str(args.batch_size)]
     env = {**os.environ, **RANK_ENV}

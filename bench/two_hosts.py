@@ -1,0 +1,84 @@
+"""The collectives suite and the PyTorch training step across two hosts joined by a rate-limited link.
+
+Run (root):  python bench/two_hosts.py [--rate 1gbit] [--reps 5] [--update-readme]
+
+It makes two network-namespace "hosts" joined by a veth pair (see ``tests/multirank/netns.py``),
+shapes the link with a token bucket (``tc ... tbf rate RATE``), and runs one rank per host through
+``hvdliterun -H hostA:1,hostB:1 --network-interface eth1 -x UCX_TLS=tcp,self`` (without that,
+UCX would use shared memory between namespaces of one machine). It then runs, over that link:
+
+1. ``allreduce_vs_mpi4py.py --sections sweep,mix``: the size sweep and the 220-tensor mix, hvdlite
+   against raw mpi4py in the same job, interleaved.
+2. ``torch_training_step.py --modes single,mpi4py,hvdlite``: the training step, hvdlite's
+   ``DistributedOptimizer`` against the plain mpi4py loop (DDP is left out: its gloo rendezvous
+   uses 127.0.0.1, which is another "host" here).
+
+This is where fusion and negotiation cost is seen when bandwidth, not the CPU, is scarce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from readme import replace_block
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.multirank.netns import IFACE, make_two_hosts, unavailable  # noqa: E402
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def run(command: list[str]) -> str:
+    print("$ " + shlex.join(command), flush=True)
+    proc = subprocess.run(command, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"failed with exit code {proc.returncode}")
+    return proc.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", default="1gbit", help="link rate for tc tbf (e.g. 1gbit, 10gbit)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per mode per rep")
+    parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
+    args = parser.parse_args()
+    reason = unavailable()
+    if reason:
+        raise SystemExit(f"two_hosts.py needs network namespaces: {reason}")
+    hvdliterun = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
+    with tempfile.TemporaryDirectory(prefix="two-hosts-") as workdir:
+        hosts = make_two_hosts(Path(workdir))
+        try:
+            hosts.rate_limit(args.rate)
+            launch = ["-H", "hostA:1,hostB:1", "--launcher-agent", hosts.agent, "--network-interface", IFACE,
+                      "-x", "UCX_TLS=tcp,self"]
+            wrap = hosts.command_on("hostA", [])
+            collectives = run(wrap + [hvdliterun, "-np", "2", *launch, sys.executable,
+                                      str(ROOT / "bench" / "allreduce_vs_mpi4py.py"), "--sections", "sweep,mix",
+                                      "--reps", str(args.reps)])
+            training = run([sys.executable, str(ROOT / "bench" / "torch_training_step.py"),
+                            "--modes", "single,mpi4py,hvdlite", "--reps", str(args.reps), "--steps", str(args.steps),
+                            "--wrap", shlex.join(wrap), "--hvdliterun-args", shlex.join(launch)])
+        finally:
+            hosts.close()
+    tables = "\n".join(line.removeprefix("[0]: ") for line in collectives.splitlines() if line.startswith("[0]: "))
+    step = "\n".join(line for line in training.splitlines() if not line.startswith("$ "))
+    text = (f"np=2, one rank per host, veth shaped to {args.rate} (tc tbf), UCX over TCP, {os.cpu_count()} cores, "
+            f"{args.reps} reps, median [min-max]\n\n{tables}\n\n```\n{step.strip()}\n```")
+    print(text, flush=True)
+    if args.update_readme:
+        replace_block(f"two_hosts {args.rate}", text)
+
+
+if __name__ == "__main__":
+    main()
