@@ -203,5 +203,7 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
             return
         named = [rank for rank, found in (known or {}).items() if found == (pid, host)]
         who = f"rank {named[0]} (pid {pid} on {host})" if named else f"pid {pid} on {host}"
-        sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally; the job failed\n")
+        # Seen in CI: rank 3 killed, MPI reported rank 2, which it had killed while cleaning up.
+        sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally (it may name a rank it killed "
+                         "while cleaning up; the ranks' own output says more); the job failed\n")
         return

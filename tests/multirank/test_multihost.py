@@ -38,9 +38,12 @@ def hosts(tmp_path_factory):
     two.close()
 
 
-def _launch_args(hosts, np_per_host: int = 2) -> list[str]:
-    return ["-np", str(2 * np_per_host), "-H", f"hostA:{np_per_host},hostB:{np_per_host}",
-            "--launcher-agent", hosts.agent, "--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
+def _through_agent(hosts) -> list[str]:
+    return ["--launcher-agent", hosts.agent, "--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
+
+
+def _launch_args(hosts) -> list[str]:
+    return ["-np", "4", "-H", "hostA:2,hostB:2", *_through_agent(hosts)]
 
 
 def _job_processes(marker: str) -> list[int]:
@@ -106,15 +109,19 @@ def test_ranks_know_their_host_and_get_the_environment(hosts):
     _assert_nothing_left(marker, within=5)
 
 
-def test_killed_remote_rank_ends_the_job_and_is_named(hosts):
+def test_killed_remote_rank_ends_the_job_and_is_named(hosts, tmp_path):
     marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
-    result = run_job(_launch_args(hosts) + ["-x", marker, "python", str(SCRIPTS / "multihost.py"), "die", "3", "kill"],
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("# two hosts\nhostA slots=2\nhostB slots=2\n")
+    args = ["-np", "4", "--hostfile", str(hostfile), *_through_agent(hosts)]
+    result = run_job(args + ["-x", marker, "python", str(SCRIPTS / "multihost.py"), "die", "3", "kill"],
                      wrap=hosts.command_on("hostA", []), timeout=120)
     assert result.returncode != 0, result.output
     assert "rank 3 pid" in result.output and "kills itself" in result.output, result.output
-    # MPI names the pid and host; the pid file (shared file system here) puts the rank to it.
-    assert re.search(r"hvdliterun: MPI reports rank 3 \(pid \d+ on hostB\) terminated abnormally", result.output), \
-        result.output
+    # MPI names a pid and host, the pid file (shared file system here) a rank: rank 3, or (seen in CI)
+    # rank 2, which MPI killed while cleaning up hostB. Either way the report points at hostB.
+    assert re.search(r"hvdliterun: MPI reports rank [23] \(pid \d+ on hostB\) terminated abnormally \(it may name a "
+                     r"rank it killed while cleaning up", result.output), result.output
     assert result.seconds < 60
     _assert_nothing_left(marker, within=10)
 

@@ -157,5 +157,6 @@ def test_only_this_hosts_pid_files_are_watched(tmp_path, monkeypatch):
 def test_remote_failure_is_named_from_mpis_pid_and_host(capsys):
     known = {0: (100, "hostA"), 3: (100, "hostB")}
     _report_failed_rank([], ["=   PID 100 RUNNING AT hostB"], known)
-    assert capsys.readouterr().err == ("hvdliterun: MPI reports rank 3 (pid 100 on hostB) terminated abnormally; "
-                                       "the job failed\n")
+    assert capsys.readouterr().err == ("hvdliterun: MPI reports rank 3 (pid 100 on hostB) terminated abnormally (it "
+                                       "may name a rank it killed while cleaning up; the ranks' own output says "
+                                       "more); the job failed\n")
