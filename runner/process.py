@@ -195,15 +195,16 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
         if not match:
             continue
         pid, host = int(match.group(1)), match.group(2)
+        # MPI's report may name a rank it killed itself while cleaning up (seen in CI: rank 1 killed,
+        # MPI reported rank 0; across hosts, rank 3 killed, rank 2 reported), so it comes with a caveat.
+        caveat = "(it may name a rank it killed while cleaning up; the ranks' own output says more)"
         named = [rank for rank, seen in first if seen == pid]
         if named:  # say which rank MPI means, without claiming to know it ended first
             sys.stderr.write(f"hvdliterun: ranks {[rank for rank, _ in first]} ended before hvdliterun could "
                              f"tell them apart; MPI reports rank {named[0]} (pid {pid}) terminated "
-                             "abnormally; the job failed\n")
+                             f"abnormally {caveat}; the job failed\n")
             return
         named = [rank for rank, found in (known or {}).items() if found == (pid, host)]
         who = f"rank {named[0]} (pid {pid} on {host})" if named else f"pid {pid} on {host}"
-        # Seen in CI: rank 3 killed, MPI reported rank 2, which it had killed while cleaning up.
-        sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally (it may name a rank it killed "
-                         "while cleaning up; the ranks' own output says more); the job failed\n")
+        sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally {caveat}; the job failed\n")
         return
