@@ -19,6 +19,8 @@ from .ops import Collective, ReduceOp, resolve_op
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import current
 
+_DTYPE_NAMES = {dtype: name for name, dtype in dtypes.SUPPORTED.items()}
+
 
 def _array(tensor: Any) -> np.ndarray:
     return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
@@ -76,6 +78,32 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` across ranks and return the result (a new array)."""
     return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+
+
+def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> RequestMeta:
+    """Check an allreduce once and return its description, for :func:`allreduce_prepared_async`.
+
+    For callers that reduce the same named tensor every step (an optimizer's gradients): the
+    argument checks and the description are built once instead of per step.
+    """
+    return _reduction_meta(Collective.ALLREDUCE, _array(array), name, resolve_op(op), prescale_factor,
+                           postscale_factor)
+
+
+def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
+    """Start reducing ``array`` in place, as described by ``meta`` from :func:`prepare_allreduce`.
+
+    ``array`` must have the prepared shape and dtype (checked: two comparisons, not the full checks).
+    """
+    if array.shape != meta.shape or _DTYPE_NAMES.get(array.dtype) != meta.dtype:
+        raise UnsupportedOperationError(
+            f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)}, got {array.dtype}{list(array.shape)}")
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise UnsupportedOperationError(f"tensor {meta.name!r} must be C-contiguous and writable to reduce in place")
+    request = Request(meta, array, Handle(meta.name), array)
+    current().engine.submit([request])
+    return request.handle
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,

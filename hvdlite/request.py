@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import threading
+import _thread
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -14,12 +13,13 @@ from .errors import HvdliteError
 from .ops import Collective, ReduceOp
 
 
-@dataclasses.dataclass(frozen=True)
-class RequestMeta:
+class RequestMeta(NamedTuple):
     """Everything other ranks must agree on for one named request. Sent to the coordinator.
 
-    ``signature`` (all fields but the rank) is the response-cache key: a rank hits the cache
-    only if it submits exactly what it submitted when the entry was made.
+    A tuple, so it is built and compared in C: the engine builds one per submitted tensor and
+    compares it with the cached one every step. The whole tuple is the response-cache key
+    (:attr:`signature`): a rank hits the cache only if it submits exactly what it submitted when
+    the entry was made.
     """
 
     name: str
@@ -34,42 +34,65 @@ class RequestMeta:
 
     @property
     def signature(self) -> tuple[Any, ...]:
-        # Spelled out: dataclasses.astuple deep-copies and was a hot spot (called per request per cycle).
-        return (self.name, self.collective, self.dtype, self.shape, self.op, self.prescale, self.postscale,
-                self.root_rank, self.splits)
+        return self
 
 
 class Handle:
-    """An in-flight operation. ``poll()`` / ``synchronize()`` in the public API take it."""
+    """An in-flight operation. ``poll()`` / ``synchronize()`` in the public API take it.
 
-    __slots__ = ("name", "_done", "_result", "_error")
+    Completion is a flag plus, only if someone is already waiting, the release of that waiter's
+    lock: a training step creates and completes a handle per gradient, and a ``threading.Event``
+    per handle (a condition variable and a lock, built and notified) was measured as a visible
+    share of that per-tensor cost. Correct under the GIL: the engine sets ``_done`` before it
+    reads ``_waiters``, and a waiter registers before it re-reads ``_done``.
+    """
+
+    __slots__ = ("name", "_done", "_result", "_error", "_waiters")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._done = threading.Event()
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
+        self._waiters: list[_thread.LockType] = []
 
     def done(self) -> bool:
         """True once the result (or an error) is ready; never blocks."""
-        return self._done.is_set()
+        return self._done
 
     def set_result(self, result: Any) -> None:
         self._result = result
-        self._done.set()
+        self._finish()
 
     def set_error(self, error: BaseException) -> None:
-        if not self._done.is_set():
+        if not self._done:
             self._error = error
-            self._done.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        for lock in self._waiters:
+            lock.release()
+
+    def _block(self, timeout: float | None) -> None:
+        lock = _thread.allocate_lock()
+        lock.acquire()
+        self._waiters.append(lock)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Waiting in short slices keeps Ctrl-C responsive in the main thread.
+        while not self._done and not lock.acquire(timeout=0.5):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"operation {self.name!r} did not finish within {timeout} s")
+
+    def join(self) -> None:
+        """Block until done, without returning the result or raising its error."""
+        if not self._done:
+            self._block(None)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done; return the result or raise the operation's error."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        # Waiting in short slices keeps Ctrl-C responsive in the main thread.
-        while not self._done.wait(0.5):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"operation {self.name!r} did not finish within {timeout} s")
+        if not self._done:
+            self._block(timeout)
         if self._error is not None:
             error = self._error
             if isinstance(error, HvdliteError):
@@ -102,6 +125,9 @@ class MappedHandle:
     def done(self) -> bool:
         return self._inner.done()
 
+    def join(self) -> None:
+        self._inner.join()
+
     def wait(self, timeout: float | None = None) -> Any:
         if not self._converted:
             self._value = self._convert(self._inner.wait(timeout))
@@ -112,15 +138,24 @@ class MappedHandle:
         return f"<hvdlite Handle {self.name!r} {'done' if self.done() else 'pending'}>"
 
 
-@dataclasses.dataclass
 class Request:
-    """One rank's submission: the meta it negotiates, its input, and where the result goes."""
+    """One rank's submission: the meta it negotiates, its input, and where the result goes.
 
-    meta: RequestMeta
-    tensor: np.ndarray | None
-    handle: Handle
-    # Where the result is written (in-place forms); None means a fresh array. May be ``tensor`` itself.
-    output: np.ndarray | None = None
-    submitted_at: float = dataclasses.field(default_factory=time.monotonic)
-    # Once sent to the coordinator, the request waits for its round's response, never for a cache bit.
-    sent_to_coordinator: bool = False
+    ``output`` is where the result is written (in-place forms); None means a fresh array, and it
+    may be ``tensor`` itself. Once ``sent_to_coordinator``, the request waits for its round's
+    response, never for a cache bit. A plain slotted class: one is built per tensor per step.
+    """
+
+    __slots__ = ("meta", "tensor", "handle", "output", "submitted_at", "sent_to_coordinator")
+
+    def __init__(self, meta: RequestMeta, tensor: np.ndarray | None, handle: Handle,
+                 output: np.ndarray | None = None, submitted_at: float | None = None) -> None:
+        self.meta = meta
+        self.tensor = tensor
+        self.handle = handle
+        self.output = output
+        self.submitted_at = time.monotonic() if submitted_at is None else submitted_at
+        self.sent_to_coordinator = False
+
+    def __repr__(self) -> str:
+        return f"Request({self.meta.name!r}, {self.meta.collective.name})"

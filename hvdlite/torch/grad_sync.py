@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .. import basics
-from ..compression import Compressor
+from .. import api, basics
+from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp
-from . import async_ops
+from ..request import Handle, MappedHandle
+from . import async_ops, tensors
 
 Finisher = Callable[[], None]
 
@@ -87,6 +88,8 @@ class GradientSubmitter:
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._ready: dict[int, list[torch.Tensor]] = {}
         self._finishers: list[Finisher] = []
+        self._last_handle: Handle | MappedHandle | None = None  # the latest started reduction, usually the last to finish
+        self._prepared: dict[torch.Tensor, object] = {}  # param -> RequestMeta of its in-place allreduce
 
     @property
     def in_flight(self) -> bool:
@@ -114,6 +117,11 @@ class GradientSubmitter:
 
     def wait_all(self) -> None:
         finishers, self._finishers = self._finishers, []
+        last, self._last_handle = self._last_handle, None
+        if last is not None:
+            # One wake-up for the whole step: reductions finish roughly in the order they started,
+            # so by the time the last one is done the finishers below rarely block.
+            last.join()
         for finish in finishers:
             finish()
 
@@ -124,12 +132,16 @@ class GradientSubmitter:
         return param.grad
 
     def _start_one(self, param: torch.Tensor) -> Finisher:
-        if param.grad.is_sparse and not self._sparse_as_dense:
+        grad = param.grad
+        if grad.is_sparse and not self._sparse_as_dense:
             return self._start_sparse(param)
         grad = self._dense_grad(param)
+        if self._compression is NoneCompressor and tensors.is_aliased(grad):
+            return self._start_in_place(param, grad)
         sent, ctx = self._compression.compress(grad)
         handle = async_ops.allreduce_async_(sent, name=self._names[param], op=self._op,
                                             prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+        self._last_handle = handle
 
         def finish() -> None:
             result = handle.wait()
@@ -137,12 +149,24 @@ class GradientSubmitter:
                 grad.copy_(self._compression.decompress(result, ctx))
         return finish
 
+    def _start_in_place(self, param: torch.Tensor, grad: torch.Tensor) -> Finisher:
+        """The common case, kept lean (it runs inside backward for every gradient): reduce the
+        gradient's own memory, with the request's checks and description made once per parameter."""
+        array = tensors.to_numpy(grad)
+        meta = self._prepared.get(param)
+        if meta is None or meta.shape != array.shape or meta.dtype != tensors.core_dtype(grad):
+            meta = self._prepared[param] = api.prepare_allreduce(
+                array, self._names[param], self._op, self._scale[0], self._scale[1])
+        handle = self._last_handle = api.allreduce_prepared_async(meta, array)
+        return handle.wait
+
     def _start_group(self, index: int) -> Finisher:
         grads = [self._dense_grad(p) for p in self._groups[index]]
         pairs = [self._compression.compress(g) for g in grads]
         handles = async_ops.grouped_allreduce_async_(
             [sent for sent, _ in pairs], name=f"grad.group.{index}", op=self._op,
             prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+        self._last_handle = handles[-1]
 
         def finish() -> None:
             for grad, (_, ctx), handle in zip(grads, pairs, handles, strict=True):
