@@ -85,6 +85,10 @@ class Config:
     poll_time_ms: float = 1.0
     idle_cycle_seconds: float = 1.0
     engine_nice: int = 19
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_sample_seconds: float = 2.0
+    autotune_samples: int = 2
     cache_capacity: int = 1024
     timeline: str = ""
     timeline_mark_cycles: bool = False
@@ -146,6 +150,13 @@ SETTINGS: tuple[Setting, ...] = (
             "an idle rank joins an empty negotiation this often so stalls can be diagnosed"),
     Setting("HVDLITE_ENGINE_NICE", "engine_nice", _nice,
             "nice value of the engine thread (Linux); 0 keeps the process's priority"),
+    Setting("HVDLITE_AUTOTUNE", "autotune", _flag,
+            "1: tune the fusion threshold and chunk size online from the job's reduced bytes per second"),
+    Setting("HVDLITE_AUTOTUNE_LOG", "autotune_log", _text, "CSV file where rank 0 logs every autotune sample"),
+    Setting("HVDLITE_AUTOTUNE_SAMPLE_SECONDS", "autotune_sample_seconds", _positive_float,
+            "length of the warm-up window; every later sample reduces as many bytes as it did"),
+    Setting("HVDLITE_AUTOTUNE_SAMPLES", "autotune_samples", _positive_int,
+            "samples per candidate setting (the median counts)"),
     Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
             "response-cache entries (0 disables the bit-vector fast path)"),
     Setting("HVDLITE_TIMELINE", "timeline", _text, "path of the timeline file rank 0 writes (Chrome trace JSON)"),

@@ -20,6 +20,7 @@ priority changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from . import errors, fusion
+from .autotune import Autotuner, Params
 from .backend.base import ControlChannel
 from .config import Config
 from .executor import Executor
@@ -37,7 +39,7 @@ from .ops import Collective
 from .polling import WaitTimeout
 from .request import Request
 from .response import RankMessage, Response, RoundResult
-from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, CycleState, Lookup, ResponseCache, decode, encode
+from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleState, Lookup, ResponseCache, decode, encode
 from .timeline import Timeline
 
 log = logging.getLogger("hvdlite")
@@ -70,6 +72,11 @@ class Engine:
         self._last_round = time.monotonic()
         self._fatal: errors.HvdliteError | None = None
         self._executing: fusion.WorkItem | None = None  # what a timed-out wait was doing (None: negotiating)
+        self._fusion_threshold = config.fusion_threshold  # autotune moves it, on every rank at once
+        self._tuner = self._make_tuner(config) if config.autotune and self.rank == 0 else None
+        self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
+        self._reduced_bytes = 0  # rank 0 with autotune: allreduce bytes executed in this cycle
+        self._reduced_names: list[str] = []  # ... and the names of those tensors
         # Set and cleared from the user's thread (start_timeline / stop_timeline); read once per cycle.
         self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
@@ -117,6 +124,36 @@ class Engine:
     def fatal(self) -> errors.HvdliteError | None:
         """The error that stopped the engine, if one did."""
         return self._fatal
+
+    @property
+    def params(self) -> Params:
+        """The fusion threshold and chunk size in use (moved by autotune)."""
+        return Params(self._fusion_threshold, self._executor.backend.chunk_bytes)
+
+    def publish_params(self, params: Params) -> None:
+        """On rank 0: switch every rank to ``params`` at the next negotiation round.
+
+        What autotune does with its proposals; benchmarks use it to compare hand-picked settings
+        within one job. Every rank switches between the same two cycles.
+        """
+        if self.rank != 0:
+            raise errors.HvdliteError(f"publish_params runs on rank 0 (called on rank {self.rank})")
+        self._to_publish = params
+        self._wake.set()
+
+    def _make_tuner(self, config: Config) -> Autotuner:
+        write = None
+        if config.autotune_log:
+            log_file = open(config.autotune_log, "w", buffering=1)  # noqa: SIM115 (open for the job's life)
+            write = lambda line: print(line, file=log_file)  # noqa: E731
+        return Autotuner(self.params, config.autotune_sample_seconds, config.autotune_samples, log=write)
+
+    def _apply(self, params: Params) -> None:
+        """Switch to autotuned settings; every rank does it after the same negotiation round."""
+        if params != self.params:
+            log.info("autotune: switching to %s", params.describe())
+        self._fusion_threshold = params.fusion_threshold
+        self._executor.backend.chunk_bytes = params.chunk_bytes
 
     # ---- engine thread ----------------------------------------------------------------------
     def _lower_priority(self) -> None:
@@ -207,11 +244,16 @@ class Engine:
             for bit in sorted(verdict.invalid):
                 self._cache.evict(bit)
             responses.extend(self._cache.get(bit) for bit in sorted(verdict.hits))
-        if verdict.or_flags & (HAS_NEW | FLUSH | ROUND_DUE):
+        if verdict.or_flags & (HAS_NEW | FLUSH | ROUND_DUE | TUNE):
             responses.extend(self._negotiate(bool(verdict.or_flags & FLUSH)))
         if timeline is not None:
             self._record_negotiated(timeline, responses)
         self._execute(responses, timeline)
+        if self._tuner is not None and self._reduced_bytes:
+            proposal = self._tuner.record(self._reduced_bytes, time.monotonic(), self._reduced_names)
+            self._reduced_bytes, self._reduced_names = 0, []
+            if proposal is not None:
+                self._to_publish = proposal
         if timeline is not None:
             if timeline.mark_cycles and (responses or arrived):
                 timeline.cycle(time.monotonic())
@@ -253,7 +295,8 @@ class Engine:
                 if found is Lookup.INVALID:
                     invalid.add(bit)
         return CycleState(
-            or_flags=(HAS_NEW if has_new else 0) | (FLUSH if flush else 0) | self._round_due(),
+            or_flags=((HAS_NEW if has_new else 0) | (FLUSH if flush else 0) | self._round_due()
+                      | (TUNE if self._to_publish is not None else 0)),
             and_flags=SHUTDOWN if self._shutdown_requested else 0,
             invalid=frozenset(invalid),
             hits=frozenset(hits),
@@ -282,19 +325,28 @@ class Engine:
         payload = None
         if self._coordinator is not None:
             result = self._coordinator.round(pickle.loads(m) for m in gathered)
+            if self._to_publish is not None:
+                result = dataclasses.replace(result, params=self._to_publish)
+                self._to_publish = None
             payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
         result: RoundResult = pickle.loads(self._control.broadcast_from_root(payload))
         for warning in result.warnings:
             log.warning("%s", warning)
         if result.fatal:
             raise errors.StallError(result.fatal)
+        if result.params is not None:
+            self._apply(result.params)
         for response in result.responses:
             self._cache.put(response)
         return list(result.responses)
 
     def _execute(self, responses: list[Response], timeline: Timeline | None = None) -> None:
-        for item in fusion.plan(responses, self._config.fusion_threshold):
+        for item in fusion.plan(responses, self._fusion_threshold):
             self._executing = item
+            if self._tuner is not None:
+                reduced = [r for r in item.responses if r.meta.collective is Collective.ALLREDUCE and not r.error]
+                self._reduced_bytes += sum(fusion.wire_nbytes(r) for r in reduced)
+                self._reduced_names += [r.meta.name for r in reduced]
             if timeline is not None:
                 start = time.monotonic()
                 for response in item.responses:

@@ -43,6 +43,10 @@ class Executor:
         self.rank = rank
         self.size = size
 
+    @property
+    def backend(self) -> DataBackend:
+        return self._backend
+
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list[tuple[Response, Any, BaseException | None]]:
         """Execute ``item``; returns (response, result, error) for each of its responses."""
         if item.responses[0].error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .autotune import Params
 from .ops import Collective
 from .request import RequestMeta
 
@@ -52,3 +53,5 @@ class RoundResult:
     responses: tuple[Response, ...] = ()
     warnings: tuple[str, ...] = ()
     fatal: str = ""
+    # Settings every rank switches to after this round (autotune), or None.
+    params: Params | None = None

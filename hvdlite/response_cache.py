@@ -28,6 +28,7 @@ from .response import Response
 HAS_NEW = 1  # some rank has requests the cache cannot answer: run a coordinator round
 FLUSH = 2  # bypass the cache this cycle (a rank joined, is shutting down, or saw a stall)
 ROUND_DUE = 4  # the coordinator has waiting names and wants a round for its stall inspector
+TUNE = 8  # rank 0 has new autotuned settings to publish in a round
 # Bits of the AND-section flags word.
 SHUTDOWN = 1  # every rank asked to shut down
 

@@ -41,6 +41,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB")
     p.add_argument("--cycle-time-ms", type=float, help="ms to wait for more requests before negotiating")
     p.add_argument("--cache-capacity", type=int, help="response cache entries (0 disables)")
+    p.add_argument("--autotune", action="store_true", default=None,
+                   help="tune the fusion threshold and chunk size online (HVDLITE_AUTOTUNE=1)")
+    p.add_argument("--autotune-log-file", help="rank 0 logs every autotune sample to this CSV file")
     p.add_argument("--timeline-filename", help="rank 0 writes a timeline (Chrome trace JSON) to this file")
     p.add_argument("--timeline-mark-cycles", action="store_true", default=None,
                    help="mark every engine cycle that did work in the timeline")

@@ -73,6 +73,7 @@ def flag_environment(values: dict[str, object]) -> dict[str, str]:
     put("cycle_time_ms", "HVDLITE_CYCLE_TIME")
     put("cache_capacity", "HVDLITE_CACHE_CAPACITY")
     put("timeline_filename", "HVDLITE_TIMELINE")
+    put("autotune_log_file", "HVDLITE_AUTOTUNE_LOG")
     put("stall_check_warning_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS")
     put("stall_check_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS")
     put("log_level", "HVDLITE_LOG_LEVEL")
@@ -87,6 +88,8 @@ def flag_environment(values: dict[str, object]) -> dict[str, str]:
         env["HVDLITE_STALL_CHECK"] = "0"
     if values.get("verbose"):
         env["HVDLITE_VERBOSE"] = "1"
+    if values.get("autotune"):
+        env["HVDLITE_AUTOTUNE"] = "1"
     if values.get("timeline_mark_cycles"):
         env["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
     return env

@@ -33,6 +33,7 @@ class DataBackend(Protocol):
     """Moves tensor bytes. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
 
     name: str
+    chunk_bytes: int  # large reductions go in pieces of this size; the same on every rank (autotune moves it)
 
     def enabled_for(self, array: np.ndarray) -> bool:
         """True if this backend can move ``array`` (host memory for MPI, device memory for NCCL)."""

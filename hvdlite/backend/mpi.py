@@ -116,7 +116,7 @@ class MpiDataBackend:
 
     def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None) -> None:
         self._comm = comm
-        self._chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes
         self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds, timeout)
 
     def enabled_for(self, array: np.ndarray) -> bool:
@@ -125,7 +125,7 @@ class MpiDataBackend:
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
                   finish_piece: Callable[[np.ndarray], None] | None = None) -> None:
         mpi_op = _MPI_OPS[op]
-        step = max(1, self._chunk_bytes // recv.itemsize)
+        step = max(1, self.chunk_bytes // recv.itemsize)
         for start in range(0, max(recv.size, 1), step):
             piece = slice(start, start + step)
             source = MPI.IN_PLACE if send is None else send[piece]

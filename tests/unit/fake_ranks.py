@@ -57,6 +57,7 @@ class FakeControl:
 
 class FakeData:
     name = "fake"
+    chunk_bytes = 4 * 1024 * 1024
 
     def __init__(self, world: World, rank: int) -> None:
         self.world, self.rank = world, rank
