@@ -39,6 +39,11 @@ class Timeline:
         self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
         self.flush()
 
+    @property
+    def start_time(self) -> float:
+        """The ``time.monotonic()`` value that is time 0 in the file (to align other records with it)."""
+        return self._start
+
     def _ts(self, when: float) -> float:
         return round((when - self._start) * 1e6, 3)
 
