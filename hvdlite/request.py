@@ -61,17 +61,23 @@ class Handle:
         return self._done
 
     def set_result(self, result: Any) -> None:
-        self._result = result
-        self._finish()
+        """Complete with ``result``; the first completion (result or error) wins."""
+        if not self._done:
+            self._result = result
+            self._finish()
 
     def set_error(self, error: BaseException) -> None:
+        """Complete with ``error``; the first completion (result or error) wins."""
         if not self._done:
             self._error = error
             self._finish()
 
     def _finish(self) -> None:
         self._done = True
-        for lock in self._waiters:
+        # Taken out first, so no waiter's lock is ever released twice; a waiter that registers in
+        # the new list re-reads _done afterwards and does not block.
+        waiters, self._waiters = self._waiters, []
+        for lock in waiters:
             lock.release()
 
     def _block(self, timeout: float | None) -> None:

@@ -54,6 +54,18 @@ def test_error_is_raised_by_wait_not_by_join() -> None:
         mapped.wait()
 
 
+def test_a_second_completion_neither_changes_the_result_nor_fails() -> None:
+    handle = Handle("t")
+    waiter = threading.Thread(target=handle.join)
+    waiter.start()
+    time.sleep(0.05)
+    handle.set_result(1)
+    handle.set_result(2)  # releasing the waiter's lock twice would raise here
+    handle.set_error(TensorMismatchError("late"))
+    waiter.join(2)
+    assert not waiter.is_alive() and handle.wait() == 1
+
+
 def test_wait_timeout_names_the_operation() -> None:
     with pytest.raises(TimeoutError, match="'slow'"):
         Handle("slow").wait(timeout=0.05)
