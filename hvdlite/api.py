@@ -19,8 +19,6 @@ from .ops import Collective, ReduceOp, resolve_op
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import current
 
-_DTYPE_NAMES = {dtype: name for name, dtype in dtypes.SUPPORTED.items()}
-
 
 def _array(tensor: Any) -> np.ndarray:
     return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
@@ -96,7 +94,7 @@ def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
 
     ``array`` must have the prepared shape and dtype (checked: two comparisons, not the full checks).
     """
-    if array.shape != meta.shape or _DTYPE_NAMES.get(array.dtype) != meta.dtype:
+    if array.shape != meta.shape or dtypes.NAME_OF.get(array.dtype) != meta.dtype:
         raise UnsupportedOperationError(
             f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)}, got {array.dtype}{list(array.shape)}")
     if not (array.flags.c_contiguous and array.flags.writeable):

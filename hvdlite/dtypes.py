@@ -28,7 +28,7 @@ SUPPORTED: dict[str, np.dtype] = {
 _WIDENED = {"float16", "bfloat16"}
 # Precomputed: numpy's dtype.name and np.issubdtype are slow Python code, and these run for every
 # tensor of every step.
-_NAME_OF = {dtype: name for name, dtype in SUPPORTED.items()}
+NAME_OF = {dtype: name for name, dtype in SUPPORTED.items()}
 _FLOATING = frozenset(name for name, dtype in SUPPORTED.items()
                       if name in _WIDENED or np.issubdtype(dtype, np.floating))
 _WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) if name == "bool" else dtype
@@ -38,7 +38,7 @@ WIRE_NAME = {name: wire.name for name, wire in _WIRE.items()}
 
 def dtype_name(array: np.ndarray, tensor_name: str) -> str:
     """Name of ``array``'s dtype, or a clear error if the core cannot move it."""
-    name = _NAME_OF.get(array.dtype)
+    name = NAME_OF.get(array.dtype)
     if name is None:
         name = array.dtype.name
         if name in SUPPORTED:  # equal names, unequal dtypes: a byte-swapped array

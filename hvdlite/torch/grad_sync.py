@@ -15,7 +15,7 @@ import torch
 from .. import api, basics
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp
-from ..request import Handle, MappedHandle
+from ..request import Handle, MappedHandle, RequestMeta
 from . import async_ops, tensors
 
 Finisher = Callable[[], None]
@@ -89,7 +89,7 @@ class GradientSubmitter:
         self._ready: dict[int, list[torch.Tensor]] = {}
         self._finishers: list[Finisher] = []
         self._last_handle: Handle | MappedHandle | None = None  # the latest started reduction, usually the last to finish
-        self._prepared: dict[torch.Tensor, object] = {}  # param -> RequestMeta of its in-place allreduce
+        self._prepared: dict[torch.Tensor, RequestMeta] = {}  # param -> its in-place allreduce, checked once
 
     @property
     def in_flight(self) -> bool:
