@@ -13,6 +13,8 @@ baseline, then ``hvdliterun -np N`` (``--np``, default 2) for the multi-rank mod
 - ``mpi4py``   N ranks; after backward, one ``Allreduce(IN_PLACE)`` per gradient, divided by N.
 - ``ddp``      N ranks; torch ``DistributedDataParallel`` over gloo (TCP on 127.0.0.1).
 - ``hvdlite``  N ranks; ``hvdlite.torch.DistributedOptimizer`` with ``named_parameters``.
+- ``horovod``  N ranks; ``horovod.torch.DistributedOptimizer``, only where ``horovod.torch`` imports
+               (Horovod 0.28.1 does not build against torch 2.13; the mode is reported as skipped).
 
 Model: 50 x ``nn.Linear(704, 704)`` with ReLU between (24.8 M parameters, 100 tensors), SGD, batch 32
 per rank, one thread per rank. All multi-rank modes run in the same job, interleaved rep by rep, so
@@ -43,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ALL_MODES = ("single", "nocomm", "mpi4py", "ddp", "hvdlite")
+ALL_MODES = ("single", "nocomm", "mpi4py", "ddp", "hvdlite", "horovod")
 RESULT_TAG = "TRAINSTEP_RESULT "
 SKIP_TAG = "TRAINSTEP_SKIP "
 WIDTH, DEPTH, NUM_CLASSES = 704, 50, 10
@@ -157,34 +159,39 @@ def make_mode(name: str, batch: int) -> Mode:
 
         ddp_model = DistributedDataParallel(model)
         return Mode(name, lambda: plain_step(ddp_model, optimizer, data, target))
-    if name == "hvdlite":
-        import hvdlite.torch as hvd
+    if name in ("hvdlite", "horovod"):
+        import importlib
 
+        hvd = importlib.import_module(f"{name}.torch")
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return Mode(name, lambda: plain_step(model, optimizer, data, target))
 
 
-def hvdlite_unavailable() -> str | None:
-    """Why hvdlite.torch cannot be used here, or None. Every rank gets the same answer."""
+def unavailable(package: str) -> str | None:
+    """Why ``package.torch`` (hvdlite or horovod) cannot be used here, or None. Every rank gets the same answer."""
+    import importlib
+
     try:
-        import hvdlite.torch  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
+        importlib.import_module(f"{package}.torch")
+    except Exception as exc:  # noqa: BLE001 - a broken Horovod build fails with all kinds of errors
+        return f"{package}.torch does not import: {exc}"
     return None
 
 
 def setup_modes(names: list[str], batch: int, rank: int) -> list[Mode]:
-    if "hvdlite" in names:
-        reason = hvdlite_unavailable()
+    for package in ("hvdlite", "horovod"):
+        if package not in names:
+            continue
+        reason = unavailable(package)
         if reason is not None:
-            names = [n for n in names if n != "hvdlite"]
+            names = [n for n in names if n != package]
             if rank == 0:
-                print(SKIP_TAG + json.dumps({"mode": "hvdlite", "reason": reason}), flush=True)
+                print(SKIP_TAG + json.dumps({"mode": package, "reason": reason}), flush=True)
         else:
-            import hvdlite.torch as hvd
+            import importlib
 
-            hvd.init()
+            importlib.import_module(f"{package}.torch").init()
     if "ddp" in names:
         init_gloo()
     return [make_mode(name, batch) for name in names]
