@@ -74,8 +74,7 @@ class Autotuner:
         self._window_start: float | None = None  # None: waiting for the next anchor to open a window
         self._window_bytes = 0
         self._origin: float | None = None  # time of the first record: the log's clock starts there
-        self._last_close = 0.0
-        self.history: list[Sample] = []
+        self._last_close = 0.0  # when the last window closed (or the first record): for the anchor fallback
         self.best: Params | None = None
         self._log("time_s,phase,fusion_threshold,chunk_bytes,bytes,seconds,score_mb_per_s")
 
@@ -118,7 +117,6 @@ class Autotuner:
             self._phase = "thresholds"
             self._queue = self._candidates_for_thresholds()
         else:
-            self.history.append(sample)
             self._scores.setdefault(self.current, []).append(sample.score)
         return self._next(now, at_anchor)
 
@@ -141,7 +139,7 @@ class Autotuner:
             self._phase = "done"
             self.best = self._best_measured()
             median = statistics.median(self._scores[self.best]) / 1e6
-            self._log(f"{now - (self._origin or now):.3f},chosen,{self.best.fusion_threshold},{self.best.chunk_bytes},,,{median:.1f}")
+            self._log(f"{now - self._origin:.3f},chosen,{self.best.fusion_threshold},{self.best.chunk_bytes},,,{median:.1f}")
             return self._switch(self.best, now, at_anchor)
         return self._switch(self._queue.pop(0), now, at_anchor)
 
@@ -155,5 +153,5 @@ class Autotuner:
 
     def _log_sample(self, sample: Sample, now: float) -> None:
         phase = "warmup" if self._phase == "warmup" else "sample"
-        self._log(f"{now - (self._origin or now):.3f},{phase},{sample.params.fusion_threshold},{sample.params.chunk_bytes},"
+        self._log(f"{now - self._origin:.3f},{phase},{sample.params.fusion_threshold},{sample.params.chunk_bytes},"
                   f"{sample.nbytes},{sample.seconds:.4f},{sample.score / 1e6:.1f}")
