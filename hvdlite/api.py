@@ -14,14 +14,20 @@ import numpy as np
 
 from . import dtypes
 from .errors import UnsupportedOperationError
+from .gpu.arrays import DeviceArray
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import current
 
 
-def _array(tensor: Any) -> np.ndarray:
-    return tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+def _array(tensor: Any) -> np.ndarray | DeviceArray:
+    return tensor if isinstance(tensor, (np.ndarray, DeviceArray)) else np.asarray(tensor)
+
+
+def device_of(array: np.ndarray | DeviceArray) -> str:
+    """Where ``array`` lives, as negotiated: "cpu", or "cuda" for a :class:`DeviceArray`."""
+    return array.device if isinstance(array, DeviceArray) else "cpu"
 
 
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
@@ -40,9 +46,15 @@ def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray
     if len(outputs) != len(arrays):
         raise ValueError(f"{len(outputs)} output arrays given for {len(arrays)} tensors")
     for out, array, name in zip(outputs, arrays, names, strict=True):
-        if not isinstance(out, np.ndarray) or out.shape != array.shape or out.dtype != array.dtype:
+        if type(out) is not type(array) or out.shape != array.shape or out.dtype != array.dtype:
             raise UnsupportedOperationError(
-                f"output for tensor {name!r} must be an array of shape {array.shape} and dtype {array.dtype}")
+                f"output for tensor {name!r} must be an array of shape {array.shape} and dtype {array.dtype} "
+                f"in the same memory ({device_of(array)}) as the tensor")
+        if isinstance(out, DeviceArray):
+            if out is not array and out.overlaps(array):
+                raise UnsupportedOperationError(
+                    f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
+            continue
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UnsupportedOperationError(f"output for tensor {name!r} must be C-contiguous and writable")
         if out is not array and np.may_share_memory(out, array):
@@ -52,11 +64,12 @@ def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray
                 f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
 
 
-def _reduction_meta(collective: Collective, array: np.ndarray, name: str, op: ReduceOp,
+def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
                     prescale: float, postscale: float) -> RequestMeta:
     dtype = dtypes.dtype_name(array, name)
     dtypes.check_reduction(dtype, op, float(prescale), float(postscale), name)
-    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale))
+    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
+                       device=device_of(array))
 
 
 # ---- allreduce -----------------------------------------------------------------------------------
@@ -94,10 +107,11 @@ def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
 
     ``array`` must have the prepared shape and dtype (checked: two comparisons, not the full checks).
     """
-    if array.shape != meta.shape or dtypes.NAME_OF.get(array.dtype) != meta.dtype:
+    if array.shape != meta.shape or dtypes.NAME_OF.get(array.dtype) != meta.dtype or device_of(array) != meta.device:
         raise UnsupportedOperationError(
-            f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)}, got {array.dtype}{list(array.shape)}")
-    if not (array.flags.c_contiguous and array.flags.writeable):
+            f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)} on {meta.device}, got "
+            f"{array.dtype}{list(array.shape)} on {device_of(array)}")
+    if isinstance(array, np.ndarray) and not (array.flags.c_contiguous and array.flags.writeable):
         raise UnsupportedOperationError(f"tensor {meta.name!r} must be C-contiguous and writable to reduce in place")
     request = Request(meta, array, Handle(meta.name), array)
     current().engine.submit([request])
@@ -140,7 +154,8 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _si
         array = _array(tensor)
         if array.ndim == 0:
             raise UnsupportedOperationError(f"allgather of tensor {member!r} needs at least one dimension, got a scalar")
-        pairs.append((RequestMeta(member, Collective.ALLGATHER, dtypes.dtype_name(array, member), array.shape), array))
+        pairs.append((RequestMeta(member, Collective.ALLGATHER, dtypes.dtype_name(array, member), tuple(array.shape),
+                                  device=device_of(array)), array))
     return _submit(pairs)
 
 
@@ -167,8 +182,8 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
         raise UnsupportedOperationError(f"broadcast of tensor {member!r}: root_rank={root_rank!r} is not in [0, {size})")
     array = _array(tensor)
-    meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), array.shape,
-                       root_rank=int(root_rank))
+    meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), tuple(array.shape),
+                       root_rank=int(root_rank), device=device_of(array))
     outputs = None if output is None else [output]
     _check_outputs(outputs, [array], [member])
     return _submit([(meta, array)], outputs)[0]
@@ -200,8 +215,8 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
             raise UnsupportedOperationError(
                 f"alltoall of tensor {member!r}: splits {split_list} must be {size} non-negative counts "
                 f"summing to the first dimension {rows}")
-    meta = RequestMeta(member, Collective.ALLTOALL, dtypes.dtype_name(array, member), array.shape,
-                       splits=tuple(split_list))
+    meta = RequestMeta(member, Collective.ALLTOALL, dtypes.dtype_name(array, member), tuple(array.shape),
+                       splits=tuple(split_list), device=device_of(array))
     return _submit([(meta, array)])[0]
 
 

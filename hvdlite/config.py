@@ -75,6 +75,13 @@ def _text(text: str) -> str:
     return text
 
 
+def _gpu_operations(text: str) -> str:
+    upper = text.strip().upper()
+    if upper not in ("NCCL", "MPI"):
+        raise ValueError("must be NCCL or MPI")
+    return upper
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Runtime and launcher settings. Build it with :func:`load_config`, never by hand in user code."""
@@ -105,6 +112,9 @@ class Config:
     launcher_agent: str = ""
     network_interface: str = ""
     verbose: bool = False
+    gpu_operations: str = "NCCL"
+    hierarchical_allreduce: bool = False
+    nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
 
     @property
     def comm_timeout(self) -> float | None:
@@ -181,6 +191,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", _text,
             "network interface for MPI's control and data traffic (hvdliterun --network-interface)"),
     Setting("HVDLITE_VERBOSE", "verbose", _flag, "print the launch command"),
+    Setting("HVDLITE_GPU_OPERATIONS", "gpu_operations", _gpu_operations,
+            "NCCL (default: device tensors reduced on the GPU) or MPI (staged through host memory)"),
+    Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", _flag,
+            "1: GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast"),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
 
@@ -212,6 +226,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             values[setting.field] = setting.parse(text)
         except ValueError as exc:
             raise ConfigError(f"{name}={text!r} is invalid: {exc}") from None
+    values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() not in ("", "0")
     config = Config(**values)
     if config.stall_shutdown_seconds < config.stall_check_seconds:
         raise ConfigError(

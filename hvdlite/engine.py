@@ -174,8 +174,13 @@ class Engine:
                 progressed, finished = self._cycle()
                 if finished:
                     self._fail_all(errors.HvdliteShutdownError("hvdlite was shut down"))
+                    self._executor.close()  # every rank is here: collective teardown cannot hang
                     return
                 idle_streak = 0 if progressed else idle_streak + 1
+        except errors.DeviceError as exc:  # this rank's GPU plane failed: peers cannot go on, end the job
+            log.error("hvdlite GPU data plane failed on rank %d: %s", self.rank, exc)
+            self._fail_all(exc)
+            self._abort(1)
         except errors.HvdliteError as exc:  # fatal, and already agreed by every rank
             log.error("%s", exc)
             self._fail_all(exc)

@@ -46,5 +46,9 @@ class CommTimeoutError(HvdliteShutdownError):
     """
 
 
+class DeviceError(HvdliteShutdownError):
+    """The GPU data plane failed on this rank (NCCL or CUDA). The job ends: peers cannot continue."""
+
+
 # Horovod's name for a failed collective; elastic-style code catches it.
 HorovodInternalError = HvdliteShutdownError

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,13 +35,24 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
-class Executor:
-    """Runs :class:`WorkItem`s for one rank."""
+class DeviceRunner(Protocol):
+    """Runs work items on device tensors (:class:`hvdlite.gpu.executor.DeviceExecutor`)."""
 
-    def __init__(self, backend: DataBackend, rank: int, size: int) -> None:
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list: ...
+
+    def close(self) -> None: ...
+
+
+class Executor:
+    """Runs :class:`WorkItem`s for one rank; device items go to the device runner, built on first use."""
+
+    def __init__(self, backend: DataBackend, rank: int, size: int,
+                 device_runner: Callable[[Executor], DeviceRunner] | None = None) -> None:
         self._backend = backend
         self.rank = rank
         self.size = size
+        self._make_device_runner = device_runner
+        self._device: DeviceRunner | None = None
 
     @property
     def backend(self) -> DataBackend:
@@ -51,10 +62,26 @@ class Executor:
         """Execute ``item``; returns (response, result, error) for each of its responses."""
         if item.responses[0].error:
             return [(r, None, error_for(r)) for r in item.responses]
-        results = self._dispatch(item.responses, local)
+        if item.responses[0].meta.device == "cpu":
+            results = self.dispatch(item.responses, local)
+        else:
+            results = self._device_runner().run(item, local)
         return [(r, result, None) for r, result in zip(item.responses, results, strict=True)]
 
-    def _dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+    def close(self) -> None:
+        """Release device resources (NCCL communicators), if any were made."""
+        if self._device is not None:
+            self._device.close()
+
+    def _device_runner(self) -> DeviceRunner:
+        if self._device is None:
+            if self._make_device_runner is None:
+                raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
+            self._device = self._make_device_runner(self)
+        return self._device
+
+    def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        """Run host responses (all of one work item); returns one result per response."""
         collective = responses[0].meta.collective
         if collective is Collective.ALLREDUCE:
             return self._allreduce(responses, local)

@@ -30,12 +30,14 @@ class WorkItem:
 
 def wire_nbytes(response: Response) -> int:
     meta = response.meta
-    return math.prod(meta.shape) * dtypes.wire_dtype(meta.dtype).itemsize
+    return math.prod(meta.shape) * dtypes.SUPPORTED[dtypes.wire_name(meta.dtype, meta.device)].itemsize
 
 
 def _fusion_key(response: Response) -> tuple:
     meta = response.meta
-    return (dtypes.WIRE_NAME[meta.dtype], dtypes.wire_op(meta.dtype, meta.op), meta.prescale, meta.postscale)
+    # Host and device tensors never share a buffer: they live in different memories.
+    return (meta.device, dtypes.wire_name(meta.dtype, meta.device), dtypes.wire_op(meta.dtype, meta.op),
+            meta.prescale, meta.postscale)
 
 
 def plan(responses: list[Response], threshold: int) -> list[WorkItem]:

@@ -18,11 +18,11 @@ from .response import RankMessage, Response, RoundResult
 
 # Fields that must be equal on every rank, per collective ("shape[1:]" compares trailing dims).
 _AGREED_FIELDS: dict[Collective, tuple[str, ...]] = {
-    Collective.ALLREDUCE: ("dtype", "shape", "op", "prescale", "postscale"),
-    Collective.REDUCESCATTER: ("dtype", "shape", "op", "prescale", "postscale"),
-    Collective.ALLGATHER: ("dtype", "shape[1:]"),
-    Collective.BROADCAST: ("dtype", "shape", "root_rank"),
-    Collective.ALLTOALL: ("dtype", "shape[1:]"),
+    Collective.ALLREDUCE: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Collective.REDUCESCATTER: ("device", "dtype", "shape", "op", "prescale", "postscale"),
+    Collective.ALLGATHER: ("device", "dtype", "shape[1:]"),
+    Collective.BROADCAST: ("device", "dtype", "shape", "root_rank"),
+    Collective.ALLTOALL: ("device", "dtype", "shape[1:]"),
     Collective.BARRIER: (),
     Collective.JOIN: (),
 }

@@ -31,6 +31,7 @@ class RequestMeta(NamedTuple):
     postscale: float = 1.0
     root_rank: int = -1
     splits: tuple[int, ...] = ()
+    device: str = "cpu"  # "cuda" for device memory; every rank must agree, as on dtype
 
     @property
     def signature(self) -> tuple[Any, ...]:

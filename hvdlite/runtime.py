@@ -94,13 +94,15 @@ def init(comm: Any = None) -> None:
     base = _resolve_comm(MPI, comm)
     rank = base.Get_rank()
     _configure_logging(config, rank)
-    topology = topology_from_hosts(base.allgather(MPI.Get_processor_name()), rank)
+    hosts = base.allgather(MPI.Get_processor_name())
+    topology = topology_from_hosts(hosts, rank)
     control, data = base.Dup(), base.Dup()
     poll_seconds = config.poll_time_ms / 1000
     engine = Engine(
         config,
         MpiControlChannel(control, poll_seconds, config.comm_timeout),
-        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout), rank, topology.size),
+        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout), rank, topology.size,
+                 device_runner=_device_runner(config, hosts[rank], topology.local_rank)),
         abort=failure.abort_job,
     )
     engine.start()
@@ -114,6 +116,15 @@ def init(comm: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+
+
+def _device_runner(config: Config, host_name: str, local_rank: int):
+    """The factory of the GPU data plane, called on the first device tensor (cupy is imported then)."""
+    def make(host: Any) -> Any:
+        from .gpu.executor import DeviceExecutor
+
+        return DeviceExecutor(host, config, host_name, local_rank)
+    return make
 
 
 def _write_pid_file(run_dir: str, world_rank: int) -> None:

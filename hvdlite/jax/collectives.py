@@ -217,7 +217,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None) -> Any:
         raise UnsupportedOperationError(
             "alltoall with splits inside jax.jit: the received size is only known at run time; call it outside "
             "jit, or use equal splits (splits=None)")
-    out, received = api.alltoall(to_numpy(tensor), np.asarray(to_numpy(splits)).tolist(), name)
+    out, received = api.alltoall(to_numpy(tensor), np.asarray(splits).tolist(), name)
     return to_jax(out, tensor), to_jax(received.astype(np.int32), tensor)
 
 

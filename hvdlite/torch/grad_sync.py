@@ -154,7 +154,8 @@ class GradientSubmitter:
         gradient's own memory, with the request's checks and description made once per parameter."""
         array = tensors.to_numpy(grad)
         meta = self._prepared.get(param)
-        if meta is None or meta.shape != array.shape or meta.dtype != tensors.core_dtype(grad):
+        if (meta is None or meta.shape != array.shape or meta.dtype != tensors.core_dtype(grad)
+                or meta.device != api.device_of(array)):
             meta = self._prepared[param] = api.prepare_allreduce(
                 array, self._names[param], self._op, self._scale[0], self._scale[1])
         handle = self._last_handle = api.allreduce_prepared_async(meta, array)

@@ -2,8 +2,12 @@
 
 A contiguous CPU tensor shares its memory with the array the core sees (``Tensor.numpy()``),
 and results come back through ``torch.from_numpy`` without a copy. bfloat16, which NumPy does
-not know, travels as an int16 view re-labelled as ``ml_dtypes.bfloat16``. Tensors on another
-device are staged through host memory (the NCCL path does not copy; see ``hvdlite.backend``).
+not know, travels as an int16 view re-labelled as ``ml_dtypes.bfloat16``.
+
+A CUDA tensor becomes a :class:`~hvdlite.gpu.arrays.DeviceArray` over its own memory, with an
+event recorded on torch's current stream, when hvdlite's GPU plane is installed (``hvdlite[gpu]``);
+results come back through DLPack without a copy. Without it, CUDA tensors are staged through
+host memory here, in the adapter.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 
 from .. import dtypes
 from ..errors import UnsupportedOperationError
+from ..gpu import arrays as gpu_arrays
 
 _TORCH_TO_CORE: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
@@ -32,8 +37,21 @@ def cast(tensor: torch.Tensor, dtype_name: str) -> torch.Tensor:
     return tensor.to(_CORE_TO_TORCH[dtype_name])
 
 
-def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray:
-    """A C-contiguous host array with ``tensor``'s data: a view when ``tensor`` is contiguous on the CPU."""
+def _on_gpu_plane(tensor: torch.Tensor) -> bool:
+    """True for a CUDA tensor that hvdlite's GPU plane can take as it is (cupy sees a GPU)."""
+    return tensor.device.type == "cuda" and gpu_arrays.device_count() > 0
+
+
+def _device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray:
+    tensor = tensor.detach().contiguous()
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream
+    return gpu_arrays.wrap(tensor.data_ptr(), tuple(tensor.shape), _TORCH_TO_CORE[tensor.dtype], tensor.device.index,
+                           tensor, stream)
+
+
+def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_arrays.DeviceArray:
+    """``tensor``'s data for the core: a host view when it is contiguous on the CPU, its device memory
+    (a :class:`DeviceArray`) on a GPU the GPU plane can use, else a host copy."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor {name or ''!r} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in _TORCH_TO_CORE:
@@ -45,6 +63,8 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray:
         raise UnsupportedOperationError(
             f"tensor {name or ''!r} is sparse; collectives take dense tensors (the optimizer handles sparse "
             "gradients: see sparse_as_dense)")
+    if _on_gpu_plane(tensor):
+        return _device_array(tensor)
     host = tensor.detach()
     if host.device.type != "cpu":
         host = host.cpu()
@@ -54,8 +74,13 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray:
     return host.numpy()
 
 
-def from_numpy(array: np.ndarray, like: torch.Tensor | None = None) -> torch.Tensor:
-    """A tensor sharing ``array``'s memory, moved to ``like``'s device if that is not the CPU."""
+def from_numpy(array: np.ndarray | gpu_arrays.DeviceArray, like: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory (host or device), moved to ``like``'s device if it is elsewhere."""
+    if isinstance(array, gpu_arrays.DeviceArray):
+        tensor = torch.from_dlpack(gpu_arrays.cupy_view(array))
+        if array.dtype == dtypes.bfloat16:
+            tensor = tensor.view(torch.bfloat16)  # cupy holds bfloat16 as its uint16 bits
+        return tensor.view(array.shape)
     if array.dtype == dtypes.bfloat16:
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
@@ -67,4 +92,4 @@ def from_numpy(array: np.ndarray, like: torch.Tensor | None = None) -> torch.Ten
 
 def is_aliased(tensor: torch.Tensor) -> bool:
     """True if :func:`to_numpy` gives a view of ``tensor`` (writing the array writes the tensor)."""
-    return tensor.device.type == "cpu" and tensor.is_contiguous()
+    return tensor.is_contiguous() and (tensor.device.type == "cpu" or _on_gpu_plane(tensor))

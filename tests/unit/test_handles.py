@@ -75,9 +75,9 @@ def test_prepared_allreduce_rejects_a_tensor_unlike_the_prepared_one() -> None:
     array = np.ones((3, 4), np.float32)
     meta = api.prepare_allreduce(array, "grad.w", ReduceOp.AVERAGE)
     assert (meta.name, meta.shape, meta.dtype, meta.op) == ("grad.w", (3, 4), "float32", ReduceOp.AVERAGE)
-    with pytest.raises(UnsupportedOperationError, match=r"'grad.w' was prepared as float32\[3, 4\], got float64\[3, 4\]"):
+    with pytest.raises(UnsupportedOperationError, match=r"'grad.w' was prepared as float32\[3, 4\] on cpu, got float64\[3, 4\] on cpu"):
         api.allreduce_prepared_async(meta, np.ones((3, 4)))
-    with pytest.raises(UnsupportedOperationError, match=r"float32\[3, 4\], got float32\[4, 3\]"):
+    with pytest.raises(UnsupportedOperationError, match=r"float32\[3, 4\] on cpu, got float32\[4, 3\] on cpu"):
         api.allreduce_prepared_async(meta, np.ones((4, 3), np.float32))
     frozen = np.ones((3, 4), np.float32)
     frozen.flags.writeable = False

@@ -265,7 +265,10 @@ def test_topology(rank, size):
     assert hvd.local_rank() == rank and hvd.local_size() == size
     assert hvd.cross_rank() == 0 and hvd.cross_size() == 1 and hvd.is_homogeneous()
     assert hvd.mpi_enabled() and hvd.mpi_built() and hvd.mpi_threads_supported()
-    assert hvd.nccl_built() == 0 and not hvd.gloo_built() and not hvd.gloo_enabled()
+    from hvdlite.gpu import nccl
+
+    assert hvd.nccl_built() == (nccl.version() if nccl.available() else 0) and isinstance(hvd.nccl_built(), int)
+    assert not hvd.gloo_built() and not hvd.gloo_enabled()
 
 
 def main():

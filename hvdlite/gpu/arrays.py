@@ -1,0 +1,129 @@
+"""Device memory as the core sees it: a pointer, a shape and dtype, and when it is ready.
+
+Adapters wrap a framework's device tensor in a :class:`DeviceArray` without copying (torch:
+``data_ptr()`` and its current stream; JAX: ``__cuda_array_interface__``; TensorFlow: DLPack).
+The wrapper records a CUDA event on the producing stream at submission, so the NCCL stream waits
+for exactly the work that wrote the tensor, not for later work on that stream. It also holds the
+tensor (``owner``) until the collective finished, so its memory cannot be reused under NCCL.
+
+cupy supplies the device-side objects (views, events, copies). Views need no GPU to build, which
+is what lets the pointer plumbing be tested on CPU machines.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+
+DEVICE = "cuda"  # RequestMeta.device of every device tensor; host arrays are "cpu"
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The dtype cupy holds a core dtype's bytes in (cupy has no bfloat16: its bits as uint16)."""
+    return np.dtype(np.uint16) if name == "bfloat16" else dtypes.SUPPORTED[name]
+
+
+class DeviceArray:
+    """A contiguous tensor in GPU memory, described for the core (never copied by wrapping)."""
+
+    __slots__ = ("ptr", "shape", "dtype", "device_id", "owner", "ready")
+    device = DEVICE
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
+                 ready: Any = None) -> None:
+        self.ptr = int(ptr)
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.device_id = int(device_id)
+        self.owner = owner  # keeps the memory alive while the core uses it
+        self.ready = ready  # a cupy Event recorded where the data was produced, or None if it is complete
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def overlaps(self, other: DeviceArray) -> bool:
+        """True if the two byte ranges intersect on the same device."""
+        return (self.device_id == other.device_id and self.ptr < other.ptr + other.nbytes
+                and other.ptr < self.ptr + self.nbytes)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.dtype.name}{list(self.shape)} on cuda:{self.device_id} at {self.ptr:#x})"
+
+
+def is_device_array(value: Any) -> bool:
+    return isinstance(value, DeviceArray)
+
+
+def cupy_view(array: DeviceArray, start: int = 0, count: int | None = None) -> Any:
+    """A flat cupy array over ``count`` elements of ``array`` from element ``start`` (no copy, no GPU call).
+
+    If ``owner`` is the very cupy array at this address, the view keeps it alive through cupy's
+    own memory object; otherwise through ``UnownedMemory``'s owner reference.
+    """
+    import cupy
+    from cupy.cuda import memory
+
+    name = dtypes.NAME_OF[array.dtype]
+    count = array.size - start if count is None else count
+    if start < 0 or count < 0 or start + count > array.size:
+        raise ValueError(f"elements [{start}, {start + count}) are outside {array!r}")
+    itemsize = array.dtype.itemsize
+    owner = array.owner
+    if isinstance(owner, cupy.ndarray) and owner.data.ptr == array.ptr:
+        base = owner.data
+    else:
+        base = memory.MemoryPointer(
+            memory.UnownedMemory(array.ptr, max(array.nbytes, 1), owner, device_id=array.device_id), 0)
+    return cupy.ndarray((count,), dtype=storage_dtype(name), memptr=base + start * itemsize)
+
+
+def from_cupy(values: Any, dtype_name: str, shape: tuple[int, ...] | None = None) -> DeviceArray:
+    """A core result in a cupy array (holding ``dtype_name``'s bytes) as a :class:`DeviceArray`."""
+    shape = tuple(values.shape) if shape is None else shape
+    return DeviceArray(values.data.ptr, shape, dtypes.SUPPORTED[dtype_name], values.device.id, values)
+
+
+def record_ready(stream_ptr: int | None, device_id: int) -> Any:
+    """An event recorded now on the framework's stream ``stream_ptr`` (None: nothing to wait for)."""
+    if stream_ptr is None:
+        return None
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(cupy.cuda.ExternalStream(stream_ptr, device_id))
+    return event
+
+
+def wrap(ptr: int, shape: tuple[int, ...], dtype_name: str, device_id: int, owner: Any,
+         stream_ptr: int | None) -> DeviceArray:
+    """Describe a framework's contiguous device tensor; ``stream_ptr`` is the stream that produced it."""
+    return DeviceArray(ptr, shape, dtypes.SUPPORTED[dtype_name], device_id, owner, record_ready(stream_ptr, device_id))
+
+
+@functools.cache
+def device_count() -> int:
+    """CUDA devices this process sees through cupy; 0 without cupy, a driver, or a GPU.
+
+    Asked once per process: adapters ask for every device tensor, and the answer does not change.
+    """
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # ImportError, or CUDARuntimeError without a driver
+        return 0

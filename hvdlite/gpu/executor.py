@@ -1,0 +1,96 @@
+"""Runs device work items, on the plane the whole job chose when the first one arrived.
+
+Setting up is collective, and safe to do inside an item: every rank plans the same items in the
+same order, so every rank reaches its first device item together. The ranks exchange one row
+each (:class:`~hvdlite.gpu.selection.RankGpu`) over the host backend and all choose the same
+plane; for NCCL, rank 0 makes the unique id and broadcasts it over MPI, and each rank builds the
+communicator on its device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..backend.base import DataBackend
+from ..config import Config
+from ..executor import Executor
+from ..fusion import WorkItem
+from ..request import Request
+from . import nccl, selection
+from .arrays import device_count
+
+log = logging.getLogger("hvdlite")
+
+
+def exchange_unique_id(backend: DataBackend, rank: int) -> bytes:
+    """Rank 0's fresh NCCL unique id, on every rank (broadcast over the host backend)."""
+    buffer = np.frombuffer(nccl.unique_id(), dtype=np.uint8).copy() if rank == 0 else \
+        np.zeros(nccl.UNIQUE_ID_BYTES, dtype=np.uint8)
+    backend.broadcast(buffer, 0)
+    return buffer.tobytes()
+
+
+def exchange_rows(backend: DataBackend, mine: selection.RankGpu, size: int) -> list[selection.RankGpu]:
+    """Every rank's :class:`RankGpu` row, in rank order."""
+    row_bytes = selection.ROW_FIELDS * 8
+    table = np.empty(size * selection.ROW_FIELDS, dtype=np.int64)
+    backend.allgatherv(mine.encode().view(np.uint8), table.view(np.uint8), [row_bytes] * size)
+    return [selection.RankGpu.decode(row) for row in table.reshape(size, selection.ROW_FIELDS)]
+
+
+class DeviceExecutor:
+    """The device half of the executor; built on the first device item (see the module docstring)."""
+
+    def __init__(self, host: Executor, config: Config, host_name: str, local_rank: int) -> None:
+        self._host = host
+        self._config = config
+        self._host_name = host_name
+        self._local_rank = local_rank
+        self._plane: Any = None
+
+    @property
+    def plane_name(self) -> str:
+        return "" if self._plane is None else self._plane.name
+
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
+        if self._plane is None:
+            self._plane = self._set_up(item, local)
+        return self._plane.dispatch(item.responses, local)
+
+    def close(self) -> None:
+        if self._plane is not None:
+            self._plane.close()
+
+    def _device_id(self, item: WorkItem, local: Mapping[str, Request]) -> int:
+        for response in item.responses:
+            request = local.get(response.meta.name)
+            if request is not None:
+                return request.tensor.device_id
+        count = device_count()  # a rank that joined holds no tensor: Horovod's convention
+        return self._local_rank % count if count else 0
+
+    def _set_up(self, item: WorkItem, local: Mapping[str, Request]) -> Any:
+        import cupy
+
+        device_id = self._device_id(item, local)
+        version = nccl.version() if nccl.available() else 0
+        pci = cupy.cuda.Device(device_id).pci_bus_id
+        mine = selection.RankGpu(version, self._config.gpu_operations == "MPI", self._config.nccl_multi_rank_gpu,
+                                 selection.gpu_key(self._host_name, pci))
+        backend = self._host.backend
+        choice = selection.choose_plane(exchange_rows(backend, mine, self._host.size))
+        if self._host.rank == 0:
+            log.info("hvdlite GPU data plane: %s (%s)", choice.plane, choice.reason)
+        if choice.plane == selection.PLANE_MPI:
+            from .staged import HostStagedPlane
+
+            return HostStagedPlane(self._host, device_id)
+        from .nccl_plane import NcclPlane
+
+        uid = exchange_unique_id(backend, self._host.rank)
+        comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
+        return NcclPlane(comm, device_id, self._config.comm_timeout, self._config.poll_time_ms / 1000)

@@ -1,0 +1,242 @@
+"""A ctypes binding to the NCCL library that ``nvidia-nccl-cu12`` installs (``libnccl.so.2``).
+
+Why ctypes on the wheel's library rather than ``cupy.cuda.nccl``: hvdlite needs calls cupy does
+not wrap (``ncclRedOpCreatePreMulSum``, which folds the pre/post-scale factors and the division
+of an Average into the reduction kernel for every dtype, bfloat16 included; ``ncclCommAbort``
+and ``ncclCommGetAsyncError`` on hvdlite's own deadline), and it pins the NCCL it talks to: the
+wheel's, whose version :func:`version` reports. cupy still provides device memory, streams and
+events (:mod:`hvdlite.gpu.arrays`).
+
+Loading the library and creating a unique id need no GPU (both are tested on CPU machines);
+creating a communicator and every collective do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import CommTimeoutError, DeviceError
+from ..ops import ReduceOp
+
+UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+
+# ncclDataType_t (nccl.h). NCCL has no 16-bit integer: int16 travels widened to int32.
+NCCL_DTYPE: dict[str, int] = {
+    "int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9,
+}
+# ncclRedOp_t (nccl.h); Average on integers is ncclAvg (sum, then integer division by the size).
+NCCL_OP: dict[ReduceOp, int] = {
+    ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVERAGE: 4,
+}
+_SCALAR_HOST_IMMEDIATE = 1  # ncclScalarResidence_t: the scalar is read from host memory at call time
+_IN_PROGRESS = 7  # ncclInProgress
+_SCALAR_DTYPE = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+                 "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+
+
+class NcclError(DeviceError):
+    """An NCCL call failed; the message names the call and NCCL's own explanation."""
+
+
+class NcclUnavailableError(NcclError):
+    """The NCCL library is not installed or cannot be loaded (install ``hvdlite[gpu]``)."""
+
+
+def library_path() -> str | None:
+    """Where ``nvidia-nccl-cu12`` put ``libnccl.so.2``, or None if that wheel is not installed."""
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, "lib", "libnccl.so.2")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    path = library_path()
+    if path is None:
+        raise NcclUnavailableError("NCCL is not installed: pip install 'hvdlite[gpu]' (nvidia-nccl-cu12)")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise NcclUnavailableError(f"cannot load NCCL from {path}: {exc}") from None
+    lib.ncclGetErrorString.restype = ctypes.c_char_p
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+    return lib
+
+
+def _check(result: int, call: str, comm: ctypes.c_void_p | None = None) -> None:
+    if result in (0, _IN_PROGRESS):
+        return
+    lib = _library()
+    detail = lib.ncclGetLastError(comm).decode(errors="replace") if comm is not None else ""
+    reason = lib.ncclGetErrorString(result).decode(errors="replace")
+    raise NcclError(f"{call} failed: {reason}" + (f" ({detail})" if detail else ""))
+
+
+def available() -> bool:
+    """True if the NCCL library loads (no GPU needed)."""
+    try:
+        _library()
+    except NcclUnavailableError:
+        return False
+    return True
+
+
+def version() -> int:
+    """NCCL's version as one integer (2.32.3 -> 23203), as ``ncclGetVersion`` reports it."""
+    value = ctypes.c_int()
+    _check(_library().ncclGetVersion(ctypes.byref(value)), "ncclGetVersion")
+    return value.value
+
+
+def unique_id() -> bytes:
+    """A fresh ``ncclUniqueId``: rank 0 makes one and every rank of the new communicator uses it."""
+    buffer = ctypes.create_string_buffer(UNIQUE_ID_BYTES)
+    _check(_library().ncclGetUniqueId(buffer), "ncclGetUniqueId")
+    return buffer.raw
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]  # passed by value, as nccl.h declares it
+
+
+def scalar_bytes(dtype: str, value: float) -> bytes:
+    """``value`` encoded in the floating dtype ``dtype`` (for ``ncclRedOpCreatePreMulSum``)."""
+    return np.array([value], dtype=_SCALAR_DTYPE[dtype]).tobytes()
+
+
+class Communicator:
+    """One NCCL communicator (a process set on one device). Calls enqueue on a CUDA stream."""
+
+    def __init__(self, handle: ctypes.c_void_p, size: int, rank: int) -> None:
+        self._handle = handle
+        self.size = size
+        self.rank = rank
+        self._aborted = False
+
+    @classmethod
+    def create(cls, uid: bytes, size: int, rank: int, device_id: int, timeout: float | None) -> Communicator:
+        """``ncclCommInitRank`` on CUDA device ``device_id``, bounded by ``timeout`` seconds.
+
+        The call blocks until every rank joined; it runs in a helper thread so that a peer that
+        never arrives ends in a :class:`CommTimeoutError` instead of a hang. (The thread selects
+        the device itself: CUDA's current device is per thread.)
+        """
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise NcclError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
+        handle = ctypes.c_void_p()
+        outcome: list[BaseException | None] = []
+
+        def init() -> None:
+            try:
+                import cupy
+
+                cupy.cuda.runtime.setDevice(device_id)
+                _check(_library().ncclCommInitRank(ctypes.byref(handle), size, _UniqueId(uid), rank),
+                       f"ncclCommInitRank(rank {rank} of {size})")
+                outcome.append(None)
+            except NcclError as exc:
+                outcome.append(exc)
+            except Exception as exc:  # CUDA's own errors (no device, no driver), named as this rank's NCCL setup
+                outcome.append(NcclError(f"NCCL communicator of {size} ranks on rank {rank}, CUDA device "
+                                         f"{device_id}: {type(exc).__name__}: {exc}"))
+
+        worker = threading.Thread(target=init, name="hvdlite-nccl-init", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if not outcome:
+            raise CommTimeoutError(f"NCCL communicator of {size} ranks not created within {timeout:g} s "
+                                   f"(rank {rank}); a peer did not arrive")
+        if outcome[0] is not None:
+            raise outcome[0]
+        return cls(handle, size, rank)
+
+    def async_error(self) -> str:
+        """NCCL's asynchronous error for this communicator ('' if none): a failed peer or network."""
+        result = ctypes.c_int()
+        _check(_library().ncclCommGetAsyncError(self._handle, ctypes.byref(result)), "ncclCommGetAsyncError")
+        if result.value in (0, _IN_PROGRESS):
+            return ""
+        return _library().ncclGetErrorString(result.value).decode(errors="replace")
+
+    def abort(self) -> None:
+        """Tear the communicator down without waiting for peers (after a timeout or an error)."""
+        if not self._aborted:
+            self._aborted = True
+            _library().ncclCommAbort(self._handle)
+
+    def destroy(self) -> None:
+        if not self._aborted:
+            self._aborted = True
+            _check(_library().ncclCommDestroy(self._handle), "ncclCommDestroy")
+
+    # ---- collectives: pointers are device addresses, counts are elements of ``dtype`` ------------
+    def allreduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, stream: int,
+                  scale: float = 1.0) -> None:
+        """``recv = op(send over ranks)``; with ``scale`` != 1 (Sum only): ``sum(scale * send)``."""
+        with self._op(dtype, op, scale) as nccl_op:
+            _check(_library().ncclAllReduce(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(count),
+                                            NCCL_DTYPE[dtype], nccl_op, self._handle, ctypes.c_void_p(stream)),
+                   "ncclAllReduce", self._handle)
+
+    def reduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, root: int, stream: int,
+               scale: float = 1.0) -> None:
+        with self._op(dtype, op, scale) as nccl_op:
+            _check(_library().ncclReduce(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(count),
+                                         NCCL_DTYPE[dtype], nccl_op, root, self._handle, ctypes.c_void_p(stream)),
+                   "ncclReduce", self._handle)
+
+    def broadcast(self, send: int, recv: int, nbytes: int, root: int, stream: int) -> None:
+        _check(_library().ncclBroadcast(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(nbytes),
+                                        NCCL_DTYPE["uint8"], root, self._handle, ctypes.c_void_p(stream)),
+               "ncclBroadcast", self._handle)
+
+    def send(self, buffer: int, nbytes: int, peer: int, stream: int) -> None:
+        _check(_library().ncclSend(ctypes.c_void_p(buffer), ctypes.c_size_t(nbytes), NCCL_DTYPE["uint8"], peer,
+                                   self._handle, ctypes.c_void_p(stream)), "ncclSend", self._handle)
+
+    def recv(self, buffer: int, nbytes: int, peer: int, stream: int) -> None:
+        _check(_library().ncclRecv(ctypes.c_void_p(buffer), ctypes.c_size_t(nbytes), NCCL_DTYPE["uint8"], peer,
+                                   self._handle, ctypes.c_void_p(stream)), "ncclRecv", self._handle)
+
+    @contextmanager
+    def _op(self, dtype: str, op: ReduceOp, scale: float) -> Iterator[int]:
+        """The NCCL op for ``op``; a Sum with a scale factor is a pre-multiplied sum, made and freed here."""
+        if scale == 1.0:
+            yield NCCL_OP[op]
+            return
+        if op is not ReduceOp.SUM or dtype not in _SCALAR_DTYPE:
+            raise NcclError(f"a scaled reduction needs Sum on a floating dtype, got {op.name} on {dtype}")
+        created = ctypes.c_int()
+        scalar = ctypes.create_string_buffer(scalar_bytes(dtype, scale))
+        _check(_library().ncclRedOpCreatePreMulSum(ctypes.byref(created), scalar, NCCL_DTYPE[dtype],
+                                                   _SCALAR_HOST_IMMEDIATE, self._handle),
+               "ncclRedOpCreatePreMulSum", self._handle)
+        try:
+            yield created.value
+        finally:
+            # NCCL allows destroying the op as soon as the call that uses it has returned.
+            _library().ncclRedOpDestroy(created.value, self._handle)
+
+
+@contextmanager
+def group() -> Iterator[None]:
+    """``ncclGroupStart`` / ``ncclGroupEnd``: the calls inside launch together (send/recv pairs, v-collectives)."""
+    _check(_library().ncclGroupStart(), "ncclGroupStart")
+    try:
+        yield
+    finally:
+        _check(_library().ncclGroupEnd(), "ncclGroupEnd")

@@ -1,0 +1,249 @@
+"""Runs device work items with NCCL on the GPU: no host round trip, fusion in device memory.
+
+Ordering: the plane's own CUDA stream first waits on each input's ready event (recorded on the
+framework's stream when the tensor was submitted), then packs, reduces and unpacks. The handles
+complete only after an event recorded behind that work has fired, so a result is never handed
+back before the collective finished, and the inputs (held by their requests) stay alive until
+then. Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout
+aborts the communicator so no kernel is left spinning on a dead peer.
+
+Fused allreduces whose every member has an output (the optimizer's in-place gradients) pack
+into a persistent device fusion buffer and copy back out; members that want new tensors get
+views into a fresh buffer, as on the host path. Scale factors and the division of an Average
+go into NCCL's pre-multiplied sum; Min/Max/Product scale with cupy before and after.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..buffers import padded_count
+from ..executor import scatter_rows
+from ..ops import Collective, ReduceOp
+from ..polling import WaitTimeout, wait_until
+from ..request import Request
+from ..response import Response
+from .arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
+from .nccl import Communicator, NcclError, group
+from .scaling import scale_in_place
+
+_SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
+
+
+def reduction_plan(dtype: str, op: ReduceOp, prescale: float, postscale: float,
+                   size: int) -> tuple[ReduceOp, float, float, float]:
+    """How to run a reduction on NCCL: (NCCL op, factor folded into NCCL, pre-factor, post-factor).
+
+    Sum and a floating Average become one pre-multiplied sum by ``prescale * postscale [/ size]``;
+    an integer Average is ncclAvg (integer division, as the host path's truncation); Min, Max and
+    Product keep the factors for separate scaling before and after.
+    """
+    wire_op = dtypes.wire_op(dtype, op)
+    if wire_op is ReduceOp.AVERAGE and not dtypes.is_floating(dtype):
+        return ReduceOp.AVERAGE, 1.0, 1.0, 1.0
+    if wire_op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        factor = prescale * postscale / (size if wire_op is ReduceOp.AVERAGE else 1)
+        return ReduceOp.SUM, factor, 1.0, 1.0
+    return wire_op, 1.0, prescale, postscale
+
+
+def member_offsets(counts: list[int], itemsize: int) -> list[int]:
+    """Start of each member in a device fusion buffer (64-byte aligned), and the total as the last entry."""
+    starts = [0]
+    for count in counts:
+        starts.append(starts[-1] + padded_count(count, itemsize))
+    return starts
+
+
+class NcclPlane:
+    """The NCCL data plane of one rank: one communicator, one stream, one fusion buffer."""
+
+    name = "NCCL"
+
+    def __init__(self, comm: Communicator, device_id: int, timeout: float | None, poll_seconds: float) -> None:
+        import cupy
+
+        self._cp = cupy
+        self._comm = comm
+        self._device_id = device_id
+        self._timeout = timeout
+        self._poll_seconds = poll_seconds
+        with cupy.cuda.Device(device_id):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._fusion = None  # persistent device fusion buffer (uint8), grown on demand
+
+    def close(self) -> None:
+        self._comm.destroy()
+
+    def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        collective = responses[0].meta.collective
+        with self._cp.cuda.Device(self._device_id), self._stream:
+            for response in responses:
+                request = local.get(response.meta.name)
+                if request is not None and request.tensor.ready is not None:
+                    self._stream.wait_event(request.tensor.ready)
+            if collective is Collective.ALLREDUCE:
+                results = self._allreduce(responses, local)
+            else:
+                (response,) = responses
+                request = local[response.meta.name]
+                run = {Collective.BROADCAST: self._broadcast, Collective.ALLGATHER: self._allgather,
+                       Collective.ALLTOALL: self._alltoall, Collective.REDUCESCATTER: self._reducescatter}
+                results = [run[collective](response, request)]
+            self._wait_finished(responses)
+        return results
+
+    # ---- waiting -----------------------------------------------------------------------------
+    def _wait_finished(self, responses: tuple[Response, ...]) -> None:
+        event = self._cp.cuda.Event(block=False, disable_timing=True)
+        event.record(self._stream)
+
+        def finished() -> bool:
+            if event.done:
+                return True
+            failure = self._comm.async_error()
+            if failure:
+                self._comm.abort()
+                names = [r.meta.name for r in responses]
+                raise NcclError(f"NCCL failed during {responses[0].meta.collective.name.lower()} of {names}: "
+                                f"{failure}")
+            return False
+
+        try:
+            wait_until(finished, _SPIN_SECONDS, self._poll_seconds, self._timeout)
+        except WaitTimeout:
+            self._comm.abort()  # a kernel waiting on a dead peer would otherwise spin forever
+            raise
+
+    # ---- allreduce ---------------------------------------------------------------------------
+    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        cp = self._cp
+        meta = responses[0].meta
+        wire = dtypes.wire_name(meta.dtype, DEVICE)
+        nccl_op, factor, pre, post = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale,
+                                                    self._comm.size)
+        requests = [local.get(r.meta.name) for r in responses]
+        counts = [math.prod(r.meta.shape) for r in responses]
+        first = requests[0]
+        if len(responses) == 1 and first is not None and wire == meta.dtype and pre == 1.0:
+            return [self._allreduce_one(first, counts[0], wire, nccl_op, factor, post)]
+        storage = storage_dtype(wire)
+        starts = member_offsets(counts, storage.itemsize)
+        everyone_has_output = all(r is not None and r.output is not None for r in requests)
+        buffer = self._fusion_buffer(starts[-1], storage) if everyone_has_output else cp.empty(starts[-1], storage)
+        for request, start, end, count in zip(requests, starts, starts[1:], counts, strict=False):
+            if request is None:  # this rank joined: it contributes zeros
+                buffer[start:end] = 0
+            else:
+                buffer[start:start + count] = cupy_view(request.tensor)  # casts int16 up to int32
+                buffer[start + count:end] = 0
+        scale_in_place(buffer, wire, pre, cp)
+        self._comm.allreduce(buffer.data.ptr, buffer.data.ptr, starts[-1], wire, nccl_op, self._stream.ptr, factor)
+        scale_in_place(buffer, wire, post, cp)
+        results = []
+        for response, request, start, count in zip(responses, requests, starts, counts, strict=False):
+            piece = buffer[start:start + count]
+            if request is not None and request.output is not None:
+                cupy_view(request.output)[...] = piece  # device-to-device; int32 back to int16
+                results.append(request.output)
+            elif response.meta.dtype == wire:
+                results.append(from_cupy(piece, wire, response.meta.shape))
+            else:
+                results.append(from_cupy(piece.astype(storage_dtype(response.meta.dtype)), response.meta.dtype,
+                                         response.meta.shape))
+        return results
+
+    def _allreduce_one(self, request: Request, count: int, wire: str, nccl_op: ReduceOp, factor: float,
+                       post: float) -> DeviceArray:
+        """One tensor in its own dtype: reduced straight from its memory, into its output or a new buffer."""
+        output = request.output
+        fresh = None if output is not None else self._cp.empty(count, storage_dtype(wire))
+        target = output.ptr if output is not None else fresh.data.ptr
+        self._comm.allreduce(request.tensor.ptr, target, count, wire, nccl_op, self._stream.ptr, factor)
+        if post != 1.0:
+            scale_in_place(cupy_view(output) if output is not None else fresh, wire, post, self._cp)
+        return output if output is not None else from_cupy(fresh, wire, request.meta.shape)
+
+    def _fusion_buffer(self, count: int, storage: np.dtype) -> Any:
+        nbytes = count * storage.itemsize
+        if self._fusion is None or self._fusion.size < nbytes:
+            self._fusion = self._cp.empty(max(nbytes, 1), self._cp.uint8)
+        return self._fusion[:nbytes].view(storage)
+
+    # ---- the other collectives move bytes, except reducescatter ------------------------------
+    def _broadcast(self, response: Response, request: Request) -> DeviceArray:
+        meta = response.meta
+        output = request.output
+        fresh = None if output is not None else self._cp.empty(request.tensor.nbytes, self._cp.uint8)
+        target = output.ptr if output is not None else fresh.data.ptr
+        self._comm.broadcast(request.tensor.ptr, target, request.tensor.nbytes, meta.root_rank, self._stream.ptr)
+        return output if output is not None else from_cupy(fresh.view(storage_dtype(meta.dtype)), meta.dtype,
+                                                           meta.shape)
+
+    def _allgather(self, response: Response, request: Request) -> DeviceArray:
+        meta = response.meta
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
+        counts = [rows * row_bytes for rows in response.per_rank]
+        output = self._cp.empty(max(sum(counts), 1), self._cp.uint8)
+        offset = 0
+        with group():  # NCCL has no allgatherv: one broadcast per rank, launched together
+            for root, nbytes in enumerate(counts):
+                if nbytes:
+                    self._comm.broadcast(request.tensor.ptr, output.data.ptr + offset, nbytes, root, self._stream.ptr)
+                offset += nbytes
+        shape = (sum(response.per_rank),) + meta.shape[1:]
+        return from_cupy(output[:sum(counts)].view(storage_dtype(meta.dtype)), meta.dtype, shape)
+
+    def _alltoall(self, response: Response, request: Request) -> tuple[DeviceArray, np.ndarray]:
+        meta = response.meta
+        rank = self._comm.rank
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
+        sent = [s * row_bytes for s in response.per_rank[rank]]
+        received_rows = [splits[rank] for splits in response.per_rank]
+        received = [rows * row_bytes for rows in received_rows]
+        output = self._cp.empty(max(sum(received), 1), self._cp.uint8)
+        send_at, recv_at = request.tensor.ptr, output.data.ptr
+        with group():
+            for peer in range(self._comm.size):
+                if sent[peer]:
+                    self._comm.send(send_at, sent[peer], peer, self._stream.ptr)
+                if received[peer]:
+                    self._comm.recv(recv_at, received[peer], peer, self._stream.ptr)
+                send_at += sent[peer]
+                recv_at += received[peer]
+        shape = (sum(received_rows),) + meta.shape[1:]
+        result = from_cupy(output[:sum(received)].view(storage_dtype(meta.dtype)), meta.dtype, shape)
+        return result, np.array(received_rows, dtype=np.int64)
+
+    def _reducescatter(self, response: Response, request: Request) -> DeviceArray:
+        cp = self._cp
+        meta = response.meta
+        wire = dtypes.wire_name(meta.dtype, DEVICE)
+        storage = storage_dtype(wire)
+        nccl_op, factor, pre, post = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale,
+                                                    self._comm.size)
+        rows = scatter_rows(meta.shape[0], self._comm.size)
+        row = math.prod(meta.shape[1:])
+        source = cupy_view(request.tensor)
+        if wire != meta.dtype or pre != 1.0:
+            source = source.astype(storage)
+            scale_in_place(source, wire, pre, cp)
+        mine = cp.empty(max(rows[self._comm.rank] * row, 1), storage)
+        offset = 0
+        with group():  # uneven blocks: one reduce per block, rooted at the rank that keeps it
+            for root, block_rows in enumerate(rows):
+                count = block_rows * row
+                if count:
+                    self._comm.reduce(source.data.ptr + offset * storage.itemsize, mine.data.ptr, count, wire,
+                                      nccl_op, root, self._stream.ptr, factor)
+                offset += count
+        mine = mine[:rows[self._comm.rank] * row]
+        scale_in_place(mine, wire, post, cp)
+        if wire != meta.dtype:
+            mine = mine.astype(storage_dtype(meta.dtype))
+        return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])

@@ -1,0 +1,82 @@
+"""The host-staged data plane: device -> host, the MPI path, host -> device.
+
+Used when NCCL cannot run the job (not installed, several ranks on one GPU without NCCL's
+multi-rank mode, or ``HVDLITE_GPU_OPERATIONS=MPI``). Each input is copied to host memory on the
+plane's stream after its ready event, the host executor runs the item exactly as it runs CPU
+tensors (fusion, widening of 16-bit floats, scaling), and results go back to device memory: into
+the caller's output for in-place forms, else into new device arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..executor import Executor
+from ..ops import Collective
+from ..request import Request
+from ..response import Response
+from .arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
+
+
+class HostStagedPlane:
+    """Device tensors through host memory and the host (MPI) executor."""
+
+    name = "MPI (host-staged)"
+
+    def __init__(self, host: Executor, device_id: int) -> None:
+        import cupy
+
+        self._cp = cupy
+        self._host = host
+        self._device_id = device_id
+        with cupy.cuda.Device(device_id):
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+
+    def close(self) -> None:
+        pass
+
+    def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        with self._cp.cuda.Device(self._device_id), self._stream:
+            staged = {}
+            for response in responses:
+                request = local.get(response.meta.name)
+                if request is not None:
+                    host = self._to_host(request.tensor)
+                    # An in-place request stays in place on its host copy, which then goes back.
+                    output = host if request.output is not None else None
+                    staged[response.meta.name] = Request(request.meta, host, request.handle, output,
+                                                         request.submitted_at)
+            self._stream.synchronize()
+        results = self._host.dispatch(responses, staged)
+        with self._cp.cuda.Device(self._device_id), self._stream:
+            back = [self._to_device(r, result, local.get(r.meta.name)) for r, result in zip(responses, results,
+                                                                                            strict=True)]
+            self._stream.synchronize()
+        return back
+
+    def _to_host(self, array: DeviceArray) -> np.ndarray:
+        if array.ready is not None:
+            self._stream.wait_event(array.ready)
+        host = cupy_view(array).get(stream=self._stream)
+        return host.view(array.dtype).reshape(array.shape)
+
+    def _to_device(self, response: Response, result: Any, request: Request | None) -> Any:
+        if request is None:  # a joined rank's share of an allreduce: nobody waits for it
+            return result
+        if response.meta.collective is Collective.ALLTOALL:
+            data, received = result
+            return self._to_device_array(data), received
+        if request.output is not None:
+            cupy_view(request.output).set(np.ascontiguousarray(result).reshape(-1).view(
+                storage_dtype(response.meta.dtype)), stream=self._stream)
+            return request.output
+        return self._to_device_array(result)
+
+    def _to_device_array(self, values: np.ndarray) -> DeviceArray:
+        name = dtypes.NAME_OF[values.dtype]
+        flat = np.ascontiguousarray(values).reshape(-1).view(storage_dtype(name))
+        return from_cupy(self._cp.asarray(flat), name, values.shape)
