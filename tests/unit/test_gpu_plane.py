@@ -219,9 +219,8 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
 
 
 def test_gpu_settings_are_parsed_and_checked() -> None:
-    config = load_config({"HVDLITE_GPU_OPERATIONS": "mpi", "NCCL_MULTI_RANK_GPU_ENABLE": "1",
-                          "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"})
-    assert (config.gpu_operations, config.nccl_multi_rank_gpu, config.hierarchical_allreduce) == ("MPI", True, True)
+    config = load_config({"HVDLITE_GPU_OPERATIONS": "mpi", "NCCL_MULTI_RANK_GPU_ENABLE": "1"})
+    assert (config.gpu_operations, config.nccl_multi_rank_gpu) == ("MPI", True)
     assert load_config({}).gpu_operations == "NCCL" and not load_config({}).nccl_multi_rank_gpu
     with pytest.raises(errors.ConfigError, match="HVDLITE_GPU_OPERATIONS='GLOO' is invalid: must be NCCL or MPI"):
         load_config({"HVDLITE_GPU_OPERATIONS": "GLOO"})
