@@ -113,6 +113,7 @@ class Config:
     network_interface: str = ""
     verbose: bool = False
     gpu_operations: str = "NCCL"
+    hierarchical_allreduce: bool = False
     nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
 
     @property
@@ -192,6 +193,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_VERBOSE", "verbose", _flag, "print the launch command"),
     Setting("HVDLITE_GPU_OPERATIONS", "gpu_operations", _gpu_operations,
             "NCCL (default: device tensors reduced on the GPU) or MPI (staged through host memory)"),
+    Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", _flag,
+            "1: GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast"),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
 

@@ -102,7 +102,7 @@ def init(comm: Any = None) -> None:
         config,
         MpiControlChannel(control, poll_seconds, config.comm_timeout),
         Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout), rank, topology.size,
-                 device_runner=_device_runner(config, hosts[rank], topology.local_rank)),
+                 device_runner=_device_runner(config, data, hosts, topology.local_rank)),
         abort=failure.abort_job,
     )
     engine.start()
@@ -118,12 +118,12 @@ def init(comm: Any = None) -> None:
         _atexit_registered = True
 
 
-def _device_runner(config: Config, host_name: str, local_rank: int):
+def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank: int):
     """The factory of the GPU data plane, called on the first device tensor (cupy is imported then)."""
     def make(host: Any) -> Any:
         from .gpu.executor import DeviceExecutor
 
-        return DeviceExecutor(host, config, host_name, local_rank)
+        return DeviceExecutor(host, config, data_comm, hosts, local_rank)
     return make
 
 

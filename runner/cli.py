@@ -44,6 +44,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--autotune", action="store_true", default=None,
                    help="tune the fusion threshold and chunk size online (HVDLITE_AUTOTUNE=1)")
     p.add_argument("--autotune-log-file", help="rank 0 logs every autotune sample to this CSV file")
+    p.add_argument("--hierarchical-allreduce", action="store_true", default=None,
+                   help="GPU allreduce: NCCL inside each host, MPI across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE=1)")
     p.add_argument("--timeline-filename", help="rank 0 writes a timeline (Chrome trace JSON) to this file")
     p.add_argument("--timeline-mark-cycles", action="store_true", default=None,
                    help="mark every engine cycle that did work in the timeline")

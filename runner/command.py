@@ -92,4 +92,6 @@ def flag_environment(values: dict[str, object]) -> dict[str, str]:
         env["HVDLITE_AUTOTUNE"] = "1"
     if values.get("timeline_mark_cycles"):
         env["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
+    if values.get("hierarchical_allreduce"):
+        env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
     return env

@@ -45,10 +45,12 @@ def exchange_rows(backend: DataBackend, mine: selection.RankGpu, size: int) -> l
 class DeviceExecutor:
     """The device half of the executor; built on the first device item (see the module docstring)."""
 
-    def __init__(self, host: Executor, config: Config, host_name: str, local_rank: int) -> None:
+    def __init__(self, host: Executor, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
         self._host = host
         self._config = config
-        self._host_name = host_name
+        self._data_comm = data_comm  # the engine's MPI data communicator, for the hierarchical groups
+        self._hosts = hosts  # every rank's host name, index = rank
+        self._host_name = hosts[host.rank]
         self._local_rank = local_rank
         self._plane: Any = None
 
@@ -93,4 +95,24 @@ class DeviceExecutor:
 
         uid = exchange_unique_id(backend, self._host.rank)
         comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
-        return NcclPlane(comm, device_id, self._config.comm_timeout, self._config.poll_time_ms / 1000)
+        poll_seconds = self._config.poll_time_ms / 1000
+        return NcclPlane(comm, device_id, self._config.comm_timeout, poll_seconds, self._hierarchy(device_id))
+
+    def _hierarchy(self, device_id: int) -> Any:
+        """The hierarchical reducer when asked for and the job spans hosts (same answer on every rank)."""
+        if not self._config.hierarchical_allreduce:
+            return None
+        if len(set(self._hosts)) == 1:
+            if self._host.rank == 0:
+                log.info("HVDLITE_HIERARCHICAL_ALLREDUCE=1 on a single host: the flat NCCL allreduce is used")
+            return None
+        from .hierarchical import HierarchicalReducer, build_groups
+
+        timeout = self._config.comm_timeout
+        groups = build_groups(self._data_comm, self._hosts, self._host.rank, self._config.chunk_bytes,
+                              self._config.poll_time_ms / 1000, timeout)
+        uid = exchange_unique_id(groups.local, groups.local_rank)
+        local = nccl.Communicator.create(uid, groups.local_size, groups.local_rank, device_id, timeout)
+        if self._host.rank == 0:
+            log.info("hvdlite hierarchical allreduce: NCCL inside each of %d hosts, MPI across them", groups.hosts)
+        return HierarchicalReducer(local, groups.cross)

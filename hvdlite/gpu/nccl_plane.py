@@ -7,6 +7,9 @@ back before the collective finished, and the inputs (held by their requests) sta
 then. Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout
 aborts the communicator so no kernel is left spinning on a dead peer.
 
+With ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` on several hosts, allreduces go through
+:mod:`.hierarchical` (NCCL inside each host, MPI across hosts) instead of one flat NCCL call.
+
 Fused allreduces whose every member has an output (the optimizer's in-place gradients) pack
 into a persistent device fusion buffer and copy back out; members that want new tensors get
 views into a fresh buffer, as on the host path. Scale factors and the division of an Average
@@ -29,6 +32,7 @@ from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response
 from .arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
+from .hierarchical import HierarchicalReducer, supports
 from .nccl import Communicator, NcclError, group
 from .scaling import scale_in_place
 
@@ -65,11 +69,13 @@ class NcclPlane:
 
     name = "NCCL"
 
-    def __init__(self, comm: Communicator, device_id: int, timeout: float | None, poll_seconds: float) -> None:
+    def __init__(self, comm: Communicator, device_id: int, timeout: float | None, poll_seconds: float,
+                 hierarchy: HierarchicalReducer | None = None) -> None:
         import cupy
 
         self._cp = cupy
         self._comm = comm
+        self._hierarchy = hierarchy
         self._device_id = device_id
         self._timeout = timeout
         self._poll_seconds = poll_seconds
@@ -97,6 +103,15 @@ class NcclPlane:
                 results = [run[collective](response, request)]
             self._wait_finished(responses)
         return results
+
+    def _reduce(self, send: int, recv: Any, count: int, meta: Any, wire: str, op: ReduceOp, factor: float,
+                responses: tuple[Response, ...]) -> None:
+        """All-reduce ``count`` elements from ``send`` into the cupy array ``recv``: flat, or hierarchical."""
+        if self._hierarchy is not None and supports(meta.dtype, meta.op):
+            self._hierarchy.allreduce(send, recv, count, wire, op, factor, self._stream,
+                                      lambda: self._wait_finished(responses))
+        else:
+            self._comm.allreduce(send, recv.data.ptr, count, wire, op, self._stream.ptr, factor)
 
     # ---- waiting -----------------------------------------------------------------------------
     def _wait_finished(self, responses: tuple[Response, ...]) -> None:
@@ -131,7 +146,7 @@ class NcclPlane:
         counts = [math.prod(r.meta.shape) for r in responses]
         first = requests[0]
         if len(responses) == 1 and first is not None and wire == meta.dtype and pre == 1.0:
-            return [self._allreduce_one(first, counts[0], wire, nccl_op, factor, post)]
+            return [self._allreduce_one(first, counts[0], wire, nccl_op, factor, post, responses)]
         storage = storage_dtype(wire)
         starts = member_offsets(counts, storage.itemsize)
         everyone_has_output = all(r is not None and r.output is not None for r in requests)
@@ -143,7 +158,7 @@ class NcclPlane:
                 buffer[start:start + count] = cupy_view(request.tensor)  # casts int16 up to int32
                 buffer[start + count:end] = 0
         scale_in_place(buffer, wire, pre, cp)
-        self._comm.allreduce(buffer.data.ptr, buffer.data.ptr, starts[-1], wire, nccl_op, self._stream.ptr, factor)
+        self._reduce(buffer.data.ptr, buffer, starts[-1], meta, wire, nccl_op, factor, responses)
         scale_in_place(buffer, wire, post, cp)
         results = []
         for response, request, start, count in zip(responses, requests, starts, counts, strict=False):
@@ -159,15 +174,13 @@ class NcclPlane:
         return results
 
     def _allreduce_one(self, request: Request, count: int, wire: str, nccl_op: ReduceOp, factor: float,
-                       post: float) -> DeviceArray:
+                       post: float, responses: tuple[Response, ...]) -> DeviceArray:
         """One tensor in its own dtype: reduced straight from its memory, into its output or a new buffer."""
         output = request.output
-        fresh = None if output is not None else self._cp.empty(count, storage_dtype(wire))
-        target = output.ptr if output is not None else fresh.data.ptr
-        self._comm.allreduce(request.tensor.ptr, target, count, wire, nccl_op, self._stream.ptr, factor)
-        if post != 1.0:
-            scale_in_place(cupy_view(output) if output is not None else fresh, wire, post, self._cp)
-        return output if output is not None else from_cupy(fresh, wire, request.meta.shape)
+        target = cupy_view(output) if output is not None else self._cp.empty(count, storage_dtype(wire))
+        self._reduce(request.tensor.ptr, target, count, request.meta, wire, nccl_op, factor, responses)
+        scale_in_place(target, wire, post, self._cp)
+        return output if output is not None else from_cupy(target, wire, request.meta.shape)
 
     def _fusion_buffer(self, count: int, storage: np.dtype) -> Any:
         nbytes = count * storage.itemsize

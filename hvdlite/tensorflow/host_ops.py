@@ -14,7 +14,7 @@ import tensorflow as tf
 from .. import api, basics
 from ..naming import group_member_names
 from ..ops import ReduceOp
-from .tensors import graph_name, run_on_host
+from .tensors import graph_name, in_graph, run_on_host
 
 
 def _wait(handles: Sequence[api.Handle]) -> list[np.ndarray]:
@@ -81,6 +81,9 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None) -> t
         data, received = api.synchronize(api.alltoall_async(array, split_array[0] if split_array else None, base))
         return [data, received.astype(np.int32)]
 
+    if splits is not None and not in_graph():
+        with tf.device("/CPU:0"):  # the counts are read on the host, wherever the data lives
+            splits = tf.identity(splits)
     inputs = [tensor] if splits is None else [tensor, splits]
     data, received = run_on_host(run, inputs, [tensor.dtype, tf.int32], _label("alltoall", base))
     if tensor.shape.rank is not None:

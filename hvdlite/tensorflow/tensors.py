@@ -5,6 +5,12 @@ Inside ``tf.function`` the core call becomes one stateful ``tf.numpy_function`` 
 passes its inputs as views, keeps such ops in program order (automatic control dependencies),
 and never prunes them. XLA cannot compile a host callback, so a collective traced under
 ``jit_compile=True`` is refused with an error that says what to change.
+
+Eagerly, a GPU tensor goes to the core as a :class:`~hvdlite.gpu.arrays.DeviceArray` through
+DLPack when hvdlite's GPU plane is installed (``hvdlite[gpu]``), and results come back through
+DLPack. TensorFlow does not expose the stream that produced a tensor, so the adapter waits for
+the device first (``sync_devices``). Inside ``tf.function``, ``tf.numpy_function`` stages device
+tensors through host memory.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
+from .. import dtypes
 from ..errors import UnsupportedOperationError
+from ..gpu import arrays as gpu_arrays
 
 _TF_TO_CORE: dict[tf.dtypes.DType, str] = {
     tf.uint8: "uint8", tf.int8: "int8", tf.int16: "int16", tf.int32: "int32", tf.int64: "int64",
@@ -74,6 +82,35 @@ def _refuse_xla(what: str) -> None:
             "jit_compile=False) for Keras (Keras turns jit_compile='auto' into True when it sees a GPU)")
 
 
+def _on_gpu_plane(tensor: tf.Tensor) -> bool:
+    return ":GPU:" in tensor.device.upper() and gpu_arrays.device_count() > 0
+
+
+def to_core(tensor: tf.Tensor) -> np.ndarray | gpu_arrays.DeviceArray:
+    """An eager tensor for the core: a NumPy view on the host, its device memory on a GPU (DLPack)."""
+    if not _on_gpu_plane(tensor):
+        return np.asarray(tensor)
+    import cupy
+
+    name = core_dtype(tensor)
+    # cupy has no bfloat16: hand over its bits (a new tensor; the in-place forms are not TensorFlow's).
+    view = tf.bitcast(tensor, tf.uint16) if name == "bfloat16" else tensor
+    tf.test.experimental.sync_devices()
+    values = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(view))
+    return gpu_arrays.DeviceArray(values.data.ptr, tuple(tensor.shape), dtypes.SUPPORTED[name], values.device.id,
+                                  values)
+
+
+def from_core(result: np.ndarray | gpu_arrays.DeviceArray, dtype: tf.dtypes.DType) -> tf.Tensor:
+    """A core result as a tensor: on the GPU (DLPack, no copy) for a device result."""
+    if not isinstance(result, gpu_arrays.DeviceArray):
+        return tf.convert_to_tensor(result, dtype=dtype)
+    tensor = tf.experimental.dlpack.from_dlpack(gpu_arrays.cupy_view(result).__dlpack__())
+    if result.dtype == dtypes.bfloat16:
+        tensor = tf.bitcast(tensor, tf.bfloat16)
+    return tf.reshape(tensor, result.shape)
+
+
 def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
                 output_dtypes: Sequence[tf.dtypes.DType], what: str) -> list[tf.Tensor]:
     """Run ``fn`` on NumPy views of ``inputs`` and return its arrays as tensors.
@@ -82,8 +119,8 @@ def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Ten
     In a graph it becomes one op that runs each time the graph does.
     """
     if not in_graph():
-        results = fn(*(np.asarray(t) for t in inputs))
-        return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, output_dtypes, strict=True)]
+        results = fn(*(to_core(t) for t in inputs))
+        return [from_core(r, d) for r, d in zip(results, output_dtypes, strict=True)]
     _refuse_xla(what)
     results = tf.numpy_function(lambda *arrays: list(fn(*arrays)), list(inputs), list(output_dtypes), stateful=True)
     return list(results) if isinstance(results, (list, tuple)) else [results]

@@ -125,6 +125,14 @@ def test_sums_and_float_averages_fold_every_factor_into_one_premultiplied_sum() 
     assert reduction_plan("bool", ReduceOp.SUM, 1.0, 1.0, 2)[0] is ReduceOp.MAX  # logical or
 
 
+def test_only_an_integer_average_cannot_be_split_into_hierarchical_stages() -> None:
+    from hvdlite.gpu.hierarchical import supports
+
+    assert not supports("int32", ReduceOp.AVERAGE) and not supports("uint8", ReduceOp.AVERAGE)
+    assert supports("float32", ReduceOp.AVERAGE) and supports("bfloat16", ReduceOp.AVERAGE)
+    assert supports("int64", ReduceOp.SUM) and supports("bool", ReduceOp.SUM) and supports("int8", ReduceOp.MAX)
+
+
 def test_device_fusion_offsets_are_aligned_and_hold_every_member() -> None:
     starts = member_offsets([3, 17, 0, 64], 2)
     assert all(s * 2 % 64 == 0 for s in starts)
@@ -219,8 +227,9 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
 
 
 def test_gpu_settings_are_parsed_and_checked() -> None:
-    config = load_config({"HVDLITE_GPU_OPERATIONS": "mpi", "NCCL_MULTI_RANK_GPU_ENABLE": "1"})
-    assert (config.gpu_operations, config.nccl_multi_rank_gpu) == ("MPI", True)
+    config = load_config({"HVDLITE_GPU_OPERATIONS": "mpi", "NCCL_MULTI_RANK_GPU_ENABLE": "1",
+                          "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"})
+    assert (config.gpu_operations, config.nccl_multi_rank_gpu, config.hierarchical_allreduce) == ("MPI", True, True)
     assert load_config({}).gpu_operations == "NCCL" and not load_config({}).nccl_multi_rank_gpu
     with pytest.raises(errors.ConfigError, match="HVDLITE_GPU_OPERATIONS='GLOO' is invalid: must be NCCL or MPI"):
         load_config({"HVDLITE_GPU_OPERATIONS": "GLOO"})

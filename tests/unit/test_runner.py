@@ -51,10 +51,12 @@ def test_ssh_agent_script():
 def test_flags_become_variables():
     env = flag_environment({"fusion_threshold_mb": 2.0, "cycle_time_ms": 1.5, "no_stall_check": True,
                             "log_level": "DEBUG", "cache_capacity": None, "timeline_filename": "t.json",
-                            "timeline_mark_cycles": True, "autotune": True, "autotune_log_file": "a.csv"})
+                            "timeline_mark_cycles": True, "autotune": True, "autotune_log_file": "a.csv",
+                            "hierarchical_allreduce": True})
     assert env == {"HVDLITE_FUSION_THRESHOLD": "2097152", "HVDLITE_CYCLE_TIME": "1.5",
                    "HVDLITE_STALL_CHECK": "0", "HVDLITE_LOG_LEVEL": "DEBUG", "HVDLITE_TIMELINE": "t.json",
-                   "HVDLITE_TIMELINE_MARK_CYCLES": "1", "HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": "a.csv"}
+                   "HVDLITE_TIMELINE_MARK_CYCLES": "1", "HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG": "a.csv",
+                   "HVDLITE_HIERARCHICAL_ALLREDUCE": "1"}
 
 
 def test_flag_beats_environment_beats_default():

@@ -16,6 +16,8 @@ from hvdlite.backend.mpi import MpiDataBackend
 from hvdlite.gpu import selection
 from hvdlite.gpu.arrays import DeviceArray
 from hvdlite.gpu.executor import exchange_rows, exchange_unique_id
+from hvdlite.gpu.hierarchical import build_groups, cross_host_allreduce
+from hvdlite.ops import ReduceOp
 
 
 def main() -> None:
@@ -44,6 +46,19 @@ def main() -> None:
         print(f"mixed: {exc}", flush=True)
     # The job goes on after the error: a normal host allreduce still works.
     print(f"after {hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name='after').tolist()}", flush=True)
+
+    # The hierarchical allreduce's MPI side, with simulated hosts: a, a, b at np=3; a, b at np=2.
+    hosts = ["a", "a", "b"] if size == 3 else ["a", "b"]
+    groups = build_groups(MPI.COMM_WORLD.Dup(), hosts, rank, 4 << 20, 0.001, 60)
+    local_uid = exchange_unique_id(groups.local, groups.local_rank)
+    print(f"hier {hosts[rank]} {groups.local_rank}/{groups.local_size} of {groups.hosts} hosts "
+          f"{hashlib.sha256(local_uid).hexdigest()[:16]}", flush=True)
+    if groups.cross is not None:
+        bits = np.array([1.5, rank + 0.25, -3.0], ml_dtypes.bfloat16).view(np.uint16)
+        summed = cross_host_allreduce(groups.cross, bits.copy(), "bfloat16", ReduceOp.SUM)
+        print(f"cross {summed.view(ml_dtypes.bfloat16).astype(np.float32).tolist()}", flush=True)
+        biggest = cross_host_allreduce(groups.cross, np.array([rank, 1], np.int64), "int64", ReduceOp.MAX)
+        print(f"cross_max {biggest.tolist()}", flush=True)
     hvd.shutdown()
 
 
