@@ -79,6 +79,9 @@ class HierarchicalReducer:
         self._local = local
         self._cross = cross
 
+    def close(self) -> None:
+        self._local.destroy()
+
     def allreduce(self, send: int, recv: Any, count: int, wire: str, op: ReduceOp, factor: float, stream: Any,
                   wait: Callable[[], None]) -> None:
         """``recv`` (a cupy array of ``count`` elements) = op over every rank of ``send``, times ``factor``."""

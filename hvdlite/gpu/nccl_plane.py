@@ -84,6 +84,8 @@ class NcclPlane:
         self._fusion = None  # persistent device fusion buffer (uint8), grown on demand
 
     def close(self) -> None:
+        if self._hierarchy is not None:
+            self._hierarchy.close()
         self._comm.destroy()
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
