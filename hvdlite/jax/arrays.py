@@ -59,9 +59,9 @@ def to_numpy(value: Any) -> np.ndarray | gpu_arrays.DeviceArray:
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         raise ValueError("hvdlite.jax works on arrays local to this process; got one sharded across processes")
     device = _gpu_device(value)
-    if device is not None:
+    if device is not None and np.dtype(value.dtype) in dtypes.NAME_OF:
         return _device_array(value, device)
-    return np.asarray(value)
+    return np.asarray(value)  # an unsupported dtype reaches the core, which names it in its error
 
 
 def to_jax(array: np.ndarray | gpu_arrays.DeviceArray, like: Any = None) -> jax.Array:
