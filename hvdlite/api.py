@@ -7,6 +7,7 @@ so a bad call fails on the calling rank with a message naming the tensor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import current
+from .segments import Segments
 
 
 def _array(tensor: Any) -> np.ndarray | DeviceArray:
@@ -114,6 +116,27 @@ def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
     if isinstance(array, np.ndarray) and not (array.flags.c_contiguous and array.flags.writeable):
         raise UnsupportedOperationError(f"tensor {meta.name!r} must be C-contiguous and writable to reduce in place")
     request = Request(meta, array, Handle(meta.name), array)
+    current().engine.submit([request])
+    return request.handle
+
+
+def prepare_segmented_allreduce(name: str, dtype: np.dtype, size: int, op: ReduceOp | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> RequestMeta:
+    """Describe an in-place allreduce of ``size`` elements of ``dtype`` held in pieces
+    (:class:`~hvdlite.segments.Segments`), for :func:`allreduce_segments_async`."""
+    return _reduction_meta(Collective.ALLREDUCE, np.empty((size,), dtype), name, resolve_op(op), prescale_factor,
+                           postscale_factor)
+
+
+def allreduce_segments_async(meta: RequestMeta, segments: Segments) -> Handle:
+    """Start reducing ``segments`` in place, as one tensor described by ``meta``.
+
+    The pieces are resolved on the engine thread; the handle's result is ``segments``.
+    """
+    if segments.size != math.prod(meta.shape) or dtypes.NAME_OF.get(segments.dtype) != meta.dtype:
+        raise UnsupportedOperationError(
+            f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)}, got {segments!r}")
+    request = Request(meta, segments, Handle(meta.name), segments)
     current().engine.submit([request])
     return request.handle
 

@@ -88,6 +88,8 @@ class Config:
 
     fusion_threshold: int = 2 * MIB
     chunk_bytes: int = 4 * MIB
+    pipeline_depth: int = 2
+    bucket_bytes: int = 25 * MIB
     cycle_time_ms: float = 0.0
     poll_time_ms: float = 1.0
     idle_cycle_seconds: float = 1.0
@@ -152,6 +154,11 @@ SETTINGS: tuple[Setting, ...] = (
             "bytes of small tensors packed into one fusion buffer (0 disables fusion)"),
     Setting("HVDLITE_CHUNK_BYTES", "chunk_bytes", _positive_int,
             "large buffers are reduced in pieces of this many bytes"),
+    Setting("HVDLITE_PIPELINE_DEPTH", "pipeline_depth", _positive_int,
+            "host reductions (pieces of chunk size) kept in flight at once; 1 runs them one at a time"),
+    Setting("HVDLITE_BUCKET_BYTES", "bucket_bytes", _non_negative_int,
+            "DistributedOptimizer reduces dense CPU gradients in buckets of about this many bytes, one request "
+            "each (0: one request per gradient)"),
     Setting("HVDLITE_CYCLE_TIME", "cycle_time_ms", _non_negative_float,
             "ms the engine waits after new work arrives so more requests share one negotiation"),
     Setting("HVDLITE_POLL_TIME", "poll_time_ms", _positive_float,

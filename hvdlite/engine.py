@@ -33,7 +33,7 @@ from . import errors, fusion
 from .autotune import Autotuner, Params
 from .backend.base import ControlChannel
 from .config import Config
-from .executor import Executor
+from .executor import Executor, Outcome
 from .negotiation import Coordinator
 from .ops import Collective
 from .polling import WaitTimeout
@@ -71,7 +71,8 @@ class Engine:
         self._shutdown_requested = False
         self._last_round = time.monotonic()
         self._fatal: errors.HvdliteError | None = None
-        self._executing: fusion.WorkItem | None = None  # what a timed-out wait was doing (None: negotiating)
+        # Items started and not yet finished, oldest first: a timed-out wait is on the oldest (none: negotiating).
+        self._unfinished: list[fusion.WorkItem] = []
         self._fusion_threshold = config.fusion_threshold  # autotune moves it, on every rank at once
         self._tuner = self._make_tuner(config) if config.autotune and self.rank == 0 else None
         self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
@@ -195,10 +196,10 @@ class Engine:
 
     def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
         """Probe every peer, then describe the timeout with the ranks that did not answer."""
-        item = self._executing
-        if item is None:
+        if not self._unfinished:
             doing = "negotiation"
         else:
+            item = self._unfinished[0]
             names = [r.meta.name for r in item.responses]
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             doing = f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
@@ -346,8 +347,9 @@ class Engine:
         return list(result.responses)
 
     def _execute(self, responses: list[Response], timeline: Timeline | None = None) -> None:
+        """Run the planned work items; a host allreduce may finish after the next item started."""
         for item in fusion.plan(responses, self._fusion_threshold):
-            self._executing = item
+            self._unfinished.append(item)
             if self._tuner is not None:
                 reduced = [r for r in item.responses if r.meta.collective is Collective.ALLREDUCE and not r.error]
                 self._reduced_bytes += sum(fusion.wire_nbytes(r) for r in reduced)
@@ -359,11 +361,21 @@ class Engine:
                         nbytes = fusion.wire_nbytes(response) if response.meta.dtype else 0
                         args = {"bytes": nbytes, "fused_with": len(item.responses) - 1}
                         timeline.begin(response.meta.name, response.meta.collective.name, start, args)
-            for response, result, error in self._executor.run(item, self._pending):
-                if timeline is not None and response.meta.name in self._pending:
-                    timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
-                self._complete(response.meta.name, result, error)
-        self._executing = None
+            self._executor.start(item, self._pending,
+                                 lambda outcome, item=item: self._finished(item, outcome, timeline))
+        self._executor.finish()
+
+    def _finished(self, item: fusion.WorkItem, outcome: Outcome, timeline: Timeline | None) -> None:
+        # By identity, from the front: items finish in the order they started, except an error
+        # response, which is delivered at once.
+        for index, started in enumerate(self._unfinished):
+            if started is item:
+                del self._unfinished[index]
+                break
+        for response, result, error in outcome:
+            if timeline is not None and response.meta.name in self._pending:
+                timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
+            self._complete(response.meta.name, result, error)
 
     def _complete(self, name: str, result: object, error: BaseException | None) -> None:
         """Release the name *before* waking the waiter, so it can resubmit the name at once."""

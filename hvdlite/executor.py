@@ -6,6 +6,10 @@ and handing results back. Outputs of a fused reduction are views into the fresh 
 so nothing is copied back out; a large tensor is reduced straight from the caller's array, and
 an in-place request (``Request.output`` is its own input) is reduced in the caller's memory with
 no copy at all. The engine, not the executor, hands results to the waiting handles.
+
+:meth:`Executor.start` lets host allreduces overlap: the backend may still be reducing one item
+when the next starts, and the item's results are delivered once it finished (see
+:mod:`hvdlite.backend.mpi`). :meth:`Executor.finish` delivers everything still outstanding.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ from .fusion import WorkItem
 from .ops import Collective, ReduceOp
 from .request import Request
 from .response import Response
+from .segments import Segments
 
 
 def error_for(response: Response) -> errors.HvdliteError:
     """The exception a response's error stands for."""
     cls = getattr(errors, response.error_type, errors.HvdliteError)
     return cls(response.error)
+
+
+Outcome = list[tuple[Response, Any, BaseException | None]]  # (response, result, error) per response
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -58,7 +66,7 @@ class Executor:
     def backend(self) -> DataBackend:
         return self._backend
 
-    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list[tuple[Response, Any, BaseException | None]]:
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> Outcome:
         """Execute ``item``; returns (response, result, error) for each of its responses."""
         if item.responses[0].error:
             return [(r, None, error_for(r)) for r in item.responses]
@@ -67,6 +75,27 @@ class Executor:
         else:
             results = self._device_runner().run(item, local)
         return [(r, result, None) for r, result in zip(item.responses, results, strict=True)]
+
+    def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
+        """Execute ``item`` like :meth:`run`, but hand its outcome to ``on_done``, maybe later.
+
+        A host allreduce may still be in flight when this returns; its ``on_done`` then runs
+        inside a later :meth:`start` or :meth:`finish` on this thread. Everything else completes
+        before this returns.
+        """
+        first = item.responses[0]
+        if first.error or first.meta.device != "cpu" or first.meta.collective is not Collective.ALLREDUCE:
+            if not first.error:
+                self._backend.flush()  # other work never overtakes host reductions still in flight
+            on_done(self.run(item, local))
+            return
+        responses = item.responses
+        self._allreduce(responses, local,
+                        lambda results: on_done([(r, x, None) for r, x in zip(responses, results, strict=True)]))
+
+    def finish(self) -> None:
+        """Deliver the outcome of every item :meth:`start` left in flight."""
+        self._backend.flush()
 
     def close(self) -> None:
         """Release device resources (NCCL communicators), if any were made."""
@@ -100,15 +129,20 @@ class Executor:
             return [None]
         return [response.last_joined]  # JOIN
 
-    def _wire_input(self, response: Response, local: Mapping[str, Request]) -> np.ndarray:
+    def _wire_input(self, response: Response, local: Mapping[str, Request]) -> np.ndarray | Segments:
         meta = response.meta
         request = local.get(meta.name)
         wire = dtypes.wire_dtype(meta.dtype)
         if request is None:  # this rank has joined: it contributes zeros
             return np.zeros(math.prod(meta.shape), dtype=wire)
+        if isinstance(request.tensor, Segments):
+            return request.tensor
         return np.ascontiguousarray(request.tensor).reshape(-1)
 
-    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request],
+                   deliver: Callable[[list], None] | None = None) -> list | None:
+        """Reduce one work item. Returns its results, or, given ``deliver``, passes them to it once
+        the backend finished (possibly after this returns) and returns None."""
         meta = responses[0].meta
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
@@ -116,21 +150,41 @@ class Executor:
         requests = [local.get(r.meta.name) for r in responses]
         outputs = [None if r is None else r.output for r in requests]
         scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
-        written = False  # True once the result already sits in the caller's output
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            in_place = requests[0] is not None and requests[0].output is requests[0].tensor
-            buffer, written = self._reduce_unpacked(inputs[0], outputs[0], in_place, wire, op, scale)
-            starts = [0]
+            source, output = inputs[0], outputs[0]
+            if isinstance(source, Segments):  # always in place (allreduce_segments_async)
+                return self._reduce_segments(source, op, scale, deliver)
+            # Reduced in the caller's output when it can hold the wire type; in place, with no copy at all.
+            written = output is not None and output.dtype == wire
+            buffer = output.reshape(-1) if written else aligned_empty(source.size, wire)
+            in_place = written and requests[0].output is requests[0].tensor
+            send, starts = None if in_place else source, [0]
         else:
+            written = False
             # Each member starts on an aligned offset, so its result view can be adopted without a copy.
             starts = _aligned_offsets([i.size for i in inputs], wire.itemsize)
             buffer = aligned_empty(starts[-1], wire)
             for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
-                buffer[start : start + tensor.size] = tensor  # packs, and widens 16-bit floats
+                # packs, and widens 16-bit floats
+                buffer[start : start + tensor.size] = tensor.gather() if isinstance(tensor, Segments) else tensor
                 buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
-            self._backend.allreduce(None, buffer, op, scale)
+            send = None
+
+        def results() -> list:
+            return self._results(responses, outputs, buffer, starts, written)
+
+        if deliver is None:
+            self._backend.allreduce(send, buffer, op, scale)
+            return results()
+        self._backend.allreduce(send, buffer, op, scale, done=lambda: deliver(results()))
+        return None
+
+    @staticmethod
+    def _results(responses: tuple[Response, ...], outputs: list, buffer: np.ndarray, starts: list[int],
+                 written: bool) -> list:
+        """Each response's result once ``buffer`` is reduced: views of it, or the callers' outputs."""
         results = []
         for response, output, start in zip(responses, outputs, starts, strict=False):
             count = math.prod(response.meta.shape)
@@ -140,25 +194,28 @@ class Executor:
                 own = response.meta.dtype
                 results.append(view if view.dtype == dtypes.SUPPORTED[own] else aligned_copy(view, own))
             else:
-                if not written:
+                if isinstance(output, Segments):
+                    output.scatter(view)
+                elif not written:
                     np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once
                 results.append(output)
         return results
 
-    def _reduce_unpacked(self, source: np.ndarray, output: np.ndarray | None, in_place: bool, wire: np.dtype,
-                         op: ReduceOp, scale: Callable[[np.ndarray], None] | None) -> tuple[np.ndarray, bool]:
-        """Reduce one tensor without packing, into ``output`` when it can hold the wire type.
-
-        Returns the reduced flat buffer and whether it is ``output``'s own memory. ``in_place``
-        (the output is the input) reduces with no copy at all.
-        """
-        if output is None or output.dtype != wire:
-            buffer = aligned_empty(source.size, wire)
-            self._backend.allreduce(source, buffer, op, scale)
-            return buffer, False
-        buffer = output.reshape(-1)
-        self._backend.allreduce(None if in_place else source, buffer, op, scale)
-        return buffer, True
+    def _reduce_segments(self, segments: Segments, op: ReduceOp, scale: Callable[[np.ndarray], None] | None,
+                         deliver: Callable[[list], None] | None) -> list | None:
+        """Reduce each piece in its own memory, one after another (pipelined when ``deliver`` is given)."""
+        arrays = segments.arrays()
+        if deliver is None or not arrays:
+            for array in arrays:
+                self._backend.allreduce(None, array, op, scale)
+            if deliver is None:
+                return [segments]
+            deliver([segments])
+            return None
+        for array in arrays[:-1]:
+            self._backend.allreduce(None, array, op, scale, done=_nothing)
+        self._backend.allreduce(None, arrays[-1], op, scale, done=lambda: deliver([segments]))
+        return None
 
     def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
@@ -215,6 +272,10 @@ class Executor:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
         return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(output, meta.dtype)
+
+
+def _nothing() -> None:
+    """The ``done`` of a piece whose completion needs no action (a later piece delivers the results)."""
 
 
 def _aligned_offsets(sizes: list[int], itemsize: int) -> list[int]:

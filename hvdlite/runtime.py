@@ -101,7 +101,8 @@ def init(comm: Any = None) -> None:
     engine = Engine(
         config,
         MpiControlChannel(control, poll_seconds, config.comm_timeout),
-        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout), rank, topology.size,
+        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth),
+                 rank, topology.size,
                  device_runner=_device_runner(config, data, hosts, topology.local_rank)),
         abort=failure.abort_job,
     )

@@ -39,12 +39,20 @@ class DataBackend(Protocol):
         """True if this backend can move ``array`` (host memory for MPI, device memory for NCCL)."""
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
-                  finish_piece: Callable[[np.ndarray], None] | None = None) -> None:
+                  finish_piece: Callable[[np.ndarray], None] | None = None,
+                  done: Callable[[], None] | None = None) -> None:
         """Reduce into ``recv``; ``send=None`` means in place. SUM stands in for AVERAGE.
 
         ``finish_piece`` is applied to each finished piece of ``recv`` (a view) while it is still
         in cache: scaling there is cheaper than a second pass over the whole buffer.
+
+        Without ``done`` the call returns once ``recv`` holds the result. With it, the backend may
+        return while the reduction is still in flight and call ``done()`` once it finished, from a
+        later call on the same thread or from :meth:`flush`; the buffers must stay untouched until then.
         """
+
+    def flush(self) -> None:
+        """Finish every reduction still in flight (running their ``done`` callbacks)."""
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Concatenate every rank's ``send`` (``counts[r]`` elements from rank r) into ``recv``."""

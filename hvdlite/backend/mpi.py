@@ -7,6 +7,14 @@ collective only inside test calls, and sleeping between them was measured to tri
 a 64 MB reduction. Large reductions go in ``chunk_bytes`` pieces, one after another (measured
 faster than one huge message, whose shared-memory bandwidth drops above ~16 MB).
 
+Reductions are pipelined: the next piece (of the same tensor, or of the next tensor the executor
+hands over) starts before the previous one is waited for and scaled, up to ``max_in_flight``
+pieces at once. MPICH progresses every outstanding request inside each test call, so the peer's
+copies of piece k+1 move while this rank scales piece k and runs the engine's Python between
+tensors. Measured here (np=2, 100 distinct 2 MB float32 arrays, each averaged): 106-117 ms with
+two in flight against 119-124 ms for a loop of blocking ``Allreduce`` calls; three or more in
+flight were slower again at 2 MB.
+
 Every wait has the job's communication deadline (``HVDLITE_COMM_TIMEOUT_SECONDS``): MPI itself
 would wait for a peer behind a dead link until the kernel gives up on TCP (~15 minutes).
 """
@@ -14,7 +22,9 @@ would wait for a peer behind a dead link until the kernel gives up on TCP (~15 m
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -109,42 +119,80 @@ class MpiControlChannel:
         return buffer.tobytes()
 
 
+class _Piece(NamedTuple):
+    """One started reduction: what to do once its request completes."""
+
+    request: MPI.Request
+    recv: np.ndarray
+    finish: Callable[[np.ndarray], None] | None
+    done: Callable[[], None] | None  # set on a call's last piece only
+
+
 class MpiDataBackend:
     """Host (NumPy) buffers over MPI on a private duplicate of the job's communicator."""
 
     name = "MPI"
 
-    def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None,
+                 max_in_flight: int = 1) -> None:
         self._comm = comm
         self.chunk_bytes = chunk_bytes
+        self.max_in_flight = max_in_flight
         self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds, timeout)
+        self._in_flight: deque[_Piece] = deque()
 
     def enabled_for(self, array: np.ndarray) -> bool:
         return isinstance(array, np.ndarray)
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
-                  finish_piece: Callable[[np.ndarray], None] | None = None) -> None:
+                  finish_piece: Callable[[np.ndarray], None] | None = None,
+                  done: Callable[[], None] | None = None) -> None:
         mpi_op = _MPI_OPS[op]
         step = max(1, self.chunk_bytes // recv.itemsize)
-        for start in range(0, max(recv.size, 1), step):
+        starts = range(0, max(recv.size, 1), step)
+        for start in starts:
             piece = slice(start, start + step)
             source = MPI.IN_PLACE if send is None else send[piece]
-            self._wait(self._comm.Iallreduce(source, recv[piece], mpi_op))
-            if finish_piece is not None:
-                finish_piece(recv[piece])
+            request = self._comm.Iallreduce(source, recv[piece], mpi_op)
+            last = start == starts[-1]
+            self._in_flight.append(_Piece(request, recv[piece], finish_piece, done if last else None))
+            # Retire the oldest only now, with the new piece already started: see the module docstring.
+            while len(self._in_flight) >= max(self.max_in_flight, 1):
+                self._retire_oldest()
+        if done is None:
+            self.flush()
+
+    def flush(self) -> None:
+        """Finish every reduction still in flight, oldest first, running their callbacks."""
+        while self._in_flight:
+            self._retire_oldest()
+
+    def _retire_oldest(self) -> None:
+        piece = self._in_flight[0]
+        self._wait(piece.request)
+        self._in_flight.popleft()  # only once finished: a timed-out piece stays owned by the backend
+        if piece.finish is not None:
+            piece.finish(piece.recv)
+        if piece.done is not None:
+            piece.done()
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        self.flush()
         self._wait(self._comm.Iallgatherv(send, [recv, (counts, _displacements(counts))]))
 
     def broadcast(self, buffer: np.ndarray, root: int) -> None:
+        self.flush()
         self._wait(self._comm.Ibcast(buffer, root=root))
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray, recv_counts: list[int]) -> None:
+        self.flush()
         self._wait(self._comm.Ialltoallv([send, (send_counts, _displacements(send_counts))],
                                          [recv, (recv_counts, _displacements(recv_counts))]))
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int], op: ReduceOp) -> None:
+        self.flush()
         self._wait(self._comm.Ireduce_scatter(send, recv, counts, _MPI_OPS[op]))
 
     def barrier(self) -> None:
+        self.flush()
         self._wait(self._comm.Ibarrier())

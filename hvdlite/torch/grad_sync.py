@@ -17,6 +17,7 @@ from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp
 from ..request import Handle, MappedHandle, RequestMeta
 from . import async_ops, tensors
+from .buckets import Bucket, plan_buckets, start_bucket
 
 Finisher = Callable[[], None]
 
@@ -77,7 +78,8 @@ class GradientSubmitter:
     """Starts each gradient's reduction (alone or with its group) and finishes them all on demand."""
 
     def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor], op: ReduceOp,
-                 predivide: float, groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool) -> None:
+                 predivide: float, groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool,
+                 bucket_bytes: int = 0) -> None:
         self._names = names
         self._compression = compression
         self._op = op
@@ -90,14 +92,27 @@ class GradientSubmitter:
         self._finishers: list[Finisher] = []
         self._last_handle: Handle | MappedHandle | None = None  # the latest started reduction, usually the last to finish
         self._prepared: dict[torch.Tensor, RequestMeta] = {}  # param -> its in-place allreduce, checked once
+        # Buckets (see .buckets) are planned after the first step, from the gradients reduced in place on
+        # the CPU in it; until then, and with bucket_bytes=0, every gradient is its own request.
+        self._bucket_bytes = bucket_bytes
+        self._in_place_cpu: set[torch.Tensor] = set()
+        self._buckets: list[Bucket] | None = None if bucket_bytes else []
+        self._bucket_of: dict[torch.Tensor, Bucket] = {}
 
     @property
     def in_flight(self) -> bool:
         """True while some gradient has been handed over and not yet waited for."""
-        return bool(self._finishers or self._ready)
+        return bool(self._finishers or self._ready or any(b.arrived for b in self._buckets or ()))
 
     def submit(self, param: torch.Tensor) -> None:
-        """``param.grad`` is final for this step: start its reduction (or its group's, once complete)."""
+        """``param.grad`` is final for this step: start its reduction (or its group's or bucket's, once complete)."""
+        bucket = self._bucket_of.get(param)
+        if bucket is not None:  # the common case, inside backward: count, and submit a full bucket
+            bucket.arrived += 1
+            if bucket.arrived == len(bucket.params):
+                bucket.arrived = 0
+                self._finishers.append(self._start_bucket(bucket))
+            return
         index = self._group_of.get(param)
         if index is None:
             self._finishers.append(self._start_one(param))
@@ -124,6 +139,23 @@ class GradientSubmitter:
             last.join()
         for finish in finishers:
             finish()
+        if self._buckets is None:
+            self._plan_buckets()
+
+    def _plan_buckets(self) -> None:
+        """After the first step: bucket the gradients that were reduced in place on the CPU."""
+        order = [p for p in reversed(list(self._names)) if p in self._in_place_cpu and p not in self._group_of]
+        self._buckets = plan_buckets(order, self._names, self._bucket_bytes, self._op, *self._scale)
+        self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
+
+    def _start_bucket(self, bucket: Bucket) -> Finisher:
+        handle, after_wait = start_bucket(bucket)
+        self._last_handle = handle
+
+        def finish() -> None:
+            handle.wait()
+            after_wait()
+        return finish
 
     # ---- starting reductions -----------------------------------------------------------------
     def _dense_grad(self, param: torch.Tensor) -> torch.Tensor:
@@ -158,6 +190,8 @@ class GradientSubmitter:
                 or meta.device != api.device_of(array)):
             meta = self._prepared[param] = api.prepare_allreduce(
                 array, self._names[param], self._op, self._scale[0], self._scale[1])
+        if self._buckets is None and meta.device == "cpu":
+            self._in_place_cpu.add(param)
         handle = self._last_handle = api.allreduce_prepared_async(meta, array)
         return handle.wait
 

@@ -20,6 +20,7 @@ import torch
 from ..compression import Compressor, NoneCompressor
 from ..ops import Average, ReduceOp
 from ..process_sets import ProcessSet, global_process_set, require_global
+from ..runtime import current
 from .grad_sync import GradientSubmitter, name_parameters
 
 ZERO_GRAD_RACE = (
@@ -130,7 +131,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
         raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
     names = name_parameters(optimizer, named_parameters)
     submitter = GradientSubmitter(names, compression, op, gradient_predivide_factor,
-                                  groups if groups is not None else (num_groups or None), sparse_as_dense)
+                                  groups if groups is not None else (num_groups or None), sparse_as_dense,
+                                  current().config.bucket_bytes)
     reducer = GradientReducer(optimizer, names, submitter, backward_passes_per_step)
     optimizer._hvdlite_reducer = reducer
     optimizer.synchronize = reducer.synchronize

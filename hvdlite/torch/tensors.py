@@ -90,6 +90,14 @@ def from_numpy(array: np.ndarray | gpu_arrays.DeviceArray, like: torch.Tensor | 
     return tensor
 
 
+def host_view(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a contiguous CPU tensor's memory, without :func:`to_numpy`'s checks."""
+    host = tensor.detach()
+    if host.dtype is torch.bfloat16:
+        return host.view(torch.int16).numpy().view(dtypes.bfloat16)
+    return host.numpy()
+
+
 def is_aliased(tensor: torch.Tensor) -> bool:
     """True if :func:`to_numpy` gives a view of ``tensor`` (writing the array writes the tensor)."""
     return tensor.is_contiguous() and (tensor.device.type == "cpu" or _on_gpu_plane(tensor))

@@ -32,6 +32,14 @@ def test_training_matches_one_process_on_the_whole_batch(np):
         assert got == EQUIVALENCE, result.output
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_gradient_buckets_train_like_one_process(np):
+    """After the first step, gradients go in buckets (here 256 bytes: several, of two dtypes)."""
+    result = run_script("torch_training.py", np, "buckets", env={"HVDLITE_BUCKET_BYTES": "256"}, timeout=240)
+    for rank in range(np):
+        assert [line.split(" [")[0] for line in _ok_lines(result, rank)] == ["ok buckets"], result.output
+
+
 @pytest.mark.parametrize("case", ["gradients", "optimizer", "grad_scaler", "state", "sparse", "errors"])
 @pytest.mark.parametrize("np", [2, 3])
 def test_torch_api(np, case):

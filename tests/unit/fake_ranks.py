@@ -65,12 +65,17 @@ class FakeData:
     def enabled_for(self, array):
         return True
 
-    def allreduce(self, send, recv, op, finish_piece=None):
+    def allreduce(self, send, recv, op, finish_piece=None, done=None):
         source = recv if send is None else send
         values = self.world.exchange(self.rank, source.copy())
         recv[...] = _NUMPY_OPS[op].reduce(np.stack(values), axis=0)
         if finish_piece is not None:
             finish_piece(recv)
+        if done is not None:
+            done()
+
+    def flush(self):
+        pass
 
     def allgatherv(self, send, recv, counts):
         recv[...] = np.concatenate(self.world.exchange(self.rank, send.copy()))

@@ -133,7 +133,7 @@ class _SilentRankOne(FakeControl):
 
 
 class _StuckData(FakeData):
-    def allreduce(self, send, recv, op, finish_piece=None):
+    def allreduce(self, send, recv, op, finish_piece=None, done=None):
         raise WaitTimeout(2.5)
 
 

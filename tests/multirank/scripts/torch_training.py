@@ -93,6 +93,49 @@ def case_equivalence(kind, passes, compression_name, groups=None, compiled=False
                             f"compiled={compiled}")
 
 
+def case_buckets():
+    """Run with HVDLITE_BUCKET_BYTES small: several buckets, of two dtypes; a gradient a hook
+    replaced by a non-contiguous tensor in a later step is still reduced, and written back."""
+    rank, size = hvd.rank(), hvd.size()
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(),
+                                   torch.nn.Linear(HIDDEN, HIDDEN).double(), torch.nn.Tanh(),
+                                   torch.nn.Linear(HIDDEN, CLASSES))
+
+    def forward(model, x):
+        return model[4](model[3](model[2](model[1](model[0](x)).double())).float())
+
+    transposing = [False]
+
+    def transpose(weight):  # registered before hvdlite's hook, so it runs first
+        if transposing[0]:
+            weight.grad = weight.grad.t().contiguous().t()
+            assert not weight.grad.is_contiguous()
+
+    def train(model, opt, shard, transpose_at):
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = batch(step, 0, size)
+            transposing[0] = step == transpose_at
+            torch.nn.functional.cross_entropy(forward(model, x[shard]), y[shard]).backward()
+            opt.step()
+
+    model = build()
+    model[2].weight.register_post_accumulate_grad_hook(transpose)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    train(model, opt, slice(rank * PER_RANK, (rank + 1) * PER_RANK), transpose_at=3)
+    buckets = opt._hvdlite_reducer._submitter._buckets
+    names = [[n for n, p in model.named_parameters() if any(p is q for q in b.params)] for b in buckets]
+    assert len(buckets) >= 3 and sorted(sum(names, [])) == sorted(n for n, _ in model.named_parameters()), names
+    assert all(len({p.dtype for p in b.params}) == 1 for b in buckets), names
+    want = build()
+    train(want, torch.optim.SGD(want.parameters(), lr=0.1, momentum=0.9), slice(None), transpose_at=-1)
+    compare(model, want, 1e-5, f"buckets {names}")
+
+
 def main():
     hvd.init()
     case, *args = sys.argv[1:]
@@ -104,6 +147,8 @@ def main():
         case_equivalence("adam", 2, "bf16")
         case_equivalence("sgd", 1, "none", groups=2)
         case_equivalence("adam", 1, "none", compiled=True)
+    elif case == "buckets":
+        case_buckets()
     else:
         raise SystemExit(f"unknown case {case}")
     hvd.shutdown()
