@@ -88,7 +88,7 @@ class Config:
 
     fusion_threshold: int = 2 * MIB
     chunk_bytes: int = 4 * MIB
-    pipeline_depth: int = 2
+    pipeline_depth: int = 1
     bucket_bytes: int = 25 * MIB
     cycle_time_ms: float = 0.0
     poll_time_ms: float = 1.0

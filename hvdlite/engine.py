@@ -73,6 +73,7 @@ class Engine:
         self._fatal: errors.HvdliteError | None = None
         # Items started and not yet finished, oldest first: a timed-out wait is on the oldest (none: negotiating).
         self._unfinished: list[fusion.WorkItem] = []
+        self._settling = False  # waiting, after this cycle's transfers, until peers finished theirs
         self._fusion_threshold = config.fusion_threshold  # autotune moves it, on every rank at once
         self._tuner = self._make_tuner(config) if config.autotune and self.rank == 0 else None
         self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
@@ -197,7 +198,7 @@ class Engine:
     def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
         """Probe every peer, then describe the timeout with the ranks that did not answer."""
         if not self._unfinished:
-            doing = "negotiation"
+            doing = "waiting for peers to finish this cycle's transfers" if self._settling else "negotiation"
         else:
             item = self._unfinished[0]
             names = [r.meta.name for r in item.responses]
@@ -363,7 +364,9 @@ class Engine:
                         timeline.begin(response.meta.name, response.meta.collective.name, start, args)
             self._executor.start(item, self._pending,
                                  lambda outcome, item=item: self._finished(item, outcome, timeline))
+        self._settling = True
         self._executor.finish()
+        self._settling = False
 
     def _finished(self, item: fusion.WorkItem, outcome: Outcome, timeline: Timeline | None) -> None:
         # By identity, from the front: items finish in the order they started, except an error

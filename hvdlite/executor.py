@@ -94,8 +94,8 @@ class Executor:
                         lambda results: on_done([(r, x, None) for r, x in zip(responses, results, strict=True)]))
 
     def finish(self) -> None:
-        """Deliver the outcome of every item :meth:`start` left in flight."""
-        self._backend.flush()
+        """Deliver the outcome of every item :meth:`start` left in flight; return once peers are done too."""
+        self._backend.quiesce()
 
     def close(self) -> None:
         """Release device resources (NCCL communicators), if any were made."""

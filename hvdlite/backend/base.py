@@ -54,6 +54,9 @@ class DataBackend(Protocol):
     def flush(self) -> None:
         """Finish every reduction still in flight (running their ``done`` callbacks)."""
 
+    def quiesce(self) -> None:
+        """:meth:`flush`, then return only once no peer needs this rank's help to finish its transfers."""
+
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Concatenate every rank's ``send`` (``counts[r]`` elements from rank r) into ``recv``."""
 

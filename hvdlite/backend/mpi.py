@@ -7,13 +7,13 @@ collective only inside test calls, and sleeping between them was measured to tri
 a 64 MB reduction. Large reductions go in ``chunk_bytes`` pieces, one after another (measured
 faster than one huge message, whose shared-memory bandwidth drops above ~16 MB).
 
-Reductions are pipelined: the next piece (of the same tensor, or of the next tensor the executor
-hands over) starts before the previous one is waited for and scaled, up to ``max_in_flight``
-pieces at once. MPICH progresses every outstanding request inside each test call, so the peer's
-copies of piece k+1 move while this rank scales piece k and runs the engine's Python between
-tensors. Measured here (np=2, 100 distinct 2 MB float32 arrays, each averaged): 106-117 ms with
-two in flight against 119-124 ms for a loop of blocking ``Allreduce`` calls; three or more in
-flight were slower again at 2 MB.
+Reductions can be pipelined (``max_in_flight``, ``HVDLITE_PIPELINE_DEPTH``): the next piece (of
+the same tensor, or of the next tensor the executor hands over) starts before the previous one is
+waited for and scaled. MPICH progresses every outstanding request inside each test call, so the
+peer's copies of piece k+1 can move while this rank scales piece k. A bare mpi4py loop over 100
+distinct 2 MB arrays gained from it here (np=2: 106-117 ms with two in flight, 119-124 ms one at a
+time), but through hvdlite the size sweep, the 220-tensor mix and the training step showed no
+consistent difference between 1 and 2 in three alternating runs each, so the default is 1.
 
 Every wait has the job's communication deadline (``HVDLITE_COMM_TIMEOUT_SECONDS``): MPI itself
 would wait for a peer behind a dead link until the kernel gives up on TCP (~15 minutes).
@@ -41,6 +41,7 @@ _MPI_OPS = {
 }
 _CONTROL_SPIN_SECONDS = 200e-6
 _DATA_SPIN_SECONDS = 0.05
+_LARGE_BYTES = 64 * 1024  # above MPICH's shared-memory eager limit: the transfer needs both ranks' progress
 _PROBE_TAG = 7_001  # point-to-point on the control communicator: never matches its collectives
 _PROBE_POLL_SECONDS = 0.005
 
@@ -140,6 +141,7 @@ class MpiDataBackend:
         self.max_in_flight = max_in_flight
         self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds, timeout)
         self._in_flight: deque[_Piece] = deque()
+        self._moved_large = False  # a large transfer ran since the last quiesce()
 
     def enabled_for(self, array: np.ndarray) -> bool:
         return isinstance(array, np.ndarray)
@@ -154,6 +156,7 @@ class MpiDataBackend:
             piece = slice(start, start + step)
             source = MPI.IN_PLACE if send is None else send[piece]
             request = self._comm.Iallreduce(source, recv[piece], mpi_op)
+            self._moved_large |= recv[piece].nbytes >= _LARGE_BYTES
             last = start == starts[-1]
             self._in_flight.append(_Piece(request, recv[piece], finish_piece, done if last else None))
             # Retire the oldest only now, with the new piece already started: see the module docstring.
@@ -167,6 +170,21 @@ class MpiDataBackend:
         while self._in_flight:
             self._retire_oldest()
 
+    def quiesce(self) -> None:
+        """Finish everything in flight; after a large transfer, also wait until every peer finished.
+
+        MPICH can complete a large reduction on one rank while the peer still needs that rank's
+        progress calls to finish its side. A rank that then goes idle (its engine asleep, its
+        training thread computing) leaves the peer crawling: measured as steps of up to 2.4 s
+        instead of 0.2 s in the training benchmark, whose ranks are not kept in step by anything
+        else. Waiting on a barrier keeps this rank's progress engine turning until the peer is done.
+        Whether to wait depends only on sizes every rank shares, so every rank calls the barrier.
+        """
+        self.flush()
+        if self._moved_large:
+            self._moved_large = False
+            self._wait(self._comm.Ibarrier())
+
     def _retire_oldest(self) -> None:
         piece = self._in_flight[0]
         self._wait(piece.request)
@@ -178,10 +196,12 @@ class MpiDataBackend:
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         self.flush()
+        self._moved_large |= recv.nbytes >= _LARGE_BYTES
         self._wait(self._comm.Iallgatherv(send, [recv, (counts, _displacements(counts))]))
 
     def broadcast(self, buffer: np.ndarray, root: int) -> None:
         self.flush()
+        self._moved_large |= buffer.nbytes >= _LARGE_BYTES
         self._wait(self._comm.Ibcast(buffer, root=root))
 
     def alltoallv(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray, recv_counts: list[int]) -> None:
@@ -191,6 +211,7 @@ class MpiDataBackend:
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts: list[int], op: ReduceOp) -> None:
         self.flush()
+        self._moved_large |= send.nbytes >= _LARGE_BYTES
         self._wait(self._comm.Ireduce_scatter(send, recv, counts, _MPI_OPS[op]))
 
     def barrier(self) -> None:

@@ -77,6 +77,9 @@ class FakeData:
     def flush(self):
         pass
 
+    def quiesce(self):
+        pass
+
     def allgatherv(self, send, recv, counts):
         recv[...] = np.concatenate(self.world.exchange(self.rank, send.copy()))
 

@@ -82,3 +82,19 @@ def test_the_pipelined_backend_delivers_in_order_and_flushes_before_other_collec
     synchronous = np.ones(9, dtype=np.float32)
     backend.allreduce(None, synchronous, ReduceOp.SUM, lambda piece: np.multiply(piece, 3, out=piece))
     np.testing.assert_array_equal(synchronous, np.full(9, 3.0))  # without done: finished on return
+
+
+def test_quiesce_waits_for_peers_only_after_a_large_transfer():
+    backend = MpiDataBackend(MPI.COMM_SELF.Dup(), chunk_bytes=1 << 20, poll_seconds=0.001, timeout=10)
+    barriers = []
+    real_wait = backend._wait
+    backend._wait = lambda request: barriers.append(type(request).__name__) or real_wait(request)
+    backend.allreduce(None, np.ones(100, np.float32), ReduceOp.SUM)  # 400 B: eager, nothing to wait for
+    barriers.clear()
+    backend.quiesce()
+    assert barriers == []
+    backend.allreduce(None, np.ones(1 << 15, np.float32), ReduceOp.SUM)  # 128 KiB: the peer may need us
+    barriers.clear()
+    backend.quiesce()
+    backend.quiesce()  # once per large transfer, not again
+    assert barriers == ["Request"]
