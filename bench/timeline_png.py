@@ -6,8 +6,9 @@ It launches ``hvdliterun -np 2 --timeline-filename ...`` on this script in worke
 ``torch_training_step.py``'s model with hvdlite's ``DistributedOptimizer`` and records, on rank 0,
 when each step's forward, backward and ``optimizer.step()`` ran (on the timeline's own clock). The
 driver then reads the timeline (rank 0's view) and draws one picture: the compute phases on the
-top rows, and one row per gradient below with its negotiation (grey) and its allreduce (red), so a
-reader sees which reductions run while backward is still computing and which wait for step().
+top rows, and one row per gradient request below (a bucket of gradients, after the first step) with
+its negotiation (grey) and its allreduce (red), so a reader sees which reductions run while
+backward is still computing and which wait for step().
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ def draw(trace: list[dict], phases: list[tuple[str, float, float]], out: str) ->
 
     start, stop = phases[0][1], phases[-1][2]
     tensors = spans(trace)
-    # Gradients in the order their allreduce started in the window: backward order, last layer first.
-    order = sorted((name for name in tensors if name.startswith("grad.")),
-                   key=lambda n: min((b for a, b, e in tensors[n] if a == "ALLREDUCE" and b >= start), default=1e30))
+    # The gradient requests (buckets, after the first step) reduced in the window, in the order their
+    # allreduce started: backward order, last layer first.
+    first_reduced = {name: min((b for a, b, e in tensors[name] if a == "ALLREDUCE" and start <= b <= stop),
+                               default=None) for name in tensors if name.startswith("grad.")}
+    order = sorted((name for name, when in first_reduced.items() if when is not None), key=first_reduced.get)
     fig, (top, ax) = plt.subplots(2, 1, figsize=(12, 7.5), dpi=110, sharex=True,
                                   gridspec_kw={"height_ratios": [1, 7]})
     names = list(PHASE_COLOURS)
@@ -93,8 +96,8 @@ def draw(trace: list[dict], phases: list[tuple[str, float, float]], out: str) ->
     top.set_yticks(range(len(names)))
     top.set_yticklabels(names, fontsize=8)
     top.invert_yaxis()
-    top.set_title("hvdlite DistributedOptimizer, np=2, 50 x Linear(704, 704), batch 32/rank, 1 thread/rank: "
-                  "compute (top) and each gradient's negotiation (grey) / allreduce (red)", fontsize=9)
+    top.set_title("hvdlite DistributedOptimizer, np=2, 50 x Linear(704, 704), batch 32/rank: compute (top), "
+                  "each gradient bucket's negotiation (grey) / allreduce (red)", fontsize=9)
     for index, name in enumerate(order):
         for activity, begin, end in tensors[name]:
             if end < start or begin > stop:
@@ -103,7 +106,7 @@ def draw(trace: list[dict], phases: list[tuple[str, float, float]], out: str) ->
             ax.barh(index, max(end - begin, 50) / 1e3, left=(begin - start) / 1e3, height=0.9, color=colour, lw=0)
     ax.set_yticks([0, len(order) - 1])
     ax.set_yticklabels([f"{order[0]}\n(first reduced)", f"{order[-1]}\n(last)"], fontsize=8)
-    ax.set_ylabel(f"{len(order)} gradients", fontsize=8)
+    ax.set_ylabel(f"{len(order)} requests", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, (stop - start) / 1e3)
     ax.set_xlabel("ms (rank 0)")

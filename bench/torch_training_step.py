@@ -73,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="per-rank batch")
     parser.add_argument("--wrap", default="", help="command prefix the jobs' hvdliterun runs under (bench/two_hosts.py)")
     parser.add_argument("--hvdliterun-args", default="", help="extra hvdliterun arguments, e.g. '-H a:1,b:1'")
+    parser.add_argument("--update-readme", action="store_true", help="write the table into bench/README.md")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by the driver
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -297,18 +298,29 @@ def format_row(key: tuple[str, int], values: list[float], single: float | None, 
     return f"{name:>8} | {where:<22} | {step:>22} | {efficiency} | {versus}"
 
 
-def report(results: Results, skipped: dict[str, str], args: argparse.Namespace) -> None:
-    print(f"\nTraining step: {DEPTH} x Linear({WIDTH}, {WIDTH}), batch {args.batch_size} per rank, SGD, "
-          f"1 thread per rank; {args.reps} reps x {args.steps} steps (median [min-max of per-rep medians])")
+def report(results: Results, skipped: dict[str, str], args: argparse.Namespace) -> list[str]:
+    """The result table's lines (also printed)."""
+    lines = [f"Training step: {DEPTH} x Linear({WIDTH}, {WIDTH}), batch {args.batch_size} per rank, SGD, "
+             f"1 thread per rank, {os.cpu_count()} cores; {args.reps} reps x {args.steps} steps "
+             "(median [min-max of per-rep medians])", ""]
     single = baseline(results)
     ddp = [(np_, values) for (name, np_), values in results.items() if name == "ddp"]
     ddp_rate = ddp[0][0] / statistics.median(ddp[0][1]) if ddp else None
-    print(f"{'mode':>8} | {'ranks':<22} | {'step ms':>22} | {'efficiency':>10} | {'throughput vs ddp':>17}")
+    lines.append(f"| {'mode':>8} | {'ranks':<22} | {'step ms':>22} | {'efficiency':>10} | {'throughput vs ddp':>17} |")
+    lines.append("|---|---|---|---|---|")
     order = {name: index for index, name in enumerate(ALL_MODES)}
     for key in sorted(results, key=lambda key: (order[key[0]], key[1])):
-        print(format_row(key, results[key], single, ddp_rate))
+        lines.append(f"| {format_row(key, results[key], single, ddp_rate)} |")
+    hvdlite = [values for (name, _), values in results.items() if name == "hvdlite"]
+    loop = [values for (name, _), values in results.items() if name == "mpi4py"]
+    if hvdlite and loop:
+        ratio = statistics.median(loop[0]) / statistics.median(hvdlite[0])
+        verdict = f"target >= 1.00: {'met' if ratio >= 1.0 else 'NOT met'}" if args.np == 2 else "no target at this size"
+        lines += ["", f"hvdlite throughput / plain mpi4py loop: {ratio:.2f} ({verdict})"]
     for name, reason in skipped.items():
-        print(f"{name:>8} | skipped: {reason}")
+        lines.append(f"{name:>8} skipped: {reason}")
+    print("\n" + "\n".join(lines))
+    return lines
 
 
 def run_driver(args: argparse.Namespace) -> None:
@@ -322,7 +334,11 @@ def run_driver(args: argparse.Namespace) -> None:
         # single again inside the N-rank job, interleaved with the other modes (see the docstring).
         found, skipped = launch(args.np, (["single"] if "single" in args.modes else []) + multi, args)
         results.update(found)
-    report(results, skipped, args)
+    lines = report(results, skipped, args)
+    if args.update_readme:
+        from readme import replace_block
+
+        replace_block(f"torch_training_step np={args.np}", "\n".join(lines))
 
 
 def main() -> None:
