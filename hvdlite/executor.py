@@ -165,8 +165,9 @@ class Executor:
             starts = _aligned_offsets([i.size for i in inputs], wire.itemsize)
             buffer = aligned_empty(starts[-1], wire)
             for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
-                # packs, and widens 16-bit floats
-                buffer[start : start + tensor.size] = tensor.gather() if isinstance(tensor, Segments) else tensor
+                if isinstance(tensor, Segments):
+                    tensor = np.concatenate(_pieces(tensor, self.rank) or [np.empty(0, tensor.dtype)])
+                buffer[start : start + tensor.size] = tensor  # packs, and widens 16-bit floats
                 buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
@@ -204,7 +205,7 @@ class Executor:
     def _reduce_segments(self, segments: Segments, op: ReduceOp, scale: Callable[[np.ndarray], None] | None,
                          deliver: Callable[[list], None] | None) -> list | None:
         """Reduce each piece in its own memory, one after another (pipelined when ``deliver`` is given)."""
-        arrays = segments.arrays()
+        arrays = _pieces(segments, self.rank)
         if deliver is None or not arrays:
             for array in arrays:
                 self._backend.allreduce(None, array, op, scale)
@@ -272,6 +273,17 @@ class Executor:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
         return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(output, meta.dtype)
+
+
+def _pieces(segments: Segments, rank: int) -> list[np.ndarray]:
+    """The pieces of ``segments``. They are read after every rank agreed to run the reduction, so a
+    rank that cannot read them must end the job (peers are already inside the collective): the
+    engine aborts on anything but an hvdlite error, with this message."""
+    try:
+        return segments.arrays()
+    except errors.HvdliteError as exc:
+        raise RuntimeError(f"rank {rank} cannot read the pieces of {segments.name!r} for a reduction its peers "
+                           f"have started: {exc}") from exc
 
 
 def _nothing() -> None:

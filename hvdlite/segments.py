@@ -46,11 +46,6 @@ class Segments:
             self._arrays = [a.reshape(-1) for a in arrays]
         return self._arrays
 
-    def gather(self) -> np.ndarray:
-        """The concatenation of the pieces (a copy)."""
-        arrays = self.arrays()
-        return np.concatenate(arrays) if arrays else np.empty(0, self.dtype)
-
     def scatter(self, flat: np.ndarray) -> None:
         """Write ``flat`` (``size`` elements, any dtype that casts) back into the pieces."""
         start = 0

@@ -3,7 +3,8 @@
 Gradients are reduced in place in ``param.grad`` (no copy for a contiguous CPU gradient) under
 the name ``grad.<parameter name>``, so ranks match them by name whatever order their hooks fire
 in. A gradient that never arrived on this rank is reduced as zeros, so a rank whose graph skipped
-a parameter does not leave its peers waiting.
+a parameter does not leave its peers waiting. From the second step on, dense CPU gradients go in
+buckets instead (one request per bucket, see :mod:`hvdlite.torch.buckets`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _split_groups(params: list[torch.Tensor],
 
 
 class GradientSubmitter:
-    """Starts each gradient's reduction (alone or with its group) and finishes them all on demand."""
+    """Starts each gradient's reduction (alone, with its group, or with its bucket) and finishes them all on demand."""
 
     def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor], op: ReduceOp,
                  predivide: float, groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool,
@@ -147,6 +148,7 @@ class GradientSubmitter:
         order = [p for p in reversed(list(self._names)) if p in self._in_place_cpu and p not in self._group_of]
         self._buckets = plan_buckets(order, self._names, self._bucket_bytes, self._op, *self._scale)
         self._bucket_of = {p: bucket for bucket in self._buckets for p in bucket.params}
+        self._in_place_cpu.clear()
 
     def _start_bucket(self, bucket: Bucket) -> Finisher:
         handle, after_wait = start_bucket(bucket)

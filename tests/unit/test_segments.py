@@ -18,12 +18,11 @@ def pieces(rank, dtype=np.float32, sizes=(5, 1, 0, 7)):
     return [np.arange(n, dtype=np.float64).astype(dtype) + rank for n in sizes]
 
 
-def test_pieces_are_resolved_once_and_checked():
+def test_pieces_are_resolved_once_and_written_back():
     calls = []
     arrays = pieces(0)
     segments = Segments("b", np.float32, 13, lambda: calls.append(1) or arrays)
     assert segments.arrays() is segments.arrays() and calls == [1]
-    np.testing.assert_array_equal(segments.gather(), np.concatenate(arrays))
     segments.scatter(np.arange(13, dtype=np.float64) * 2)
     np.testing.assert_array_equal(np.concatenate(arrays), np.arange(13) * 2)
 
@@ -98,3 +97,19 @@ def test_quiesce_waits_for_peers_only_after_a_large_transfer():
     backend.quiesce()
     backend.quiesce()  # once per large transfer, not again
     assert barriers == ["Request"]
+
+
+def test_pieces_that_cannot_be_read_mid_collective_end_the_job_with_the_reason():
+    aborted = []
+    world, (engine,) = start_engines(1)
+    engine._abort = aborted.append  # the real engine ends the job here (peers are inside the collective)
+    segments = Segments("bad", np.float32, 4, lambda: [np.zeros(3, np.float32)])
+    meta = RequestMeta("bad", Collective.ALLREDUCE, "float32", (4,), ReduceOp.SUM)
+    request = Request(meta, segments, Handle("bad"), segments)
+    engine.submit([request])
+    with pytest.raises(errors.HvdliteShutdownError,
+                       match=r"rank 0 cannot read the pieces of 'bad' for a reduction its peers have started: "
+                             r"tensor 'bad' was described as 4 elements of float32 .* got 3 elements"):
+        request.handle.wait(10)
+    engine._thread.join(10)
+    assert aborted == [1]
