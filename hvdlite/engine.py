@@ -205,18 +205,8 @@ class Engine:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             doing = f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
         window = self._config.probe_window_seconds
-        answered = self._control.reachable_peers(window)
-        missing = sorted(set(range(self.size)) - answered)
-        setting = f"HVDLITE_COMM_TIMEOUT_SECONDS={self._config.comm_timeout_seconds:g}"
-        if missing:
-            who = (f"rank(s) {missing} did not answer a probe within {window:g} s (unreachable, or stopped "
-                   f"answering); rank(s) {sorted(answered)} did")
-        else:
-            who = f"every rank answered afterwards, so one made no progress; raise {setting} if a step needs longer"
-        return errors.CommTimeoutError(
-            f"rank {self.rank}: {doing} made no progress for {exc.seconds:g} s ({setting}); {who}; "
-            "the job cannot continue"
-        )
+        return errors.comm_timeout(self.rank, self.size, doing, exc.seconds, self._control.reachable_peers(window),
+                                   window, self._config.comm_timeout_seconds)
 
     def _sleep_until_work(self, idle_streak: int) -> None:
         """Sleep while nothing is pending; back off while pending work makes no progress."""

@@ -52,3 +52,18 @@ class DeviceError(HvdliteShutdownError):
 
 # Horovod's name for a failed collective; elastic-style code catches it.
 HorovodInternalError = HvdliteShutdownError
+
+
+def comm_timeout(rank: int, size: int, doing: str, seconds: float, answered: set[int], window: float,
+                 timeout_seconds: float) -> CommTimeoutError:
+    """The error of a wait on ``rank`` that made no progress while ``doing`` something, naming the
+    ranks that did not answer a probe within ``window`` seconds afterwards (``answered`` did)."""
+    missing = sorted(set(range(size)) - answered)
+    setting = f"HVDLITE_COMM_TIMEOUT_SECONDS={timeout_seconds:g}"
+    if missing:
+        who = (f"rank(s) {missing} did not answer a probe within {window:g} s (unreachable, or stopped "
+               f"answering); rank(s) {sorted(answered)} did")
+    else:
+        who = f"every rank answered afterwards, so one made no progress; raise {setting} if a step needs longer"
+    return CommTimeoutError(f"rank {rank}: {doing} made no progress for {seconds:g} s ({setting}); {who}; "
+                            "the job cannot continue")
