@@ -124,8 +124,8 @@ def prepare_segmented_allreduce(name: str, dtype: np.dtype, size: int, op: Reduc
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> RequestMeta:
     """Describe an in-place allreduce of ``size`` elements of ``dtype`` held in pieces
     (:class:`~hvdlite.segments.Segments`), for :func:`allreduce_segments_async`."""
-    return _reduction_meta(Collective.ALLREDUCE, np.empty((size,), dtype), name, resolve_op(op), prescale_factor,
-                           postscale_factor)
+    described = np.broadcast_to(np.zeros((), dtype), (size,))  # shape and dtype only: nothing allocated
+    return _reduction_meta(Collective.ALLREDUCE, described, name, resolve_op(op), prescale_factor, postscale_factor)
 
 
 def allreduce_segments_async(meta: RequestMeta, segments: Segments) -> Handle:

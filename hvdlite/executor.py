@@ -165,9 +165,10 @@ class Executor:
             starts = _aligned_offsets([i.size for i in inputs], wire.itemsize)
             buffer = aligned_empty(starts[-1], wire)
             for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
-                if isinstance(tensor, Segments):
-                    tensor = np.concatenate(_pieces(tensor, self.rank) or [np.empty(0, tensor.dtype)])
-                buffer[start : start + tensor.size] = tensor  # packs, and widens 16-bit floats
+                # packs, and widens 16-bit floats; a segmented tensor piece by piece, with no temporary
+                pieces = _pieces(tensor, self.rank) if isinstance(tensor, Segments) else [tensor]
+                for piece, at in zip(pieces, np.cumsum([start] + [p.size for p in pieces]), strict=False):
+                    buffer[at : at + piece.size] = piece
                 buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
@@ -204,18 +205,19 @@ class Executor:
 
     def _reduce_segments(self, segments: Segments, op: ReduceOp, scale: Callable[[np.ndarray], None] | None,
                          deliver: Callable[[list], None] | None) -> list | None:
-        """Reduce each piece in its own memory, one after another (pipelined when ``deliver`` is given)."""
+        """Reduce each piece in its own memory, one after another; given ``deliver``, the last
+        piece's completion delivers the results (pieces may still be in flight on return)."""
         arrays = _pieces(segments, self.rank)
-        if deliver is None or not arrays:
+        if deliver is None:
             for array in arrays:
                 self._backend.allreduce(None, array, op, scale)
-            if deliver is None:
-                return [segments]
+            return [segments]
+        if not arrays:
             deliver([segments])
             return None
-        for array in arrays[:-1]:
-            self._backend.allreduce(None, array, op, scale, done=_nothing)
-        self._backend.allreduce(None, arrays[-1], op, scale, done=lambda: deliver([segments]))
+        dones = [_nothing] * (len(arrays) - 1) + [lambda: deliver([segments])]
+        for array, done in zip(arrays, dones, strict=True):
+            self._backend.allreduce(None, array, op, scale, done=done)
         return None
 
     def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
