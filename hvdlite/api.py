@@ -8,8 +8,9 @@ so a bad call fails on the calling rank with a message naming the tensor.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,12 +33,30 @@ def device_of(array: np.ndarray | DeviceArray) -> str:
     return array.device if isinstance(array, DeviceArray) else "cpu"
 
 
+_T = TypeVar("_T")
+_caller = threading.local()  # .waits: the operations this thread starts now are waited for at once
+
+
+def blocking(start: Callable[[], _T]) -> _T:
+    """Call ``start`` (an ``*_async`` call) for a caller that waits on its handles right away.
+
+    The engine thread is then not woken: the wait runs the engine's cycle on the caller's thread
+    (:meth:`hvdlite.engine.Engine.drive`), which saves two thread hand-offs per blocking call.
+    Framework adapters use it for their blocking collectives.
+    """
+    _caller.waits = True
+    try:
+        return start()
+    finally:
+        _caller.waits = False
+
+
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
             outputs: Sequence[np.ndarray | None] | None = None) -> list[Handle]:
     outputs = outputs if outputs is not None else [None] * len(pairs)
     requests = [Request(meta, tensor, Handle(meta.name), output)
                 for (meta, tensor), output in zip(pairs, outputs, strict=True)]
-    current().engine.submit(requests)
+    current().engine.submit(requests, wake=not getattr(_caller, "waits", False))
     return [r.handle for r in requests]
 
 
@@ -90,7 +109,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` across ranks and return the result (a new array)."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor))
+    return synchronize(blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor)))
 
 
 def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, prescale_factor: float = 1.0,
@@ -163,7 +182,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
                       op: ReduceOp | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0) -> list[np.ndarray]:
     """Reduce several tensors as one group and return the results in order."""
-    handles = grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor)
+    handles = blocking(lambda: grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
     return [synchronize(h) for h in handles]
 
 
@@ -188,11 +207,11 @@ def allgather_async(tensor: Any, name: str | None = None) -> Handle:
 
 def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
-    return synchronize(allgather_async(tensor, name))
+    return synchronize(blocking(lambda: allgather_async(tensor, name)))
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None) -> list[np.ndarray]:
-    return [synchronize(h) for h in grouped_allgather_async(tensors, name)]
+    return [synchronize(h) for h in blocking(lambda: grouped_allgather_async(tensors, name))]
 
 
 # ---- broadcast -----------------------------------------------------------------------------------
@@ -214,7 +233,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
     """Return ``root_rank``'s ``tensor`` on every rank (a new array)."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return synchronize(blocking(lambda: broadcast_async(tensor, root_rank, name)))
 
 
 # ---- alltoall ------------------------------------------------------------------------------------
@@ -245,7 +264,7 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
 
 def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Scatter slices of ``tensor`` to every rank; returns (received data, rows received per rank)."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    return synchronize(blocking(lambda: alltoall_async(tensor, splits, name)))
 
 
 # ---- reducescatter -------------------------------------------------------------------------------
@@ -276,12 +295,12 @@ def reducescatter_async(tensor: Any, op: ReduceOp | None = None, name: str | Non
 def reducescatter(tensor: Any, op: ReduceOp | None = None, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     """Reduce ``tensor`` and return this rank's block of rows (first ranks get one extra row)."""
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+    return synchronize(blocking(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor)))
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[np.ndarray]:
-    handles = grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor)
+    handles = blocking(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor))
     return [synchronize(h) for h in handles]
 
 
@@ -289,7 +308,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp | None = None, na
 def barrier() -> None:
     """Return once every rank has called ``barrier()``."""
     name = current().names.next(Collective.BARRIER)
-    synchronize(_submit([(RequestMeta(name, Collective.BARRIER), None)])[0])
+    synchronize(blocking(lambda: _submit([(RequestMeta(name, Collective.BARRIER), None)]))[0])
 
 
 def join() -> int:

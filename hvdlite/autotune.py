@@ -23,6 +23,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Config
 
 MIB = 1024 * 1024
 FUSION_THRESHOLDS = (0, 512 * 1024, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 64 * MIB)
@@ -77,6 +81,15 @@ class Autotuner:
         self._last_close = 0.0  # when the last window closed (or the first record): for the anchor fallback
         self.best: Params | None = None
         self._log("time_s,phase,fusion_threshold,chunk_bytes,bytes,seconds,score_mb_per_s")
+
+    @classmethod
+    def from_config(cls, config: Config, start: Params) -> Autotuner:
+        """The tuner ``HVDLITE_AUTOTUNE`` asks for, logging to ``HVDLITE_AUTOTUNE_LOG`` if set."""
+        write = None
+        if config.autotune_log:
+            log_file = open(config.autotune_log, "w", buffering=1)  # noqa: SIM115 (open for the job's life)
+            write = lambda line: print(line, file=log_file)  # noqa: E731
+        return cls(start, config.autotune_sample_seconds, config.autotune_samples, log=write)
 
     @property
     def done(self) -> bool:

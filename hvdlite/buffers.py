@@ -1,17 +1,85 @@
-"""Output buffers the core allocates: 64-byte aligned, so frameworks can adopt them without a copy.
+"""Output buffers the core allocates: 64-byte aligned, and large ones recycled.
 
-JAX (and XLA generally) takes a NumPy array into a device buffer without copying only when its
-data pointer is 64-byte aligned; NumPy's allocator guarantees 16. Every result the core hands
-back therefore starts on a 64-byte boundary, including each member's slice of a fusion buffer.
+Alignment: JAX (and XLA generally) takes a NumPy array into a device buffer without copying only
+when its data pointer is 64-byte aligned; NumPy's allocator guarantees 16. Every result the core
+hands back therefore starts on a 64-byte boundary, including each member's slice of a fusion
+buffer.
+
+Recycling: a collective that returns a fresh 1 MB array, called in a loop from the main thread,
+ran at a third of the speed of one writing into a preallocated array (np=2: 1,507 us against
+480 us for the raw ``Allreduce``): glibc hands the freed block back to the kernel (``brk``
+shrinks the heap) and the next call faults the pages in again. Buffers of ``POOL_MIN_BYTES`` or
+more therefore come from a small cache, as PyTorch's CUDA caching allocator does: the array
+handed out is backed by a ctypes object that references cached storage, and when the last array
+using it is gone, the storage goes back to the cache (at most ``POOL_MAX_BYTES`` of it is kept).
+Small buffers stay with NumPy's allocator, which caches them itself.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 
 import numpy as np
 
 ALIGNMENT = 64
+POOL_MIN_BYTES = 64 * 1024
+POOL_MAX_BYTES = 256 * 1024 * 1024  # freed storage kept for reuse, over every size
+_PAGE = 4096
+
+
+class _Pool:
+    """Free storage by size class (a whole number of pages), lent out through ctypes owners."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.cached_bytes = 0
+        self._free: dict[int, list[bytearray]] = {}
+        self._owner_types: dict[int, type] = {}
+        self._lock = threading.Lock()  # owners die on whichever thread drops the last array
+
+    def lend(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 array of at least ``nbytes`` + ``ALIGNMENT`` bytes."""
+        size = -(-(nbytes + ALIGNMENT) // _PAGE) * _PAGE
+        with self._lock:
+            stack = self._free.get(size)
+            storage = stack.pop() if stack else None
+            if storage is not None:
+                self.cached_bytes -= size
+        if storage is None:
+            storage = bytearray(size)
+        owner = self._owner_type(size).from_buffer(storage)
+        return np.frombuffer(owner, dtype=np.uint8)
+
+    def give_back(self, storage: bytearray) -> None:
+        size = len(storage)
+        with self._lock:
+            if self.cached_bytes + size <= self.max_bytes:
+                self._free.setdefault(size, []).append(storage)
+                self.cached_bytes += size
+
+    def _owner_type(self, size: int) -> type:
+        owner = self._owner_types.get(size)
+        if owner is None:
+            pool = self
+
+            class Owner(ctypes.c_ubyte * size):  # type: ignore[misc, valid-type]
+                """Keeps the storage exported while arrays use it; returns it to the pool when they are gone."""
+
+                __slots__ = ()
+
+                def __del__(self) -> None:
+                    # ctypes keeps what from_buffer() must keep alive in _objects: {key: memoryview}.
+                    for kept in (self._objects or {}).values():
+                        if isinstance(kept, memoryview) and isinstance(kept.obj, bytearray):
+                            pool.give_back(kept.obj)
+
+            owner = self._owner_types[size] = Owner
+        return owner
+
+
+_pool = _Pool(POOL_MAX_BYTES)
 
 
 def aligned_empty(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
@@ -19,7 +87,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.nd
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    raw = _pool.lend(nbytes) if nbytes >= POOL_MIN_BYTES else np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     # The ndarray constructor keeps the offset even for an empty array (an empty slice would not).
     return np.ndarray(shape, dtype, buffer=raw, offset=-raw.ctypes.data % ALIGNMENT)
 

@@ -10,26 +10,21 @@ take part in peers' cycles, so a stall can be diagnosed). While requests are pen
 backing off up to the poll time when a cycle makes no progress, so a rank waiting on slower peers
 costs a few percent of a core, not a spinning one.
 
-The thread runs at a low priority (``HVDLITE_ENGINE_NICE``, default 19). Where every core is busy
-computing (CPU training with a rank per core), a shared-memory transfer needs both peers' engine
-threads on a core at once; at normal priority they time-slice with the compute threads and spin
-waiting for each other. At low priority they run when compute waits, which was measured faster
-(np=2, 24.8 M-parameter MLP: 214-219 ms per step against 228-234 ms). Where cores are free the
-priority changes nothing.
+The thread runs at a low priority (``HVDLITE_ENGINE_NICE``; see :mod:`hvdlite.priority`). A
+caller waiting on a blocking collective runs the cycles itself while the engine thread sleeps
+(:meth:`Engine.drive`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import pickle
-import sys
 import threading
 import time
 from collections.abc import Callable
 
-from . import errors, fusion
+from . import errors, fusion, interrupts, priority
 from .autotune import Autotuner, Params
 from .backend.base import ControlChannel
 from .config import Config
@@ -37,7 +32,7 @@ from .executor import Executor, Outcome
 from .negotiation import Coordinator
 from .ops import Collective
 from .polling import WaitTimeout
-from .request import Request
+from .request import Handle, Request
 from .response import RankMessage, Response, RoundResult
 from .response_cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleState, Lookup, ResponseCache, decode, encode
 from .timeline import Timeline
@@ -64,6 +59,10 @@ class Engine:
             if self.rank == 0 else None
         )
         self._lock = threading.Lock()
+        # Held for each cycle by whichever thread runs it: the engine thread, or a caller waiting
+        # on a handle while the engine thread sleeps (see drive()). Cycles are collectives, so a
+        # rank runs them one at a time and in order, whichever thread runs each.
+        self._driving = threading.Lock()
         self._wake = threading.Event()
         self._incoming: list[Request] = []
         self._in_flight: set[str] = set()
@@ -75,7 +74,7 @@ class Engine:
         self._unfinished: list[fusion.WorkItem] = []
         self._settling = False  # waiting, after this cycle's transfers, until peers finished theirs
         self._fusion_threshold = config.fusion_threshold  # autotune moves it, on every rank at once
-        self._tuner = self._make_tuner(config) if config.autotune and self.rank == 0 else None
+        self._tuner = Autotuner.from_config(config, self.params) if config.autotune and self.rank == 0 else None
         self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
         self._reduced_bytes = 0  # rank 0 with autotune: allreduce bytes executed in this cycle
         self._reduced_names: list[str] = []  # ... and the names of those tensors
@@ -87,21 +86,21 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, requests: list[Request]) -> None:
-        """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names."""
+    def submit(self, requests: list[Request], wake: bool = True) -> None:
+        """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names.
+
+        ``wake=False`` leaves the engine thread asleep: for a caller that waits on the handles at
+        once, whose wait then runs the cycle itself (:meth:`drive`).
+        """
         with self._lock:
             if self._fatal is not None:
                 raise type(self._fatal)(str(self._fatal))
             if self._shutdown_requested:
                 raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
             names = [r.meta.name for r in requests]
-            seen: set[str] = set()
-            clashing: set[str] = set()
-            for name in names:
-                if name in self._in_flight or name in seen:
-                    clashing.add(name)
-                seen.add(name)
-            clash = sorted(clashing)
+            unique = set(names)
+            clash = sorted(unique & self._in_flight) if len(unique) == len(names) else sorted(
+                {name for name in names if name in self._in_flight or names.count(name) > 1})
             if clash:
                 raise errors.DuplicateNameError(
                     f"tensor name(s) {clash} already in flight on rank {self.rank}; wait for the earlier "
@@ -109,7 +108,35 @@ class Engine:
                 )
             self._in_flight.update(names)
             self._incoming.extend(requests)
-        self._wake.set()
+        for request in requests:
+            request.handle.driver = self.drive
+        if wake:
+            self._wake.set()
+
+    def drive(self, handle: Handle) -> None:
+        """Run cycles on the caller's thread until ``handle`` is done, while the engine thread sleeps.
+
+        Called by a handle's wait before it blocks, so a blocking collective costs no thread
+        hand-off (waking the engine thread, then the waiter). Backs off between cycles while peers
+        are not ready, as the engine thread would. Stops once the engine thread is cycling or the
+        engine stopped, and wakes the engine thread to finish. Ctrl-C is held back while a cycle
+        runs (:func:`hvdlite.interrupts.run_deferring_sigint`): a half-run cycle would strand peers.
+        """
+        idle_streak = 0
+        while not handle.done() and not self._shutdown_requested:
+            if idle_streak:
+                time.sleep(self._backoff(idle_streak))
+            if not self._driving.acquire(blocking=False):
+                break
+            try:
+                progressed = interrupts.run_deferring_sigint(self._turn)
+            finally:
+                self._driving.release()
+            if progressed is None:
+                break
+            idle_streak = 0 if progressed else idle_streak + 1
+        if not handle.done():
+            self._wake.set()
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Ask every rank's engine to stop; returns when this one has (all ranks must call it)."""
@@ -143,13 +170,6 @@ class Engine:
         self._to_publish = params
         self._wake.set()
 
-    def _make_tuner(self, config: Config) -> Autotuner:
-        write = None
-        if config.autotune_log:
-            log_file = open(config.autotune_log, "w", buffering=1)  # noqa: SIM115 (open for the job's life)
-            write = lambda line: print(line, file=log_file)  # noqa: E731
-        return Autotuner(self.params, config.autotune_sample_seconds, config.autotune_samples, log=write)
-
     def _apply(self, params: Params) -> None:
         """Switch to autotuned settings; every rank does it after the same negotiation round."""
         if params != self.params:
@@ -158,27 +178,29 @@ class Engine:
         self._executor.backend.chunk_bytes = params.chunk_bytes
 
     # ---- engine thread ----------------------------------------------------------------------
-    def _lower_priority(self) -> None:
-        """Let compute threads win when cores are short (see the module docstring)."""
-        if not self._config.engine_nice or not sys.platform.startswith("linux"):
-            return
-        try:  # on Linux, nice applies to a single thread when given its thread id
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._config.engine_nice)
-        except OSError as exc:
-            log.debug("could not lower the engine thread's priority: %s", exc)
-
     def _run(self) -> None:
+        priority.lower_this_thread(self._config.engine_nice)
+        idle_streak = 0
+        while True:
+            self._sleep_until_work(idle_streak)
+            with self._driving:
+                progressed = self._turn()
+            if progressed is None:
+                return
+            idle_streak = 0 if progressed else idle_streak + 1
+
+    def _turn(self) -> bool | None:
+        """One cycle, on the thread holding ``_driving``: whether it made progress, or None once
+        the engine has stopped (every rank shut down, or a failure ended it)."""
+        if self._fatal is not None:
+            return None
         try:
-            self._lower_priority()
-            idle_streak = 0
-            while True:
-                self._sleep_until_work(idle_streak)
-                progressed, finished = self._cycle()
-                if finished:
-                    self._fail_all(errors.HvdliteShutdownError("hvdlite was shut down"))
-                    self._executor.close()  # every rank is here: collective teardown cannot hang
-                    return
-                idle_streak = 0 if progressed else idle_streak + 1
+            progressed, finished = self._cycle()
+            if finished:
+                self._fail_all(errors.HvdliteShutdownError("hvdlite was shut down"))
+                self._executor.close()  # every rank is here: collective teardown cannot hang
+                return None
+            return progressed
         except errors.DeviceError as exc:  # this rank's GPU plane failed: peers cannot go on, end the job
             log.error("hvdlite GPU data plane failed on rank %d: %s", self.rank, exc)
             self._fail_all(exc)
@@ -194,16 +216,14 @@ class Engine:
             log.exception("hvdlite engine failed on rank %d; aborting the job", self.rank)
             self._fail_all(errors.HvdliteShutdownError(f"hvdlite engine failed on rank {self.rank}: {exc!r}"))
             self._abort(1)
+        return None
 
     def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
         """Probe every peer, then describe the timeout with the ranks that did not answer."""
         if not self._unfinished:
             doing = "waiting for peers to finish this cycle's transfers" if self._settling else "negotiation"
         else:
-            item = self._unfinished[0]
-            names = [r.meta.name for r in item.responses]
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            doing = f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
+            doing = fusion.describe(self._unfinished[0])
         window = self._config.probe_window_seconds
         return errors.comm_timeout(self.rank, self.size, doing, exc.seconds, self._control.reachable_peers(window),
                                    window, self._config.comm_timeout_seconds)
@@ -215,11 +235,14 @@ class Engine:
         if not self._pending and not self._incoming:
             self._wake.wait(self._config.idle_cycle_seconds)
         elif idle_streak:
-            backoff = min(20e-6 * 2 ** min(idle_streak, 16), self._config.poll_time_ms / 1000)
-            self._wake.wait(backoff)
+            self._wake.wait(self._backoff(idle_streak))
         elif self._config.cycle_time_ms:
             time.sleep(self._config.cycle_time_ms / 1000)  # let more requests join this cycle
         self._wake.clear()
+
+    def _backoff(self, idle_streak: int) -> float:
+        """Seconds to wait before the next cycle after ``idle_streak`` cycles without progress."""
+        return min(20e-6 * 2 ** min(idle_streak, 16), self._config.poll_time_ms / 1000)
 
     def _cycle(self) -> tuple[bool, bool]:
         """One negotiation + execution cycle. Returns (made progress, every rank shut down)."""
@@ -244,7 +267,9 @@ class Engine:
         if verdict.or_flags & (HAS_NEW | FLUSH | ROUND_DUE | TUNE):
             responses.extend(self._negotiate(bool(verdict.or_flags & FLUSH)))
         if timeline is not None:
-            self._record_negotiated(timeline, responses)
+            ready = self._coordinator.decided_ready if self._coordinator is not None else {}
+            timeline.negotiated([r.meta.name for r in responses if r.meta.name in self._pending], ready,
+                                time.monotonic())
         self._execute(responses, timeline)
         if self._tuner is not None and self._reduced_bytes:
             proposal = self._tuner.record(self._reduced_bytes, time.monotonic(), self._reduced_names)
@@ -257,18 +282,6 @@ class Engine:
             timeline.flush()
         return bool(responses or arrived), bool(verdict.and_flags & SHUTDOWN)
 
-    def _record_negotiated(self, timeline: Timeline, responses: list[Response]) -> None:
-        """End each local request's negotiation; on rank 0, mark when each rank was ready."""
-        now = time.monotonic()
-        ready = self._coordinator.decided_ready if self._coordinator is not None else {}
-        for response in responses:
-            name = response.meta.name
-            if name not in self._pending:
-                continue
-            for rank, when in sorted(ready.get(name, {}).items(), key=lambda item: item[1]):
-                timeline.instant(name, f"rank {rank} ready", when)
-            timeline.end(name, now)
-
     def _joined(self) -> bool:
         return any(r.meta.collective is Collective.JOIN for r in self._pending.values())
 
@@ -280,24 +293,9 @@ class Engine:
         return any(not r.sent_to_coordinator and r.submitted_at < limit for r in self._pending.values())
 
     def _local_state(self, flush: bool) -> CycleState:
-        has_new, invalid, hits = False, set(), set()
-        for request in self._pending.values():
-            if request.sent_to_coordinator:
-                continue
-            found, bit = (Lookup.MISS, -1) if flush else self._cache.lookup(request.meta)
-            if found is Lookup.HIT:
-                hits.add(bit)
-            else:
-                has_new = True
-                if found is Lookup.INVALID:
-                    invalid.add(bit)
-        return CycleState(
-            or_flags=((HAS_NEW if has_new else 0) | (FLUSH if flush else 0) | self._round_due()
-                      | (TUNE if self._to_publish is not None else 0)),
-            and_flags=SHUTDOWN if self._shutdown_requested else 0,
-            invalid=frozenset(invalid),
-            hits=frozenset(hits),
-        )
+        or_flags = (FLUSH if flush else 0) | self._round_due() | (TUNE if self._to_publish is not None else 0)
+        return self._cache.cycle_state(self._pending.values(), flush, or_flags,
+                                       SHUTDOWN if self._shutdown_requested else 0)
 
     def _round_due(self) -> int:
         """On the coordinator: ask for a round now and then while names wait, so stalls are seen."""

@@ -28,6 +28,13 @@ class WorkItem:
     fused: bool = False
 
 
+def describe(item: WorkItem) -> str:
+    """What ``item`` does, for error messages: the collective and up to three tensor names."""
+    names = [r.meta.name for r in item.responses]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
+
+
 def wire_nbytes(response: Response) -> int:
     meta = response.meta
     return math.prod(meta.shape) * dtypes.SUPPORTED[dtypes.wire_name(meta.dtype, meta.device)].itemsize
@@ -42,6 +49,8 @@ def _fusion_key(response: Response) -> tuple:
 
 def plan(responses: list[Response], threshold: int) -> list[WorkItem]:
     """Group ``responses`` into work items; unfusable responses keep their relative order."""
+    if len(responses) == 1:  # nothing to fuse with (a blocking call's cycle): skip the bookkeeping
+        return [WorkItem((responses[0],))]
     items: list[WorkItem] = []
     open_buckets: dict[tuple, tuple[int, list[Response], int]] = {}  # key -> (item slot, members, bytes)
     for response in responses:

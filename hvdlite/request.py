@@ -48,10 +48,12 @@ class Handle:
     reads ``_waiters``, and a waiter registers before it re-reads ``_done``.
     """
 
-    __slots__ = ("name", "_done", "_result", "_error", "_waiters")
+    __slots__ = ("name", "driver", "_done", "_result", "_error", "_waiters")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # Set by the engine on submit: runs the engine's cycles on the waiting thread when it can.
+        self.driver: Callable[[Handle], None] | None = None
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -82,6 +84,10 @@ class Handle:
             lock.release()
 
     def _block(self, timeout: float | None) -> None:
+        if self.driver is not None and timeout is None:
+            self.driver(self)  # returns once done, or with the engine thread woken to finish it
+            if self._done:
+                return
         lock = _thread.allocate_lock()
         lock.acquire()
         self._waiters.append(lock)

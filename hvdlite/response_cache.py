@@ -18,10 +18,11 @@ import collections
 import dataclasses
 import enum
 import heapq
+from collections.abc import Iterable
 
 import numpy as np
 
-from .request import RequestMeta
+from .request import Request, RequestMeta
 from .response import Response
 
 # Bits of the OR-section flags word.
@@ -73,6 +74,22 @@ class ResponseCache:
         bit = heapq.heappop(self._free_bits)
         self._by_name[name] = (bit, response.meta.signature, response)
         self._name_of_bit[bit] = name
+
+    def cycle_state(self, pending: Iterable[Request], flush: bool, or_flags: int, and_flags: int) -> CycleState:
+        """This rank's contribution to a cycle: which pending requests hit the cache, which
+        invalidate an entry, and HAS_NEW if any needs the coordinator (every one does on a flush)."""
+        has_new, invalid, hits = False, set(), set()
+        for request in pending:
+            if request.sent_to_coordinator:
+                continue
+            found, bit = (Lookup.MISS, -1) if flush else self.lookup(request.meta)
+            if found is Lookup.HIT:
+                hits.add(bit)
+            else:
+                has_new = True
+                if found is Lookup.INVALID:
+                    invalid.add(bit)
+        return CycleState(or_flags | (HAS_NEW if has_new else 0), and_flags, frozenset(invalid), frozenset(hits))
 
     def get(self, bit: int) -> Response:
         """The response behind ``bit``, marked most recently used."""

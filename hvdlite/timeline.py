@@ -77,6 +77,13 @@ class Timeline:
         self._emit({"name": label, "ph": "i", "s": "t", "ts": self._ts(when), "pid": self._rank,
                     "tid": self._row(name)})
 
+    def negotiated(self, names: list[str], ready: dict[str, dict[int, float]], when: float) -> None:
+        """End the negotiation of ``names``; ``ready`` (rank 0's coordinator) says when each rank was ready."""
+        for name in names:
+            for rank, at in sorted(ready.get(name, {}).items(), key=lambda item: item[1]):
+                self.instant(name, f"rank {rank} ready", at)
+            self.end(name, when)
+
     def cycle(self, when: float) -> None:
         self._emit({"name": "CYCLE", "ph": "i", "s": "p", "ts": self._ts(when), "pid": self._rank, "tid": 0})
 

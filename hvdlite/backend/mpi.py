@@ -150,6 +150,15 @@ class MpiDataBackend:
                   finish_piece: Callable[[np.ndarray], None] | None = None,
                   done: Callable[[], None] | None = None) -> None:
         mpi_op = _MPI_OPS[op]
+        if recv.nbytes <= self.chunk_bytes:  # one piece: no slicing (this path is most small tensors)
+            self._moved_large |= recv.nbytes >= _LARGE_BYTES
+            request = self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, mpi_op)
+            self._in_flight.append(_Piece(request, recv, finish_piece, done))
+            while len(self._in_flight) >= max(self.max_in_flight, 1):
+                self._retire_oldest()
+            if done is None:
+                self.flush()
+            return
         step = max(1, self.chunk_bytes // recv.itemsize)
         starts = range(0, max(recv.size, 1), step)
         for start in starts:

@@ -83,14 +83,16 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return synchronize(api.blocking(
+        lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce ``tensors`` in place as one group and return them."""
-    handles = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    handles = api.blocking(
+        lambda: grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
     return [synchronize(h) for h in handles]
 
 

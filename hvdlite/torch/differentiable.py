@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .. import basics
+from .. import api, basics
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set, require_global
@@ -26,12 +26,12 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
                 postscale: float) -> torch.Tensor:
         ctx.args = (op, prescale, postscale)
-        return synchronize(async_ops.allreduce_async(tensor, None, name, op, prescale, postscale))
+        return synchronize(api.blocking(lambda: async_ops.allreduce_async(tensor, None, name, op, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         op, prescale, postscale = ctx.args
-        reduced = synchronize(async_ops.allreduce_async(grad, None, None, op, prescale, postscale))
+        reduced = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, None, None, op, prescale, postscale)))
         return reduced, None, None, None, None
 
 
@@ -40,13 +40,13 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale, postscale)
-        handles = async_ops.grouped_allreduce_async(tensors, None, name, op, prescale, postscale)
+        handles = api.blocking(lambda: async_ops.grouped_allreduce_async(tensors, None, name, op, prescale, postscale))
         return tuple(synchronize(h) for h in handles)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         op, prescale, postscale = ctx.args
-        handles = async_ops.grouped_allreduce_async(grads, None, None, op, prescale, postscale)
+        handles = api.blocking(lambda: async_ops.grouped_allreduce_async(grads, None, None, op, prescale, postscale))
         return (None, None, None, None, *(synchronize(h) for h in handles))
 
 

@@ -74,3 +74,44 @@ def test_fused_members_of_different_dtypes_keep_their_own_dtype():
     results = run(metas, arrays, fused=True)
     for array, result in zip(arrays, results, strict=True):
         assert result.dtype == array.dtype and np.array_equal(result, array) and aligned(result)
+
+
+def test_large_buffers_are_recycled_only_once_every_array_using_them_is_gone():
+    from hvdlite import buffers
+
+    pool = buffers._Pool(max_bytes=8 << 20)
+    first = pool.lend(1 << 20)
+    address = first.ctypes.data
+    view = first[100:].view(np.uint32)  # a view keeps the storage lent out
+    del first
+    assert pool.cached_bytes == 0
+    second = pool.lend(1 << 20)
+    assert second.ctypes.data != address  # still in use through `view`: not handed out again
+    del view
+    assert pool.cached_bytes >= 1 << 20
+    third = pool.lend(1 << 20)
+    assert third.ctypes.data == address and pool.cached_bytes == 0  # reused, not faulted in afresh
+    assert third.flags.writeable and second.flags.writeable
+
+
+def test_the_pool_keeps_at_most_its_limit():
+    from hvdlite import buffers
+
+    pool = buffers._Pool(max_bytes=3 << 20)
+    arrays = [pool.lend(1 << 20) for _ in range(5)]
+    del arrays
+    assert 2 << 20 <= pool.cached_bytes <= 3 << 20
+
+
+@pytest.mark.parametrize("shape", [(16384,), (300, 301), (1 << 20,)])
+def test_pooled_results_are_aligned_and_survive_reuse(shape):
+    import torch
+
+    a = aligned_empty(shape, np.float32)
+    assert a.nbytes >= 64 * 1024 and aligned(a)
+    a[...] = 3.0
+    held = torch.from_numpy(a)  # a framework tensor sharing the memory keeps it lent out
+    del a
+    b = aligned_empty(shape, np.float32)
+    b[...] = 5.0
+    assert aligned(b) and float(held.min()) == float(held.max()) == 3.0

@@ -1,0 +1,119 @@
+"""Blocking calls run the engine's cycle on the waiting thread (Engine.drive), with fake ranks."""
+
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from hvdlite import interrupts
+from hvdlite.ops import Collective, ReduceOp
+from hvdlite.request import Handle, Request, RequestMeta
+
+from .fake_ranks import start_engines, stop_engines
+
+
+def _request(rank: int, name: str) -> Request:
+    array = np.full(4, float(rank + 1))
+    return Request(RequestMeta(name, Collective.ALLREDUCE, "float64", (4,), ReduceOp.SUM), array, Handle(name))
+
+
+def _record_cycles(engine) -> list[str]:
+    threads: list[str] = []
+    cycle = engine._cycle
+
+    def recorded():
+        threads.append(threading.current_thread().name)
+        return cycle()
+
+    engine._cycle = recorded
+    return threads
+
+
+def _wait_on_threads(handles: list[Handle]) -> list:
+    results = [None] * len(handles)
+
+    def wait(index: int) -> None:
+        results[index] = handles[index].wait()
+
+    threads = [threading.Thread(target=wait, args=(i,), name=f"caller-{i}") for i in range(len(handles))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), "a waiting caller hung"
+    return results
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_waiting_callers_run_the_cycles_and_the_engine_thread_sleeps(size):
+    _, engines = start_engines(size, idle_cycle_seconds=30.0)  # no heartbeat cycles during the test
+    try:
+        seen = [_record_cycles(e) for e in engines]
+        for step in range(3):
+            requests = [_request(r, f"x{step}") for r in range(size)]
+            for engine, request in zip(engines, requests, strict=True):
+                engine.submit([request], wake=False)
+            results = _wait_on_threads([r.handle for r in requests])
+            expected = sum(range(1, size + 1))
+            assert all(np.array_equal(x, np.full(4, float(expected))) for x in results)
+        for rank, threads in enumerate(seen):
+            assert threads and all(name == f"caller-{rank}" for name in threads), (rank, threads)
+    finally:
+        stop_engines(engines)
+
+
+def test_a_caller_that_cannot_drive_hands_over_to_the_engine_thread():
+    _, engines = start_engines(2, idle_cycle_seconds=30.0)
+    try:
+        seen = [_record_cycles(e) for e in engines]
+        requests = [_request(r, "busy") for r in range(2)]
+        engines[0]._driving.acquire()  # as if rank 0's engine thread were in the middle of a cycle
+        for engine, request in zip(engines, requests, strict=True):
+            engine.submit([request], wake=False)
+        waiter = threading.Thread(target=lambda: _wait_on_threads([r.handle for r in requests]))
+        waiter.start()
+        waiter.join(0.5)
+        assert not requests[0].handle.done()
+        engines[0]._driving.release()
+        waiter.join(20)
+        assert requests[0].handle.wait().tolist() == [3.0] * 4
+        assert "hvdlite-engine" in seen[0]  # the caller woke the engine thread, which finished the work
+    finally:
+        stop_engines(engines)
+
+
+def test_sigint_during_a_driven_cycle_arrives_after_it():
+    events = []
+
+    def cycle():
+        signal.raise_signal(signal.SIGINT)
+        events.append("cycle finished")
+        return 7
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.run_deferring_sigint(cycle)
+    assert events == ["cycle finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_sigint_interrupts_at_once():
+    events = []
+
+    def cycle():
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        events.append("not reached")
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.run_deferring_sigint(cycle)
+    assert events == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_off_the_main_thread_nothing_is_held_back():
+    results = []
+    thread = threading.Thread(target=lambda: results.append(interrupts.run_deferring_sigint(lambda: 5)))
+    thread.start()
+    thread.join(5)
+    assert results == [5]
