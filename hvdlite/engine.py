@@ -123,20 +123,22 @@ class Engine:
         runs (:func:`hvdlite.interrupts.run_deferring_sigint`): a half-run cycle would strand peers.
         """
         idle_streak = 0
-        while not handle.done() and not self._shutdown_requested:
-            if idle_streak:
-                time.sleep(self._backoff(idle_streak))
-            if not self._driving.acquire(blocking=False):
-                break
-            try:
-                progressed = interrupts.run_deferring_sigint(self._turn)
-            finally:
-                self._driving.release()
-            if progressed is None:
-                break
-            idle_streak = 0 if progressed else idle_streak + 1
-        if not handle.done():
-            self._wake.set()
+        try:
+            while not handle.done() and not self._shutdown_requested:
+                if idle_streak:
+                    time.sleep(self._backoff(idle_streak))  # Ctrl-C here leaves with the work handed over
+                if not self._driving.acquire(blocking=False):
+                    break
+                try:
+                    progressed = interrupts.run_deferring_sigint(self._turn)
+                finally:
+                    self._driving.release()
+                if progressed is None:
+                    break
+                idle_streak = 0 if progressed else idle_streak + 1
+        finally:
+            if not handle.done():
+                self._wake.set()
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Ask every rank's engine to stop; returns when this one has (all ranks must call it)."""
