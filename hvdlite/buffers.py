@@ -27,6 +27,7 @@ ALIGNMENT = 64
 POOL_MIN_BYTES = 64 * 1024
 POOL_MAX_BYTES = 256 * 1024 * 1024  # freed storage kept for reuse, over every size
 _PAGE = 4096
+_MAX_OWNER_TYPES = 1024  # one ctypes class per size class in use; sizes seen once are not kept forever
 
 
 class _Pool:
@@ -62,6 +63,8 @@ class _Pool:
     def _owner_type(self, size: int) -> type:
         owner = self._owner_types.get(size)
         if owner is None:
+            if len(self._owner_types) >= _MAX_OWNER_TYPES:  # many distinct sizes: forget the old classes
+                self._owner_types.clear()  # (live owners keep their own class alive)
             pool = self
 
             class Owner(ctypes.c_ubyte * size):  # type: ignore[misc, valid-type]

@@ -150,24 +150,17 @@ class MpiDataBackend:
                   finish_piece: Callable[[np.ndarray], None] | None = None,
                   done: Callable[[], None] | None = None) -> None:
         mpi_op = _MPI_OPS[op]
-        if recv.nbytes <= self.chunk_bytes:  # one piece: no slicing (this path is most small tensors)
-            self._moved_large |= recv.nbytes >= _LARGE_BYTES
-            request = self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, mpi_op)
-            self._in_flight.append(_Piece(request, recv, finish_piece, done))
-            while len(self._in_flight) >= max(self.max_in_flight, 1):
-                self._retire_oldest()
-            if done is None:
-                self.flush()
-            return
         step = max(1, self.chunk_bytes // recv.itemsize)
-        starts = range(0, max(recv.size, 1), step)
-        for start in starts:
-            piece = slice(start, start + step)
-            source = MPI.IN_PLACE if send is None else send[piece]
-            request = self._comm.Iallreduce(source, recv[piece], mpi_op)
-            self._moved_large |= recv[piece].nbytes >= _LARGE_BYTES
-            last = start == starts[-1]
-            self._in_flight.append(_Piece(request, recv[piece], finish_piece, done if last else None))
+        if recv.size <= step:  # one piece, as most tensors: no slicing
+            pieces = [(send, recv)]
+        else:
+            pieces = [(None if send is None else send[at : at + step], recv[at : at + step])
+                      for at in range(0, recv.size, step)]
+        last = len(pieces) - 1
+        for index, (source, target) in enumerate(pieces):
+            request = self._comm.Iallreduce(MPI.IN_PLACE if source is None else source, target, mpi_op)
+            self._moved_large |= target.nbytes >= _LARGE_BYTES
+            self._in_flight.append(_Piece(request, target, finish_piece, done if index == last else None))
             # Retire the oldest only now, with the new piece already started: see the module docstring.
             while len(self._in_flight) >= max(self.max_in_flight, 1):
                 self._retire_oldest()
