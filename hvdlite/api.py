@@ -60,6 +60,13 @@ def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
     return [r.handle for r in requests]
 
 
+def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None = None) -> Handle:
+    """:func:`_submit` for one request (most calls), without the lists."""
+    request = Request(meta, tensor, Handle(meta.name), output)
+    current().engine.submit([request], wake=not getattr(_caller, "waits", False))
+    return request.handle
+
+
 def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray], names: list[str]) -> None:
     """An output array receives the result in place: it must match its input and be writable."""
     if outputs is None:
@@ -85,12 +92,24 @@ def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray
                 f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
 
 
+_MEMO_LIMIT = 4096
+_memo: dict[tuple, RequestMeta] = {}  # checked reduction descriptions, by everything they depend on
+
+
 def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
                     prescale: float, postscale: float) -> RequestMeta:
-    dtype = dtypes.dtype_name(array, name)
-    dtypes.check_reduction(dtype, op, float(prescale), float(postscale), name)
-    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
-                       device=device_of(array))
+    """The checked description of a reduction; remembered, as the same call usually repeats every step."""
+    key = (name, collective, array.dtype, array.shape, op, prescale, postscale, type(array))
+    meta = _memo.get(key)
+    if meta is None:
+        dtype = dtypes.dtype_name(array, name)
+        dtypes.check_reduction(dtype, op, float(prescale), float(postscale), name)
+        meta = RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
+                           device=device_of(array))
+        if len(_memo) >= _MEMO_LIMIT:  # generated names never repeat: do not keep them forever
+            _memo.clear()
+        _memo[key] = meta
+    return meta
 
 
 # ---- allreduce -----------------------------------------------------------------------------------
@@ -101,9 +120,13 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
 
     With ``output`` (which may be ``tensor`` itself) the result is written there, in place.
     """
-    outputs = None if output is None else [output]
-    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
-                                   outputs=outputs, _single=True)[0]
+    resolved = resolve_op(op, average)
+    member = current().names.resolve(name, Collective.ALLREDUCE)
+    array = _array(tensor)
+    if output is not None:
+        _check_outputs([output], [array], [member])
+    return _submit_one(_reduction_meta(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
+                                       postscale_factor), array, output)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
@@ -163,7 +186,7 @@ def allreduce_segments_async(meta: RequestMeta, segments: Segments) -> Handle:
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: ReduceOp | None = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0, outputs: Sequence[np.ndarray] | None = None,
-                            _single: bool = False) -> list[Handle]:
+                            ) -> list[Handle]:
     """Start reducing several tensors as one group (negotiated together, fused where possible).
 
     ``outputs``, if given, are arrays (one per tensor, possibly the tensors themselves) that
@@ -171,7 +194,7 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     """
     resolved = resolve_op(op, average)
     base = current().names.resolve(name, Collective.ALLREDUCE)
-    names = [base] if _single else group_member_names(base, len(tensors))
+    names = group_member_names(base, len(tensors))
     arrays = [_array(t) for t in tensors]
     _check_outputs(outputs, arrays, names)
     return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)

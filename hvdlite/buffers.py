@@ -12,7 +12,7 @@ shrinks the heap) and the next call faults the pages in again. Buffers of ``POOL
 more therefore come from a small cache, as PyTorch's CUDA caching allocator does: the array
 handed out is backed by a ctypes object that references cached storage, and when the last array
 using it is gone, the storage goes back to the cache (at most ``POOL_MAX_BYTES`` of it is kept).
-Small buffers stay with NumPy's allocator, which caches them itself.
+Small buffers are plain ctypes arrays, freed with the last array using them.
 """
 
 from __future__ import annotations
@@ -85,12 +85,32 @@ class _Pool:
 _pool = _Pool(POOL_MAX_BYTES)
 
 
+_small_types: dict[int, type] = {}  # ctypes array class per small size (a multiple of ALIGNMENT)
+
+
+def _small_storage(nbytes: int) -> tuple[ctypes.Array, int]:
+    """Fresh storage for a small buffer and the offset of its first aligned byte.
+
+    A ctypes array, not ``np.empty``: its address costs 0.1 us (``ctypes.addressof``) where an
+    ndarray's costs 2 us (``.ctypes.data``), and a blocking allreduce allocates one per call.
+    """
+    size = (nbytes // ALIGNMENT + 2) * ALIGNMENT  # at most 1,025 sizes below POOL_MIN_BYTES
+    kind = _small_types.get(size)
+    if kind is None:
+        kind = _small_types[size] = ctypes.c_ubyte * size
+    storage = kind()
+    return storage, -ctypes.addressof(storage) % ALIGNMENT
+
+
 def aligned_empty(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an ``ALIGNMENT``-byte boundary."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     nbytes = math.prod(shape) * dtype.itemsize
-    raw = _pool.lend(nbytes) if nbytes >= POOL_MIN_BYTES else np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    if nbytes < POOL_MIN_BYTES:
+        storage, offset = _small_storage(nbytes)
+        return np.ndarray(shape, dtype, buffer=storage, offset=offset)
+    raw = _pool.lend(nbytes)
     # The ndarray constructor keeps the offset even for an empty array (an empty slice would not).
     return np.ndarray(shape, dtype, buffer=raw, offset=-raw.ctypes.data % ALIGNMENT)
 

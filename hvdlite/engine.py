@@ -29,6 +29,7 @@ from .autotune import Autotuner, Params
 from .backend.base import ControlChannel
 from .config import Config
 from .executor import Executor, Outcome
+from .naming import clashing_names
 from .negotiation import Coordinator
 from .ops import Collective
 from .polling import WaitTimeout
@@ -81,6 +82,9 @@ class Engine:
         # Set and cleared from the user's thread (start_timeline / stop_timeline); read once per cycle.
         self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
+        self._drive = self.drive  # one bound method for every handle
+        self._joins = 0  # pending JOIN requests: while any, every cycle bypasses the cache
+        self._next_stall_check = 0.0  # monotonic time of the next look for requests stalled behind the cache
 
     # ---- user-thread side -------------------------------------------------------------------
     def start(self) -> None:
@@ -98,18 +102,15 @@ class Engine:
             if self._shutdown_requested:
                 raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
             names = [r.meta.name for r in requests]
-            unique = set(names)
-            clash = sorted(unique & self._in_flight) if len(unique) == len(names) else sorted(
-                {name for name in names if name in self._in_flight or names.count(name) > 1})
+            clash = (len(names) != 1 or names[0] in self._in_flight) and clashing_names(names, self._in_flight)
             if clash:
                 raise errors.DuplicateNameError(
                     f"tensor name(s) {clash} already in flight on rank {self.rank}; wait for the earlier "
-                    "operation or give each operation a unique name"
-                )
+                    "operation or give each operation a unique name")
             self._in_flight.update(names)
             self._incoming.extend(requests)
         for request in requests:
-            request.handle.driver = self.drive
+            request.handle.driver = self._drive
         if wake:
             self._wake.set()
 
@@ -254,9 +255,10 @@ class Engine:
         timeline = self.timeline
         for request in arrived:
             self._pending[request.meta.name] = request
+            self._joins += request.meta.collective is Collective.JOIN
             if timeline is not None:
                 timeline.begin(request.meta.name, "NEGOTIATE_" + request.meta.collective.name, request.submitted_at)
-        flush = self._shutdown_requested or self._joined() or self._stalled_locally()
+        flush = self._shutdown_requested or self._joins > 0 or self._stalled_locally()
         state = self._local_state(flush)
         verdict = decode(self._control.band(encode(state, self._cache.words)), self._cache.words)
         responses: list[Response] = []
@@ -284,14 +286,12 @@ class Engine:
             timeline.flush()
         return bool(responses or arrived), bool(verdict.and_flags & SHUTDOWN)
 
-    def _joined(self) -> bool:
-        return any(r.meta.collective is Collective.JOIN for r in self._pending.values())
-
     def _stalled_locally(self) -> bool:
         """A request hidden behind the cache for too long goes to the coordinator's stall inspector."""
-        if not self._config.stall_check:
+        if not self._config.stall_check or (now := time.monotonic()) < self._next_stall_check:
             return False
-        limit = time.monotonic() - self._config.stall_check_seconds
+        self._next_stall_check = now + min(1.0, self._config.stall_check_seconds / 10)  # a scan per cycle costs
+        limit = now - self._config.stall_check_seconds
         return any(not r.sent_to_coordinator and r.submitted_at < limit for r in self._pending.values())
 
     def _local_state(self, flush: bool) -> CycleState:
@@ -375,6 +375,7 @@ class Engine:
         request = self._pending.pop(name, None)
         if request is None:  # a name this rank never submitted (it joined, or a peer's error)
             return
+        self._joins -= request.meta.collective is Collective.JOIN
         with self._lock:
             self._in_flight.discard(name)
         if error is not None:
@@ -387,6 +388,7 @@ class Engine:
             self._fatal = error
             requests = list(self._pending.values()) + self._incoming
             self._pending.clear()
+            self._joins = 0
             self._incoming = []
             self._in_flight.clear()
         for request in requests:

@@ -146,19 +146,20 @@ class Executor:
         meta = responses[0].meta
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
+        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        if len(responses) == 1:
+            request = local.get(meta.name)
+            tensor = None if request is None else request.tensor
+            if isinstance(tensor, Segments):  # always in place (allreduce_segments_async)
+                return self._reduce_segments(tensor, op, scale, deliver)
+            if tensor is not None and tensor.dtype == wire and meta.prescale == 1.0:
+                return self._reduce_one(request, wire, op, scale, deliver)
         inputs = [self._wire_input(r, local) for r in responses]
         requests = [local.get(r.meta.name) for r in responses]
         outputs = [None if r is None else r.output for r in requests]
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
-        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            source, output = inputs[0], outputs[0]
-            if isinstance(source, Segments):  # always in place (allreduce_segments_async)
-                return self._reduce_segments(source, op, scale, deliver)
-            # Reduced in the caller's output when it can hold the wire type; in place, with no copy at all.
-            written = output is not None and output.dtype == wire
-            buffer = output.reshape(-1) if written else aligned_empty(source.size, wire)
-            in_place = written and requests[0].output is requests[0].tensor
-            send, starts = None if in_place else source, [0]
+        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:  # this rank joined: zeros
+            source, written, starts = inputs[0], False, [0]
+            send, buffer = source, aligned_empty(source.size, wire)
         else:
             written = False
             # Each member starts on an aligned offset, so its result view can be adopted without a copy.
@@ -181,6 +182,24 @@ class Executor:
             self._backend.allreduce(send, buffer, op, scale)
             return results()
         self._backend.allreduce(send, buffer, op, scale, done=lambda: deliver(results()))
+        return None
+
+    def _reduce_one(self, request: Request, wire: np.dtype, op: ReduceOp,
+                    scale: Callable[[np.ndarray], None] | None, deliver: Callable[[list], None] | None) -> list | None:
+        """One tensor already in the wire dtype (most calls): reduced into its output, in place when
+        that is the tensor itself, or else into a fresh buffer; no packing, no copy."""
+        source = np.ascontiguousarray(request.tensor).reshape(-1)
+        output = request.output  # checked on submit: C-contiguous, of the tensor's shape and dtype
+        if output is None:
+            buffer = aligned_empty(source.size, wire)
+            result, send = buffer.reshape(request.meta.shape), source
+        else:
+            buffer, result = output.reshape(-1), output
+            send = None if output is request.tensor else source
+        if deliver is None:
+            self._backend.allreduce(send, buffer, op, scale)
+            return [result]
+        self._backend.allreduce(send, buffer, op, scale, done=lambda: deliver([result]))
         return None
 
     @staticmethod

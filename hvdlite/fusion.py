@@ -10,8 +10,8 @@ rank builds the same plan.
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import NamedTuple
 
 from . import dtypes
 from .ops import Collective
@@ -20,9 +20,11 @@ from .response import Response
 SMALL_TENSOR_BYTES = 64 * 1024
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkItem:
-    """One unit of execution: several packed allreduces, or a single response."""
+class WorkItem(NamedTuple):
+    """One unit of execution: several packed allreduces, or a single response.
+
+    Compared by identity where it matters (the engine's list of started items).
+    """
 
     responses: tuple[Response, ...]
     fused: bool = False

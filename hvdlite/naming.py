@@ -32,3 +32,11 @@ class NameGenerator:
 def group_member_names(base: str, count: int) -> list[str]:
     """Names of the members of a grouped operation: ``base.0`` ... ``base.<count-1>``."""
     return [f"{base}.{index}" for index in range(count)]
+
+
+def clashing_names(names: list[str], in_flight: set[str]) -> list[str]:
+    """The names of a submission that are already in flight, or repeated within it (sorted)."""
+    unique = set(names)
+    if len(unique) == len(names):
+        return sorted(unique & in_flight)
+    return sorted({name for name in names if name in in_flight or names.count(name) > 1})

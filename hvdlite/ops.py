@@ -38,6 +38,8 @@ class Collective(enum.IntEnum):
 
 def resolve_op(op: ReduceOp | int | None, average: bool | None = None) -> ReduceOp:
     """Turn Horovod's ``op=`` / deprecated ``average=`` pair into one :class:`ReduceOp`."""
+    if average is None and op.__class__ is ReduceOp and op is not ReduceOp.ADASUM:
+        return op  # already resolved (every call of a training loop): no enum lookup
     if op is not None and average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both")
     if average is not None:

@@ -16,8 +16,8 @@ class ControlChannel(Protocol):
     rank: int
     size: int
 
-    def band(self, vector: np.ndarray) -> np.ndarray:
-        """Bitwise-AND all-reduce of a uint64 vector."""
+    def band(self, vector: bytes) -> bytes | bytearray:
+        """Bitwise-AND all-reduce of a byte string (every rank's has the same length)."""
 
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:
         """Every rank's payload on rank 0 (``None`` elsewhere)."""

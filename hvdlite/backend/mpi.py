@@ -95,9 +95,9 @@ class MpiControlChannel:
                 return answered
             time.sleep(_PROBE_POLL_SECONDS)
 
-    def band(self, vector: np.ndarray) -> np.ndarray:
-        result = np.empty_like(vector)
-        self._wait(self._comm.Iallreduce(vector, result, MPI.BAND))
+    def band(self, vector: bytes) -> bytearray:
+        result = bytearray(len(vector))
+        self._wait(self._comm.Iallreduce([vector, MPI.BYTE], [result, MPI.BYTE], MPI.BAND))
         return result
 
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:

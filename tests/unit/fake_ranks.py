@@ -14,6 +14,7 @@ from hvdlite.config import Config
 from hvdlite.engine import Engine
 from hvdlite.executor import Executor
 from hvdlite.ops import ReduceOp
+from hvdlite.response_cache import band
 
 _NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
               ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
@@ -39,7 +40,7 @@ class FakeControl:
         self.world, self.rank, self.size = world, rank, world.size
 
     def band(self, vector):
-        return np.bitwise_and.reduce(np.stack(self.world.exchange(self.rank, vector.copy())), axis=0)
+        return band(self.world.exchange(self.rank, bytes(vector)))
 
     def gather_to_root(self, payload):
         values = self.world.exchange(self.rank, payload)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hvdlite.naming import NameGenerator, group_member_names
+from hvdlite.naming import NameGenerator, clashing_names, group_member_names
 from hvdlite.ops import Collective, ReduceOp, resolve_op
 
 
@@ -25,10 +25,20 @@ def test_group_member_names():
     assert group_member_names("g", 3) == ["g.0", "g.1", "g.2"]
 
 
+def test_clashing_names_are_those_in_flight_or_repeated():
+    assert clashing_names(["a", "b"], {"c"}) == []
+    assert clashing_names(["b", "a"], {"a", "b", "c"}) == ["a", "b"]
+    assert clashing_names(["a", "b", "a"], set()) == ["a"]
+    assert clashing_names(["a", "a", "x"], {"x"}) == ["a", "x"]
+    assert clashing_names([], {"a"}) == []
+
+
 def test_resolve_op():
     assert resolve_op(None) is ReduceOp.AVERAGE
     assert resolve_op(None, average=False) is ReduceOp.SUM
     assert resolve_op(ReduceOp.MAX) is ReduceOp.MAX
+    assert resolve_op(4) is ReduceOp.MAX  # Horovod scripts may pass the plain integer
+    assert resolve_op(ReduceOp.SUM, average=None) is ReduceOp.SUM
     with pytest.raises(ValueError, match="not both"):
         resolve_op(ReduceOp.SUM, average=True)
     with pytest.raises(NotImplementedError, match="Adasum"):
