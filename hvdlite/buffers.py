@@ -40,8 +40,8 @@ class _Pool:
         self._owner_types: dict[int, type] = {}
         self._lock = threading.Lock()  # owners die on whichever thread drops the last array
 
-    def lend(self, nbytes: int) -> np.ndarray:
-        """A writable uint8 array of at least ``nbytes`` + ``ALIGNMENT`` bytes."""
+    def lend(self, nbytes: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised aligned array of ``shape`` and ``dtype`` (``nbytes`` in all)."""
         size = -(-(nbytes + ALIGNMENT) // _PAGE) * _PAGE
         with self._lock:
             stack = self._free.get(size)
@@ -51,7 +51,8 @@ class _Pool:
         if storage is None:
             storage = bytearray(size)
         owner = self._owner_type(size).from_buffer(storage)
-        return np.frombuffer(owner, dtype=np.uint8)
+        # The ndarray constructor keeps the offset even for an empty array (an empty slice would not).
+        return np.ndarray(shape, dtype, buffer=owner, offset=-ctypes.addressof(owner) % ALIGNMENT)
 
     def give_back(self, storage: bytearray) -> None:
         size = len(storage)
@@ -110,9 +111,7 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.nd
     if nbytes < POOL_MIN_BYTES:
         storage, offset = _small_storage(nbytes)
         return np.ndarray(shape, dtype, buffer=storage, offset=offset)
-    raw = _pool.lend(nbytes)
-    # The ndarray constructor keeps the offset even for an empty array (an empty slice would not).
-    return np.ndarray(shape, dtype, buffer=raw, offset=-raw.ctypes.data % ALIGNMENT)
+    return _pool.lend(nbytes, shape, dtype)
 
 
 def aligned_copy(array: np.ndarray, dtype: np.dtype | type | None = None) -> np.ndarray:

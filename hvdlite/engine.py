@@ -83,6 +83,7 @@ class Engine:
         self.timeline: Timeline | None = None
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
         self._drive = self.drive  # one bound method for every handle
+        self._drivers: set[int] = set()  # threads running cycles in drive() now
         self._joins = 0  # pending JOIN requests: while any, every cycle bypasses the cache
         self._next_stall_check = 0.0  # monotonic time of the next look for requests stalled behind the cache
 
@@ -119,11 +120,14 @@ class Engine:
 
         Called by a handle's wait before it blocks, so a blocking collective costs no thread
         hand-off (waking the engine thread, then the waiter). Backs off between cycles while peers
-        are not ready, as the engine thread would. Stops once the engine thread is cycling or the
-        engine stopped, and wakes the engine thread to finish. Ctrl-C is held back while a cycle
+        are not ready, as the engine thread would; the engine thread starts no cycle meanwhile (an
+        idle wake-up would otherwise take the next cycles over, at its low priority). Stops once the
+        engine thread is cycling or the engine stopped, and wakes the engine thread to finish. Ctrl-C is held back while a cycle
         runs (:func:`hvdlite.interrupts.run_deferring_sigint`): a half-run cycle would strand peers.
         """
         idle_streak = 0
+        me = threading.get_ident()
+        self._drivers.add(me)  # the engine thread starts no cycle while a caller drives
         try:
             while not handle.done() and not self._shutdown_requested:
                 if idle_streak:
@@ -138,7 +142,8 @@ class Engine:
                     break
                 idle_streak = 0 if progressed else idle_streak + 1
         finally:
-            if not handle.done():
+            self._drivers.discard(me)  # before the wake-up, so the engine thread sees it gone
+            if not handle.done() or self._pending or self._incoming:
                 self._wake.set()
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -186,6 +191,8 @@ class Engine:
         idle_streak = 0
         while True:
             self._sleep_until_work(idle_streak)
+            if self._drivers and not self._shutdown_requested:
+                continue  # a caller is running the cycles; it wakes this thread when it stops
             with self._driving:
                 progressed = self._turn()
             if progressed is None:
@@ -223,10 +230,8 @@ class Engine:
 
     def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
         """Probe every peer, then describe the timeout with the ranks that did not answer."""
-        if not self._unfinished:
-            doing = "waiting for peers to finish this cycle's transfers" if self._settling else "negotiation"
-        else:
-            doing = fusion.describe(self._unfinished[0])
+        doing = (fusion.describe(self._unfinished[0]) if self._unfinished else
+                 "waiting for peers to finish this cycle's transfers" if self._settling else "negotiation")
         window = self._config.probe_window_seconds
         return errors.comm_timeout(self.rank, self.size, doing, exc.seconds, self._control.reachable_peers(window),
                                    window, self._config.comm_timeout_seconds)
@@ -235,7 +240,7 @@ class Engine:
         """Sleep while nothing is pending; back off while pending work makes no progress."""
         if self._shutdown_requested:
             return
-        if not self._pending and not self._incoming:
+        if self._drivers or (not self._pending and not self._incoming):
             self._wake.wait(self._config.idle_cycle_seconds)
         elif idle_streak:
             self._wake.wait(self._backoff(idle_streak))
@@ -365,23 +370,20 @@ class Engine:
             if started is item:
                 del self._unfinished[index]
                 break
-        for response, result, error in outcome:
-            if timeline is not None and response.meta.name in self._pending:
-                timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
-            self._complete(response.meta.name, result, error)
-
-    def _complete(self, name: str, result: object, error: BaseException | None) -> None:
-        """Release the name *before* waking the waiter, so it can resubmit the name at once."""
-        request = self._pending.pop(name, None)
-        if request is None:  # a name this rank never submitted (it joined, or a peer's error)
-            return
-        self._joins -= request.meta.collective is Collective.JOIN
+        # Names are released *before* waking the waiters, so a waiter can resubmit its name at once.
+        requests = [self._pending.pop(response.meta.name, None) for response, _, _ in outcome]
         with self._lock:
-            self._in_flight.discard(name)
-        if error is not None:
-            request.handle.set_error(error)
-        else:
-            request.handle.set_result(result)
+            self._in_flight.difference_update(r.meta.name for r in requests if r is not None)
+        for request, (response, result, error) in zip(requests, outcome, strict=True):
+            if request is None:  # a name this rank never submitted (it joined, or a peer's error)
+                continue
+            self._joins -= request.meta.collective is Collective.JOIN
+            if timeline is not None:
+                timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
+            if error is not None:
+                request.handle.set_error(error)
+            else:
+                request.handle.set_result(result)
 
     def _fail_all(self, error: errors.HvdliteError) -> None:
         with self._lock:

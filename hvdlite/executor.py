@@ -129,15 +129,14 @@ class Executor:
             return [None]
         return [response.last_joined]  # JOIN
 
-    def _wire_input(self, response: Response, local: Mapping[str, Request]) -> np.ndarray | Segments:
-        meta = response.meta
-        request = local.get(meta.name)
-        wire = dtypes.wire_dtype(meta.dtype)
-        if request is None:  # this rank has joined: it contributes zeros
-            return np.zeros(math.prod(meta.shape), dtype=wire)
+    @staticmethod
+    def _wire_input(response: Response, request: Request | None) -> np.ndarray | Segments:
+        """What this rank contributes to ``response``: its tensor, flat, or zeros once it joined."""
+        if request is None:
+            return np.zeros(response.count, dtype=dtypes.wire_dtype(response.meta.dtype))
         if isinstance(request.tensor, Segments):
             return request.tensor
-        return np.ascontiguousarray(request.tensor).reshape(-1)
+        return request.tensor.reshape(-1)  # a view, or a contiguous copy of a strided tensor
 
     def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request],
                    deliver: Callable[[list], None] | None = None) -> list | None:
@@ -154,8 +153,8 @@ class Executor:
                 return self._reduce_segments(tensor, op, scale, deliver)
             if tensor is not None and tensor.dtype == wire and meta.prescale == 1.0:
                 return self._reduce_one(request, wire, op, scale, deliver)
-        inputs = [self._wire_input(r, local) for r in responses]
         requests = [local.get(r.meta.name) for r in responses]
+        inputs = [self._wire_input(r, request) for r, request in zip(responses, requests, strict=True)]
         outputs = [None if r is None else r.output for r in requests]
         if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:  # this rank joined: zeros
             source, written, starts = inputs[0], False, [0]
@@ -167,9 +166,13 @@ class Executor:
             buffer = aligned_empty(starts[-1], wire)
             for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
                 # packs, and widens 16-bit floats; a segmented tensor piece by piece, with no temporary
-                pieces = _pieces(tensor, self.rank) if isinstance(tensor, Segments) else [tensor]
-                for piece, at in zip(pieces, np.cumsum([start] + [p.size for p in pieces]), strict=False):
-                    buffer[at : at + piece.size] = piece
+                if isinstance(tensor, Segments):
+                    at = start
+                    for piece in _pieces(tensor, self.rank):
+                        buffer[at : at + piece.size] = piece
+                        at += piece.size
+                else:
+                    buffer[start : start + tensor.size] = tensor
                 buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
                 buffer *= meta.prescale
@@ -188,7 +191,7 @@ class Executor:
                     scale: Callable[[np.ndarray], None] | None, deliver: Callable[[list], None] | None) -> list | None:
         """One tensor already in the wire dtype (most calls): reduced into its output, in place when
         that is the tensor itself, or else into a fresh buffer; no packing, no copy."""
-        source = np.ascontiguousarray(request.tensor).reshape(-1)
+        source = request.tensor.reshape(-1)  # a view, or a contiguous copy of a strided tensor
         output = request.output  # checked on submit: C-contiguous, of the tensor's shape and dtype
         if output is None:
             buffer = aligned_empty(source.size, wire)
@@ -208,8 +211,7 @@ class Executor:
         """Each response's result once ``buffer`` is reduced: views of it, or the callers' outputs."""
         results = []
         for response, output, start in zip(responses, outputs, starts, strict=False):
-            count = math.prod(response.meta.shape)
-            view = buffer[start : start + count].reshape(response.meta.shape)
+            view = buffer[start : start + response.count].reshape(response.meta.shape)
             if output is None:
                 # Members may differ in dtype (float16, bfloat16 and float32 share a float32 buffer).
                 own = response.meta.dtype

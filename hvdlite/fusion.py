@@ -10,10 +10,8 @@ rank builds the same plan.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
-from . import dtypes
 from .ops import Collective
 from .response import Response
 
@@ -38,39 +36,28 @@ def describe(item: WorkItem) -> str:
 
 
 def wire_nbytes(response: Response) -> int:
-    meta = response.meta
-    return math.prod(meta.shape) * dtypes.SUPPORTED[dtypes.wire_name(meta.dtype, meta.device)].itemsize
-
-
-def _fusion_key(response: Response) -> tuple:
-    meta = response.meta
-    # Host and device tensors never share a buffer: they live in different memories.
-    return (meta.device, dtypes.wire_name(meta.dtype, meta.device), dtypes.wire_op(meta.dtype, meta.op),
-            meta.prescale, meta.postscale)
+    """Bytes ``response``'s tensor occupies on the wire (see :attr:`Response.wire_nbytes`)."""
+    return response.wire_nbytes
 
 
 def plan(responses: list[Response], threshold: int) -> list[WorkItem]:
     """Group ``responses`` into work items; unfusable responses keep their relative order."""
     if len(responses) == 1:  # nothing to fuse with (a blocking call's cycle): skip the bookkeeping
         return [WorkItem((responses[0],))]
-    items: list[WorkItem] = []
-    open_buckets: dict[tuple, tuple[int, list[Response], int]] = {}  # key -> (item slot, members, bytes)
+    small = min(SMALL_TENSOR_BYTES, threshold)
+    items: list[WorkItem | list[Response]] = []  # a list: a fusion bucket, still filling
+    open_buckets: dict[tuple, tuple[list[Response], int]] = {}  # key -> (members, bytes)
     for response in responses:
-        nbytes = wire_nbytes(response) if response.meta.collective is Collective.ALLREDUCE else 0
-        packable = (
-            response.meta.collective is Collective.ALLREDUCE
-            and not response.error
-            and 0 < nbytes <= min(SMALL_TENSOR_BYTES, threshold)
-        )
+        nbytes = response.wire_nbytes if response.meta.collective is Collective.ALLREDUCE else 0
+        packable = 0 < nbytes <= small and not response.error
         if not packable:
             items.append(WorkItem((response,)))
             continue
-        key = _fusion_key(response)
-        slot, members, used = open_buckets.get(key, (-1, [], 0))
-        if slot < 0 or used + nbytes > threshold:
-            items.append(WorkItem(()))  # placeholder, filled below
-            slot, members, used = len(items) - 1, [], 0
+        key = response.fusion_key
+        members, used = open_buckets.get(key, (None, 0))
+        if members is None or used + nbytes > threshold:
+            members, used = [], 0
+            items.append(members)  # the bucket keeps this place in the order
         members.append(response)
-        open_buckets[key] = (slot, members, used + nbytes)
-        items[slot] = WorkItem(tuple(members), fused=len(members) > 1)
-    return items
+        open_buckets[key] = (members, used + nbytes)
+    return [item if isinstance(item, WorkItem) else WorkItem(tuple(item), fused=len(item) > 1) for item in items]

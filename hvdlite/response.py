@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
+from . import dtypes
 from .autotune import Params
 from .ops import Collective
 from .request import RequestMeta
@@ -25,6 +28,27 @@ class Response:
     error: str = ""
     error_type: str = ""
     last_joined: int = -1
+
+    # Computed once per response: a cached response is executed every step, and the fusion plan
+    # and the executor read these for every member of a bucket.
+    @functools.cached_property
+    def count(self) -> int:
+        """Number of elements of the tensor."""
+        return math.prod(self.meta.shape)
+
+    @functools.cached_property
+    def wire_nbytes(self) -> int:
+        """Bytes the tensor occupies in the dtype it travels in (0 for a request without data)."""
+        meta = self.meta
+        return self.count * dtypes.SUPPORTED[dtypes.wire_name(meta.dtype, meta.device)].itemsize if meta.dtype else 0
+
+    @functools.cached_property
+    def fusion_key(self) -> tuple:
+        """Allreduces share a fusion buffer only if these agree. Host and device tensors never
+        share one: they live in different memories."""
+        meta = self.meta
+        return (meta.device, dtypes.wire_name(meta.dtype, meta.device), dtypes.wire_op(meta.dtype, meta.op),
+                meta.prescale, meta.postscale)
 
     @property
     def cacheable(self) -> bool:

@@ -80,16 +80,16 @@ def test_large_buffers_are_recycled_only_once_every_array_using_them_is_gone():
     from hvdlite import buffers
 
     pool = buffers._Pool(max_bytes=8 << 20)
-    first = pool.lend(1 << 20)
+    first = pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8))
     address = first.ctypes.data
     view = first[100:].view(np.uint32)  # a view keeps the storage lent out
     del first
     assert pool.cached_bytes == 0
-    second = pool.lend(1 << 20)
+    second = pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8))
     assert second.ctypes.data != address  # still in use through `view`: not handed out again
     del view
     assert pool.cached_bytes >= 1 << 20
-    third = pool.lend(1 << 20)
+    third = pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8))
     assert third.ctypes.data == address and pool.cached_bytes == 0  # reused, not faulted in afresh
     assert third.flags.writeable and second.flags.writeable
 
@@ -98,7 +98,7 @@ def test_the_pool_keeps_at_most_its_limit():
     from hvdlite import buffers
 
     pool = buffers._Pool(max_bytes=3 << 20)
-    arrays = [pool.lend(1 << 20) for _ in range(5)]
+    arrays = [pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8)) for _ in range(5)]
     del arrays
     assert 2 << 20 <= pool.cached_bytes <= 3 << 20
 
