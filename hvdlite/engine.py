@@ -371,15 +371,18 @@ class Engine:
                 del self._unfinished[index]
                 break
         # Names are released *before* waking the waiters, so a waiter can resubmit its name at once.
-        requests = [self._pending.pop(response.meta.name, None) for response, _, _ in outcome]
+        done = []
+        for response, result, error in outcome:
+            request = self._pending.pop(response.meta.name, None)
+            if request is not None:  # else a name this rank never submitted (it joined, or a peer's error)
+                done.append((request, result, error))
         with self._lock:
-            self._in_flight.difference_update(r.meta.name for r in requests if r is not None)
-        for request, (response, result, error) in zip(requests, outcome, strict=True):
-            if request is None:  # a name this rank never submitted (it joined, or a peer's error)
-                continue
+            for request, _, _ in done:
+                self._in_flight.discard(request.meta.name)
+        for request, result, error in done:
             self._joins -= request.meta.collective is Collective.JOIN
             if timeline is not None:
-                timeline.end(response.meta.name, time.monotonic(), {"error": str(error)} if error else None)
+                timeline.end(request.meta.name, time.monotonic(), {"error": str(error)} if error else None)
             if error is not None:
                 request.handle.set_error(error)
             else:
