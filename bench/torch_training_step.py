@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.modes if m not in ALL_MODES]
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; choose from {list(ALL_MODES)}")
+    launched_by = [k for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK") if k in os.environ]
+    if not args.worker and launched_by:
+        # Under a launcher every rank would start its own jobs: twice the ranks on the cores, and a
+        # table measured under that load (it happened once, and wrote a wrong README row).
+        parser.error(f"this driver starts its own hvdliterun jobs; run it with plain python, not under an MPI "
+                     f"launcher ({launched_by[0]} is set)")
     return args
 
 

@@ -129,7 +129,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s, in place, and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return synchronize(api.blocking(lambda: broadcast_async_(tensor, root_rank, name, process_set)))
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,

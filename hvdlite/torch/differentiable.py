@@ -52,8 +52,8 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 def _my_slice(grad: torch.Tensor, rows: int) -> torch.Tensor:
     """This rank's rows of a gathered gradient, summed over ranks."""
-    summed = synchronize(async_ops.allreduce_async(grad, op=ReduceOp.SUM))
-    all_rows = synchronize(async_ops.allgather_async(torch.tensor([rows], dtype=torch.int64)))
+    summed = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, op=ReduceOp.SUM)))
+    all_rows = synchronize(api.blocking(lambda: async_ops.allgather_async(torch.tensor([rows], dtype=torch.int64))))
     offset = int(all_rows[: basics.rank()].sum())
     return summed.narrow(0, offset, rows)
 
@@ -62,7 +62,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
         ctx.rows = tensor.shape[0] if tensor.dim() else 0
-        return synchronize(async_ops.allgather_async(tensor, name))
+        return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -73,7 +73,7 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.rows = [t.shape[0] if t.dim() else 0 for t in tensors]
-        return tuple(synchronize(h) for h in async_ops.grouped_allgather_async(tensors, name))
+        return tuple(synchronize(h) for h in api.blocking(lambda: async_ops.grouped_allgather_async(tensors, name)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
@@ -84,11 +84,11 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
         ctx.root_rank = root_rank
-        return synchronize(async_ops.broadcast_async(tensor, root_rank, name))
+        return synchronize(api.blocking(lambda: async_ops.broadcast_async(tensor, root_rank, name)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        reduced = synchronize(async_ops.allreduce_async(grad, op=ReduceOp.AVERAGE))
+        reduced = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, op=ReduceOp.AVERAGE)))
         if basics.rank() != ctx.root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None
@@ -97,14 +97,14 @@ class _Broadcast(torch.autograd.Function):
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = synchronize(async_ops.alltoall_async(tensor, splits, name))
+        output, received = synchronize(api.blocking(lambda: async_ops.alltoall_async(tensor, splits, name)))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple:
-        returned, _ = synchronize(async_ops.alltoall_async(grad.contiguous(), ctx.received))
+        returned, _ = synchronize(api.blocking(lambda: async_ops.alltoall_async(grad.contiguous(), ctx.received)))
         return returned, None, None
 
 
@@ -113,11 +113,11 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
                 postscale: float) -> torch.Tensor:
         ctx.scale = prescale * postscale / (basics.size() if op is ReduceOp.AVERAGE else 1)
-        return synchronize(async_ops.reducescatter_async(tensor, op, name, prescale, postscale))
+        return synchronize(api.blocking(lambda: async_ops.reducescatter_async(tensor, op, name, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        gathered = synchronize(async_ops.allgather_async(grad.contiguous()))
+        gathered = synchronize(api.blocking(lambda: async_ops.allgather_async(grad.contiguous())))
         return gathered * ctx.scale, None, None, None, None
 
 
@@ -188,5 +188,6 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: ReduceOp | None =
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reducescatter several tensors as one group (not differentiable, as in Horovod)."""
-    handles = async_ops.grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor, process_set)
+    handles = api.blocking(lambda: async_ops.grouped_reducescatter_async(tensors, op, name, prescale_factor,
+                                                                         postscale_factor, process_set))
     return [synchronize(h) for h in handles]
