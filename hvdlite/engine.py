@@ -112,7 +112,7 @@ class Engine:
             self._incoming.extend(requests)
         for request in requests:
             request.handle.driver = self._drive
-        if wake:
+        if wake and not self._wake.is_set():  # set and not yet cleared: the thread will see these requests
             self._wake.set()
 
     def drive(self, handle: Handle) -> None:
@@ -122,8 +122,8 @@ class Engine:
         hand-off (waking the engine thread, then the waiter). Backs off between cycles while peers
         are not ready, as the engine thread would; the engine thread starts no cycle meanwhile (an
         idle wake-up would otherwise take the next cycles over, at its low priority). Stops once the
-        engine thread is cycling or the engine stopped, and wakes the engine thread to finish. Ctrl-C is held back while a cycle
-        runs (:func:`hvdlite.interrupts.run_deferring_sigint`): a half-run cycle would strand peers.
+        engine thread is cycling or the engine stopped, and wakes the engine thread to finish.
+        Ctrl-C is held back while a cycle runs (:func:`hvdlite.interrupts.run_deferring_sigint`).
         """
         idle_streak = 0
         me = threading.get_ident()

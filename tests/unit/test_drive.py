@@ -63,6 +63,35 @@ def test_waiting_callers_run_the_cycles_and_the_engine_thread_sleeps(size):
         stop_engines(engines)
 
 
+def test_the_engine_thread_starts_no_cycle_while_a_caller_drives():
+    # The engine threads wake every 5 ms; rank 1 submits 0.2 s late, so rank 0's caller drives (and
+    # backs off) all that while. Before, a wake-up took the cycles over at the engine's priority.
+    _, engines = start_engines(2, idle_cycle_seconds=0.005)
+    try:
+        started = []  # (rank, thread name, callers driving that rank when the cycle started)
+        for rank, engine in enumerate(engines):
+            cycle = engine._cycle
+
+            def recorded(rank=rank, engine=engine, cycle=cycle):
+                started.append((rank, threading.current_thread().name, bool(engine._drivers)))
+                return cycle()
+
+            engine._cycle = recorded
+        for step in range(3):
+            requests = [_request(r, f"late{step}") for r in range(2)]
+            engines[0].submit([requests[0]], wake=False)
+            late = threading.Timer(0.2, lambda r=requests[1]: engines[1].submit([r], wake=False))
+            late.start()
+            results = _wait_on_threads([r.handle for r in requests])
+            late.join()
+            assert all(x.tolist() == [3.0] * 4 for x in results)
+        on_engine_while_driven = [s for s in started if s[1] == "hvdlite-engine" and s[2]]
+        assert not on_engine_while_driven
+        assert sum(1 for s in started if s[0] == 0 and s[1] == "caller-0") >= 3  # rank 0 drove and backed off
+    finally:
+        stop_engines(engines)
+
+
 def test_a_caller_that_cannot_drive_hands_over_to_the_engine_thread():
     _, engines = start_engines(2, idle_cycle_seconds=30.0)
     try:
