@@ -99,12 +99,13 @@ _memo: dict[tuple, RequestMeta] = {}  # checked reduction descriptions, by every
 def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
                     prescale: float, postscale: float) -> RequestMeta:
     """The checked description of a reduction; remembered, as the same call usually repeats every step."""
+    prescale, postscale = float(prescale), float(postscale)  # also makes a 0-d tensor or NumPy scalar a key
     key = (name, collective, array.dtype, array.shape, op, prescale, postscale, type(array))
     meta = _memo.get(key)
     if meta is None:
         dtype = dtypes.dtype_name(array, name)
-        dtypes.check_reduction(dtype, op, float(prescale), float(postscale), name)
-        meta = RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
+        dtypes.check_reduction(dtype, op, prescale, postscale, name)
+        meta = RequestMeta(name, collective, dtype, tuple(array.shape), op, prescale, postscale,
                            device=device_of(array))
         if len(_memo) >= _MEMO_LIMIT:  # generated names never repeat: do not keep them forever
             _memo.clear()

@@ -24,6 +24,14 @@ def test_the_same_call_reuses_its_description_and_any_difference_makes_a_new_one
         ((3, 1), "float32", "t", ReduceOp.SUM, 1.0)]
 
 
+def test_scale_factors_may_be_numpy_or_torch_scalars():
+    import torch
+
+    meta = _meta(np.zeros(2, np.float32), prescale=np.float32(0.5), postscale=torch.tensor(2.0))
+    assert (meta.prescale, meta.postscale) == (0.5, 2.0) and type(meta.prescale) is float
+    assert _meta(np.zeros(2, np.float32), prescale=0.5, postscale=2.0) is meta
+
+
 def test_a_rejected_call_is_rejected_every_time():
     for _ in range(2):
         with pytest.raises(UnsupportedOperationError, match="Average is not defined for bool"):
