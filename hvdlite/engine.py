@@ -348,14 +348,13 @@ class Engine:
             self._unfinished.append(item)
             if self._tuner is not None:
                 reduced = [r for r in item.responses if r.meta.collective is Collective.ALLREDUCE and not r.error]
-                self._reduced_bytes += sum(fusion.wire_nbytes(r) for r in reduced)
+                self._reduced_bytes += sum(r.wire_nbytes for r in reduced)
                 self._reduced_names += [r.meta.name for r in reduced]
             if timeline is not None:
                 start = time.monotonic()
                 for response in item.responses:
                     if response.meta.name in self._pending:
-                        nbytes = fusion.wire_nbytes(response) if response.meta.dtype else 0
-                        args = {"bytes": nbytes, "fused_with": len(item.responses) - 1}
+                        args = {"bytes": response.wire_nbytes, "fused_with": len(item.responses) - 1}
                         timeline.begin(response.meta.name, response.meta.collective.name, start, args)
             self._executor.start(item, self._pending,
                                  lambda outcome, item=item: self._finished(item, outcome, timeline))

@@ -156,7 +156,8 @@ class Executor:
         requests = [local.get(r.meta.name) for r in responses]
         inputs = [self._wire_input(r, request) for r, request in zip(responses, requests, strict=True)]
         outputs = [None if r is None else r.output for r in requests]
-        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:  # this rank joined: zeros
+        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
+            # This rank joined: its zeros go unpadded, as many elements as its peers' reduction has.
             source, written, starts = inputs[0], False, [0]
             send, buffer = source, aligned_empty(source.size, wire)
         else:

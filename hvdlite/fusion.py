@@ -35,11 +35,6 @@ def describe(item: WorkItem) -> str:
     return f"{item.responses[0].meta.collective.name.lower()} of {names[:3]}{more}"
 
 
-def wire_nbytes(response: Response) -> int:
-    """Bytes ``response``'s tensor occupies on the wire (see :attr:`Response.wire_nbytes`)."""
-    return response.wire_nbytes
-
-
 def plan(responses: list[Response], threshold: int) -> list[WorkItem]:
     """Group ``responses`` into work items; unfusable responses keep their relative order."""
     if len(responses) == 1:  # nothing to fuse with (a blocking call's cycle): skip the bookkeeping

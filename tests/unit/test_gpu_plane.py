@@ -177,7 +177,7 @@ def test_host_and_device_tensors_never_share_a_fusion_buffer() -> None:
     groups = [{r.meta.name for r in item.responses} for item in fusion.plan(responses, 1 << 20)]
     # On the host bfloat16 widens into float32's buffer; on the device it travels as itself.
     assert groups == [{"t0", "t2", "t5"}, {"t1", "t3"}, {"t4"}]
-    assert fusion.wire_nbytes(responses[4]) == 20 and fusion.wire_nbytes(responses[5]) == 40
+    assert responses[4].wire_nbytes == 20 and responses[5].wire_nbytes == 40
 
 
 def test_ranks_that_disagree_on_device_get_an_error_naming_each_ranks_memory() -> None:
