@@ -89,6 +89,8 @@ class Config:
     fusion_threshold: int = 2 * MIB
     chunk_bytes: int = 4 * MIB
     pipeline_depth: int = 1
+    shm: bool = True
+    shm_min_bytes: int = 64 * 1024
     bucket_bytes: int = 25 * MIB
     cycle_time_ms: float = 0.0
     poll_time_ms: float = 1.0
@@ -156,6 +158,12 @@ SETTINGS: tuple[Setting, ...] = (
             "large buffers are reduced in pieces of this many bytes"),
     Setting("HVDLITE_PIPELINE_DEPTH", "pipeline_depth", _positive_int,
             "host reductions (pieces of chunk size) kept in flight at once; 1 runs them one at a time"),
+    Setting("HVDLITE_SHM", "shm", _flag,
+            "1 (default): when every rank runs on one host, the negotiation and host allreduces of "
+            "HVDLITE_SHM_MIN_BYTES or more go through shared memory (about 4 MiB of /dev/shm per rank); 0 leaves "
+            "them to MPI"),
+    Setting("HVDLITE_SHM_MIN_BYTES", "shm_min_bytes", _positive_int,
+            "smallest host allreduce that goes through shared memory (smaller ones are faster through MPI)"),
     Setting("HVDLITE_BUCKET_BYTES", "bucket_bytes", _non_negative_int,
             "DistributedOptimizer reduces dense CPU gradients in buckets of about this many bytes, one request "
             "each (0: one request per gradient)"),

@@ -209,6 +209,7 @@ class Engine:
             if finished:
                 self._fail_all(errors.HvdliteShutdownError("hvdlite was shut down"))
                 self._executor.close()  # every rank is here: collective teardown cannot hang
+                self._control.close()
                 return None
             return progressed
         except errors.DeviceError as exc:  # this rank's GPU plane failed: peers cannot go on, end the job

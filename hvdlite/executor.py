@@ -98,9 +98,10 @@ class Executor:
         self._backend.quiesce()
 
     def close(self) -> None:
-        """Release device resources (NCCL communicators), if any were made."""
+        """Release device resources (NCCL communicators), if any were made, and the backend's."""
         if self._device is not None:
             self._device.close()
+        self._backend.close()
 
     def _device_runner(self) -> DeviceRunner:
         if self._device is None:

@@ -100,8 +100,9 @@ def init(comm: Any = None) -> None:
     poll_seconds = config.poll_time_ms / 1000
     engine = Engine(
         config,
-        MpiControlChannel(control, poll_seconds, config.comm_timeout),
-        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth),
+        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm),
+        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
+                                config.shm_min_bytes if config.shm else None),
                  rank, topology.size,
                  device_runner=_device_runner(config, data, hosts, topology.local_rank)),
         abort=failure.abort_job,

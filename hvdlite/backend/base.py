@@ -28,6 +28,9 @@ class ControlChannel(Protocol):
     def reachable_peers(self, window: float) -> set[int]:
         """After a timed-out wait: the ranks (this one included) that answer within ``window`` seconds."""
 
+    def close(self) -> None:
+        """Release what the channel holds beyond its communicator (collective: at shutdown, on every rank)."""
+
 
 class DataBackend(Protocol):
     """Moves tensor bytes. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
@@ -43,8 +46,9 @@ class DataBackend(Protocol):
                   done: Callable[[], None] | None = None) -> None:
         """Reduce into ``recv``; ``send=None`` means in place. SUM stands in for AVERAGE.
 
-        ``finish_piece`` is applied to each finished piece of ``recv`` (a view) while it is still
-        in cache: scaling there is cheaper than a second pass over the whole buffer.
+        ``finish_piece`` is applied to each finished piece of the result while it is still in
+        cache: scaling there is cheaper than a second pass over the whole buffer. It must be
+        element-wise: a backend may apply it to a piece before that piece reaches ``recv``.
 
         Without ``done`` the call returns once ``recv`` holds the result. With it, the backend may
         return while the reduction is still in flight and call ``done()`` once it finished, from a
@@ -71,3 +75,6 @@ class DataBackend(Protocol):
 
     def barrier(self) -> None:
         """Return once every rank has entered."""
+
+    def close(self) -> None:
+        """Release what the backend holds beyond its communicator (collective: at shutdown, on every rank)."""

@@ -15,6 +15,10 @@ distinct 2 MB arrays gained from it here (np=2: 106-117 ms with two in flight, 1
 time), but through hvdlite the size sweep, the 220-tensor mix and the training step showed no
 consistent difference between 1 and 2 in three alternating runs each, so the default is 1.
 
+When every rank runs on one host, allreduces of ``HVDLITE_SHM_MIN_BYTES`` or more go through a
+shared-memory window instead of MPI's own reduction (:mod:`hvdlite.backend.shm`); they need no
+quiesce barrier, as no peer depends on this rank's MPI progress for them.
+
 Every wait has the job's communication deadline (``HVDLITE_COMM_TIMEOUT_SECONDS``): MPI itself
 would wait for a peer behind a dead link until the kernel gives up on TCP (~15 minutes).
 """
@@ -31,6 +35,7 @@ from mpi4py import MPI
 
 from ..ops import ReduceOp
 from ..polling import wait_until
+from .shm import SharedMemoryAllreduce, SharedMemoryBand
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM,
@@ -44,11 +49,20 @@ _DATA_SPIN_SECONDS = 0.05
 _LARGE_BYTES = 64 * 1024  # above MPICH's shared-memory eager limit: the transfer needs both ranks' progress
 _PROBE_TAG = 7_001  # point-to-point on the control communicator: never matches its collectives
 _PROBE_POLL_SECONDS = 0.005
+_BAND_SLOT_BYTES = 64 * 1024  # the negotiation vector of a response cache of up to ~260,000 entries
 
 
-def _waiter(spin: float, max_sleep: float, timeout: float | None):
+def _poller(spin: float, max_sleep: float, timeout: float | None) -> Callable[[Callable[[], bool]], None]:
+    """A wait for a condition: spin ``spin`` seconds, then sleep up to ``max_sleep``, within ``timeout``."""
+    def wait_for(done: Callable[[], bool]) -> None:
+        wait_until(done, spin, max_sleep, timeout)
+
+    return wait_for
+
+
+def _waiter(poll: Callable[[Callable[[], bool]], None]) -> Callable[[MPI.Request], None]:
     def wait(request: MPI.Request) -> None:
-        wait_until(request.Test, spin, max_sleep, timeout)
+        poll(request.Test)
 
     return wait
 
@@ -60,11 +74,16 @@ def _displacements(counts: list[int]) -> list[int]:
 class MpiControlChannel:
     """Negotiation collectives on a private duplicate of the job's communicator."""
 
-    def __init__(self, comm: MPI.Comm, poll_seconds: float, timeout: float | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, poll_seconds: float, timeout: float | None = None,
+                 shared_memory: bool = False) -> None:
+        """``shared_memory``: run :meth:`band` through shared memory when every rank runs on this
+        host (:class:`hvdlite.backend.shm.SharedMemoryBand`). Collective when True."""
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self._wait = _waiter(_CONTROL_SPIN_SECONDS, poll_seconds, timeout)
+        poll = _poller(_CONTROL_SPIN_SECONDS, poll_seconds, timeout)
+        self._wait = _waiter(poll)
+        self._shm = SharedMemoryBand.create(comm, _BAND_SLOT_BYTES, poll) if shared_memory else None
         self._abandoned: list = []  # probe sends a dead peer never takes: their buffers must stay alive
 
     def reachable_peers(self, window: float) -> set[int]:
@@ -95,7 +114,9 @@ class MpiControlChannel:
                 return answered
             time.sleep(_PROBE_POLL_SECONDS)
 
-    def band(self, vector: bytes) -> bytearray:
+    def band(self, vector: bytes) -> bytes | bytearray:
+        if self._shm is not None and self._shm.fits(vector):  # the same on every rank: one length
+            return self._shm.band(vector)
         result = bytearray(len(vector))
         self._wait(self._comm.Iallreduce([vector, MPI.BYTE], [result, MPI.BYTE], MPI.BAND))
         return result
@@ -111,6 +132,12 @@ class MpiControlChannel:
         self._wait(self._comm.Igatherv(send, [recv, sizes.tolist()], root=0))
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         return [recv[offsets[r] : offsets[r + 1]].tobytes() for r in range(self.size)]
+
+    def close(self) -> None:
+        """Free the shared-memory window, if any (collective: every rank calls it at shutdown)."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
 
     def broadcast_from_root(self, payload: bytes | None) -> bytes:
         size = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
@@ -135,20 +162,36 @@ class MpiDataBackend:
     name = "MPI"
 
     def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None,
-                 max_in_flight: int = 1) -> None:
+                 max_in_flight: int = 1, shm_min_bytes: int | None = None) -> None:
+        """``shm_min_bytes``: reduce buffers of at least this size through shared memory when every
+        rank runs on this host (:mod:`hvdlite.backend.shm`); None never does. Collective: every rank
+        of ``comm`` builds its backend at the same point, with the same value."""
         self._comm = comm
         self.chunk_bytes = chunk_bytes
         self.max_in_flight = max_in_flight
-        self._wait = _waiter(_DATA_SPIN_SECONDS, poll_seconds, timeout)
+        poll = _poller(_DATA_SPIN_SECONDS, poll_seconds, timeout)
+        self._wait = _waiter(poll)
+        self._shm = None if shm_min_bytes is None else SharedMemoryAllreduce.create(comm, shm_min_bytes, poll)
         self._in_flight: deque[_Piece] = deque()
         self._moved_large = False  # a large transfer ran since the last quiesce()
 
     def enabled_for(self, array: np.ndarray) -> bool:
         return isinstance(array, np.ndarray)
 
+    @property
+    def shared_memory(self) -> bool:
+        """True if large allreduces go through the shared-memory window (every rank on this host)."""
+        return self._shm is not None
+
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
                   finish_piece: Callable[[np.ndarray], None] | None = None,
                   done: Callable[[], None] | None = None) -> None:
+        if self._shm is not None and self._shm.handles(recv, op):
+            self.flush()  # results are delivered in the order reductions started
+            self._shm.allreduce(send, recv, op, finish_piece)
+            if done is not None:
+                done()
+            return
         mpi_op = _MPI_OPS[op]
         step = max(1, self.chunk_bytes // recv.itemsize)
         if recv.size <= step:  # one piece, as most tensors: no slicing
@@ -219,3 +262,9 @@ class MpiDataBackend:
     def barrier(self) -> None:
         self.flush()
         self._wait(self._comm.Ibarrier())
+
+    def close(self) -> None:
+        """Free the shared-memory window, if any (collective: every rank calls it at shutdown)."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None

@@ -83,12 +83,13 @@ def test_killed_rank_ends_the_job_and_is_named(np):
     assert result.seconds < 30
 
 
-@pytest.mark.parametrize("np", [2, 3])
-def test_rank_that_stops_answering_ends_the_job_and_is_named(np):
+@pytest.mark.parametrize(("np", "floats"), [(2, "1024"), (3, "1024"), (2, str(16 << 20)), (3, str(16 << 20))])
+def test_rank_that_stops_answering_ends_the_job_and_is_named(np, floats):
     # SIGSTOP: the process lives but never takes part again, as a host behind a dead link looks.
+    # 64 MB steps: it stops inside a shared-memory reduction, with peers at its barriers.
     timeout = 3
-    result = run_script("multihost.py", np, "die", "1", "stop", env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)},
-                        timeout=90, expect_ok=False)
+    result = run_script("multihost.py", np, "die", "1", "stop", floats,
+                        env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)}, timeout=90, expect_ok=False)
     assert result.returncode != 0, result.output
     reachable = [0, *range(2, np)]
     for rank in reachable:  # every other rank names the silent one and the ones that did answer

@@ -55,6 +55,9 @@ class FakeControl:
     def reachable_peers(self, window):
         return set(range(self.size))
 
+    def close(self):
+        pass
+
 
 class FakeData:
     name = "fake"
@@ -89,6 +92,9 @@ class FakeData:
 
     def barrier(self):
         self.world.exchange(self.rank, None)
+
+    def close(self):
+        pass
 
 
 def _no_abort(code: int) -> None:

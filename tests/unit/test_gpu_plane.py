@@ -215,13 +215,18 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
         def close(self) -> None:
             seen.append("closed")
 
+    class HostBackend:  # the host path: only closed
+        def close(self) -> None:
+            seen.append("host closed")
+
     built = []
-    executor = Executor(backend=None, rank=0, size=1, device_runner=lambda host: built.append(host) or Runner())
+    executor = Executor(backend=HostBackend(), rank=0, size=1,
+                        device_runner=lambda host: built.append(host) or Runner())
     item = fusion.WorkItem((Response(_meta("d", "float32", "cuda")),))
     assert [result for _, result, _ in executor.run(item, {})] == ["result"]
     executor.run(item, {})
     executor.close()
-    assert built == [executor] and seen == [["d"], ["d"], "closed"]
+    assert built == [executor] and seen == [["d"], ["d"], "closed", "host closed"]
     with pytest.raises(errors.DeviceError, match="without a GPU data plane"):
         Executor(backend=None, rank=0, size=1).run(item, {})
 

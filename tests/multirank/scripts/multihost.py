@@ -1,13 +1,15 @@
 """Jobs across hosts, and peers that vanish. Usage: CASE [ARGS].
 
 where MB            print where this rank runs and what reached it; allreduce MB megabytes
-die RANK HOW        RANK ends after a few steps (HOW: kill = SIGKILL, stop = SIGSTOP); others keep going
+die RANK HOW [N]    RANK ends after a few steps (HOW: kill = SIGKILL, stop = SIGSTOP); others keep going;
+                    the steps allreduce N float32 (default 1024); from 1 MB on, RANK ends 5 ms into a step
 loop OUT_DIR        allreduce until it fails; each rank writes its error to OUT_DIR/rank.R.err
 """
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -30,12 +32,19 @@ def case_where(megabytes: str) -> None:
     print("ok where", flush=True)
 
 
-def case_die(victim: str, how: str) -> None:
-    x = np.ones(1024, dtype=np.float32)
+def case_die(victim: str, how: str, count: str = "1024") -> None:
+    x = np.ones(int(count), dtype=np.float32)
+
+    def end() -> None:
+        print(f"rank {RANK} pid {os.getpid()} {how}s itself", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
     for step in range(10_000):
         if step == 3 and RANK == int(victim):
-            print(f"rank {RANK} pid {os.getpid()} {how}s itself", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            if x.nbytes < 1 << 20:
+                end()
+            else:  # most likely inside the transfer, which takes milliseconds
+                threading.Timer(0.005, end).start()
         hvd.allreduce(x, name="step")
         time.sleep(0.01)
     raise SystemExit(f"rank {RANK}: the job outlived the loss of rank {victim}")

@@ -1,0 +1,80 @@
+"""Host allreduces through the shared-memory window: every op, dtype and output form, at sizes
+from one element (parts of zero elements) to several slots. Usage: CASE.
+
+check     every combination against a local reduction of every rank's input, results bitwise equal across
+          ranks; prints which path ran (``shm on`` / ``shm off``) so the test knows what it covered
+"""
+
+import hashlib
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import hvdlite as hvd
+from hvdlite.backend.shm import SLOT_BYTES
+from hvdlite.dtypes import SUPPORTED
+from hvdlite.runtime import current
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
+
+
+def inputs(dtype: np.dtype, count: int, rank: int) -> np.ndarray:
+    """Rank ``rank``'s input: small values (products stay finite), different on every rank."""
+    values = (np.arange(count) * 7 + rank * 3) % 5 + 1 - (rank == 1) * 2
+    if dtype == np.bool_:
+        return (values % 2 == 0) if rank else np.ones(count, dtype=bool)
+    if dtype.kind == "u":
+        values = np.abs(values)
+    return values.astype(dtype)
+
+
+def expected(dtype: np.dtype, count: int, op: str) -> np.ndarray:
+    stack = np.stack([inputs(dtype, count, r) for r in range(SIZE)])
+    if dtype == np.bool_:
+        return stack.any(0) if op in ("Sum", "Max") else stack.all(0)
+    wide = stack.astype(np.float64) if dtype.kind == "f" or dtype.name == "bfloat16" else stack
+    with np.errstate(over="ignore"):
+        result = {"Sum": np.sum, "Average": np.sum, "Min": np.min, "Max": np.max, "Product": np.prod}[op](wide, 0)
+    if op == "Average":
+        result = result / SIZE if wide.dtype == np.float64 else np.trunc(result / SIZE)
+    return result.astype(stack.dtype)
+
+
+def check() -> None:
+    print("shm on" if current().engine._executor.backend.shared_memory else "shm off", flush=True)
+    digest = hashlib.sha256()
+    counts = [1, SIZE - 1, SIZE + 1, 17, 1000, SLOT_BYTES // 4 + 5, SLOT_BYTES // 2 * 3 + 3]
+    for dtype in SUPPORTED.values():
+        for count in counts if dtype.itemsize <= 4 else counts[:6]:
+            for op_name, op in OPS.items():
+                if dtype == np.bool_ and op_name in ("Average",):
+                    continue
+                want = expected(dtype, count, op_name)
+                exact = dtype.kind in "biu" or op_name in ("Min", "Max")
+                mine = inputs(dtype, count, RANK)
+                name = f"{dtype.name}.{count}.{op_name}"
+                fresh = hvd.allreduce(mine, op=op, name=name)
+                into = np.empty_like(mine)
+                hvd.synchronize(hvd.allreduce_async(mine, op=op, name=name + ".into", output=into))
+                in_place = mine.copy()
+                hvd.synchronize(hvd.allreduce_async(in_place, op=op, name=name + ".inplace", output=in_place))
+                for label, got in (("fresh", fresh), ("output=", into), ("in place", in_place)):
+                    assert got.dtype == dtype and got.shape == (count,), f"{name} {label}: {got.dtype} {got.shape}"
+                    if exact:
+                        ok = np.array_equal(got, want)
+                    else:
+                        tolerance = 1e-2 if dtype.itemsize == 2 else 1e-5
+                        ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tolerance)
+                    assert ok, f"rank {RANK}: {name} {label} gave {got[:8]}, expected {want[:8]}"
+                    digest.update(got.tobytes())
+    digests = MPI.COMM_WORLD.allgather(digest.hexdigest())
+    assert len(set(digests)) == 1, f"results differ across ranks: {digests}"
+    print("ok check", flush=True)
+
+
+if __name__ == "__main__":
+    {"check": check}[sys.argv[1]]()
+    hvd.shutdown()
