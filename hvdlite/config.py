@@ -90,7 +90,7 @@ class Config:
     chunk_bytes: int = 4 * MIB
     pipeline_depth: int = 1
     shm: bool = True
-    shm_min_bytes: int = 64 * 1024
+    shm_min_bytes: int = 32 * 1024
     bucket_bytes: int = 25 * MIB
     cycle_time_ms: float = 0.0
     poll_time_ms: float = 1.0

@@ -133,18 +133,18 @@ class MpiControlChannel:
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         return [recv[offsets[r] : offsets[r + 1]].tobytes() for r in range(self.size)]
 
-    def close(self) -> None:
-        """Free the shared-memory window, if any (collective: every rank calls it at shutdown)."""
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
-
     def broadcast_from_root(self, payload: bytes | None) -> bytes:
         size = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
         self._wait(self._comm.Ibcast(size, root=0))
         buffer = np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == 0 else np.empty(int(size[0]), np.uint8)
         self._wait(self._comm.Ibcast(buffer, root=0))
         return buffer.tobytes()
+
+    def close(self) -> None:
+        """Free the shared-memory window, if any (collective: every rank calls it at shutdown)."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
 
 
 class _Piece(NamedTuple):

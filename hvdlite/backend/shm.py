@@ -3,10 +3,11 @@
 MPICH reduces host buffers between the processes of one host through its own shared-memory
 queues. Reducing in a window that every rank maps (MPI-3 ``MPI_Win_allocate_shared``) moves fewer
 bytes: each rank copies in only the parts its peers reduce, reduces one part, and copies out the
-others. Measured here with a prototype against mpi4py's ``Allreduce`` in the same run (2 cores,
-float32, separate output / in place): np=2 0.90 / 0.89 at 64 KB, 0.66 / 0.55 at 1 MB, 0.75 / 0.70
-at 4 MB, 0.55 / 0.50 at 64 MB; np=3 (oversubscribed) 0.47 / 0.43 at 1 MB, 0.29 at 64 MB. Below
-about 32 KB MPICH's own path is faster (1.23 at 16 KB), hence ``HVDLITE_SHM_MIN_BYTES``.
+others. Measured here against MPI's path for the same buffers, both through
+:class:`hvdlite.backend.mpi.MpiDataBackend` in the same run (2 cores, float32): np=2 1.31 at 8 KB,
+0.87 at 16 KB, 0.93 at 32 KB, 0.65 at 64 KB; np=3 (oversubscribed) 1.43, 0.94, 0.78, 0.66. Hence
+``HVDLITE_SHM_MIN_BYTES`` = 32 KiB: below it MPICH's eager path is faster. Larger buffers: see
+``bench/README.md``.
 
 Each rank owns two slots of :data:`SLOT_BYTES` in the window. A reduction goes slot-sized chunk
 by chunk. A chunk is split into one part per rank; rank r owns part r:
@@ -24,8 +25,11 @@ reads chunk k, and that slot is written again only at k+2, after a barrier the s
 once it has read. The barriers are flags in shared memory (:class:`SharedSegments`), polled with
 the job's deadline.
 
-The negotiation's bitwise AND goes through shared memory too (:class:`SharedMemoryBand`): at 4 B
-these two replace a nonblocking MPI collective each, whose polling costs ~20-30 us here.
+The negotiation's bitwise AND goes through shared memory too (:class:`SharedMemoryBand`). Measured
+in a loop against the MPI channel's nonblocking all-reduce: np=2 6.8-7.8 us against 8.5-18 us;
+np=3 30-48 us against 31-3,300 us. MPI's needs every rank's progress calls, and a rank whose wait
+went to sleep (as negotiation waits do, to spare the CPU) delays the others by its sleep; here a
+rank needs only its peers' arrival.
 """
 
 from __future__ import annotations
