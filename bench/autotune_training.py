@@ -57,7 +57,7 @@ def switch_to(params: Params, step, engine) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per setting per rep")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds allowed for the search")
     parser.add_argument("--update-readme", action="store_true")
