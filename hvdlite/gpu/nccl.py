@@ -110,7 +110,19 @@ def unique_id() -> bytes:
 
 
 class _UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]  # passed by value, as nccl.h declares it
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]  # passed by value, as nccl.h declares it
+
+
+def unique_id_struct(uid: bytes) -> _UniqueId:
+    """``uid`` as the by-value ``ncclUniqueId``, byte for byte.
+
+    Not ``_UniqueId(uid)`` on a ``c_char`` array: ctypes treats that as a C string and stops at the
+    first NUL, and an id starts with a socket address full of zero bytes (the communicator then
+    waited forever on a root at 0.0.0.0; found on the first run on a GPU).
+    """
+    if len(uid) != UNIQUE_ID_BYTES:
+        raise NcclError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
+    return _UniqueId.from_buffer_copy(uid)
 
 
 def scalar_bytes(dtype: str, value: float) -> bytes:
@@ -135,8 +147,7 @@ class Communicator:
         never arrives ends in a :class:`CommTimeoutError` instead of a hang. (The thread selects
         the device itself: CUDA's current device is per thread.)
         """
-        if len(uid) != UNIQUE_ID_BYTES:
-            raise NcclError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
+        by_value = unique_id_struct(uid)
         handle = ctypes.c_void_p()
         outcome: list[BaseException | None] = []
 
@@ -145,7 +156,7 @@ class Communicator:
                 import cupy
 
                 cupy.cuda.runtime.setDevice(device_id)
-                _check(_library().ncclCommInitRank(ctypes.byref(handle), size, _UniqueId(uid), rank),
+                _check(_library().ncclCommInitRank(ctypes.byref(handle), size, by_value, rank),
                        f"ncclCommInitRank(rank {rank} of {size})")
                 outcome.append(None)
             except NcclError as exc:

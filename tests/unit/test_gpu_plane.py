@@ -54,6 +54,13 @@ def test_a_communicator_without_a_usable_gpu_fails_fast_with_the_rank_and_device
     assert time.monotonic() - start < 30
 
 
+def test_a_unique_id_passed_to_nccl_keeps_every_byte_after_zero_bytes() -> None:
+    # An id starts with a socket address (family, port, IPv4) full of zeros; a C-string copy
+    # kept only the bytes before the first zero and NCCL then waited on a root that is not there.
+    uid = bytes([2, 0, 0x1F, 0x90, 192, 0, 2, 2]) + bytes(range(1, nccl.UNIQUE_ID_BYTES - 7))
+    assert bytes(nccl.unique_id_struct(uid)) == uid
+
+
 def test_a_unique_id_of_the_wrong_length_is_refused() -> None:
     with pytest.raises(nccl.NcclError, match="128 bytes, got 5"):
         nccl.Communicator.create(b"short", 2, 0, 0, timeout=1)
