@@ -154,7 +154,7 @@ def memory(comm: MPI.Comm) -> tuple[list[str], float, int]:
         hvd.allreduce(x, name="mem.small" if i % 2 else "mem.other")
     growth = comm.allreduce(rss_bytes() - before, op=MPI.MAX) / 2**20
     engine = current().engine
-    left = comm.allreduce(len(engine._pending) + len(engine._in_flight), op=MPI.MAX)
+    left = comm.allreduce(len(engine.pipeline.queue.pending) + engine.pipeline.queue.in_flight, op=MPI.MAX)
     return [f"RSS growth over 10,000 small allreduces: {growth:.2f} MB (worst rank); requests left in the engine: "
             f"{left}"], growth, left
 

@@ -39,7 +39,7 @@ def train_until_tuned(step, engine, deadline_s: float) -> tuple[int, float]:
     while True:
         step()
         steps += 1
-        done = engine._tuner.done if hvd.rank() == 0 else None
+        done = engine.pipeline.tuner.done if hvd.rank() == 0 else None
         if hvd.broadcast_object(done, root_rank=0, name=f"autotune.done.{steps}"):
             return steps, time.perf_counter() - start
         if time.perf_counter() - start > deadline_s:

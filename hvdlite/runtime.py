@@ -89,7 +89,7 @@ def init(comm: Any = None) -> None:
     from mpi4py import MPI
 
     from .backend.mpi import MpiControlChannel, MpiDataBackend
-    from .executor import Executor
+    from .pipeline.execute import Executor
 
     base = _resolve_comm(MPI, comm)
     rank = base.Get_rank()

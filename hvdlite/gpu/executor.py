@@ -17,8 +17,8 @@ import numpy as np
 
 from ..backend.base import DataBackend
 from ..config import Config
-from ..executor import Executor
-from ..fusion import WorkItem
+from ..pipeline.execute import Executor
+from ..pipeline.fuse import WorkItem
 from ..request import Request
 from . import nccl, selection
 from .arrays import device_count

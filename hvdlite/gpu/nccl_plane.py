@@ -26,8 +26,8 @@ import numpy as np
 
 from .. import dtypes
 from ..buffers import padded_count
-from ..executor import scatter_rows
 from ..ops import Collective, ReduceOp
+from ..pipeline.execute import scatter_rows
 from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..executor import Executor
 from ..ops import Collective
+from ..pipeline.execute import Executor
 from ..request import Request
 from ..response import Response
 from .arrays import DeviceArray, cupy_view, from_cupy, storage_dtype

@@ -12,9 +12,9 @@ import numpy as np
 
 from hvdlite.config import Config
 from hvdlite.engine import Engine
-from hvdlite.executor import Executor
 from hvdlite.ops import ReduceOp
-from hvdlite.response_cache import band
+from hvdlite.pipeline.cache import band
+from hvdlite.pipeline.execute import Executor
 
 _NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
               ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}

@@ -88,8 +88,8 @@ def test_every_rank_switches_to_the_published_settings() -> None:
     """In-process engines: rank 0 tunes, and every rank ends with the same settings it chose."""
     _, engines = start_engines(3, autotune=True, autotune_sample_seconds=0.02, autotune_samples=1)
     try:
-        tuner = engines[0]._tuner
-        assert tuner is not None and all(e._tuner is None for e in engines[1:])
+        tuner = engines[0].pipeline.tuner
+        assert tuner is not None and all(e.pipeline.tuner is None for e in engines[1:])
         step = 0
         while not tuner.done:
             step += 1

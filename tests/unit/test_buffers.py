@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from hvdlite.buffers import ALIGNMENT, aligned_copy, aligned_empty, padded_count
-from hvdlite.executor import Executor
-from hvdlite.fusion import WorkItem
 from hvdlite.ops import Collective, ReduceOp
+from hvdlite.pipeline.execute import Executor
+from hvdlite.pipeline.fuse import WorkItem
 from hvdlite.request import Handle, Request, RequestMeta
 from hvdlite.response import Response
 

@@ -1,7 +1,7 @@
 import numpy as np
 
-from hvdlite.fusion import SMALL_TENSOR_BYTES, plan
 from hvdlite.ops import Collective, ReduceOp
+from hvdlite.pipeline.fuse import SMALL_TENSOR_BYTES, plan
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
 

@@ -11,14 +11,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite import api, dtypes, errors, fusion
+from hvdlite import api, dtypes, errors
 from hvdlite.config import load_config
-from hvdlite.executor import Executor
 from hvdlite.gpu import nccl, scaling, selection
 from hvdlite.gpu.arrays import DEVICE, DeviceArray
 from hvdlite.gpu.nccl_plane import member_offsets, reduction_plan
-from hvdlite.negotiation import find_mismatch
 from hvdlite.ops import Collective, ReduceOp
+from hvdlite.pipeline import fuse as fusion
+from hvdlite.pipeline.coordinator import find_mismatch
+from hvdlite.pipeline.execute import Executor
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
 

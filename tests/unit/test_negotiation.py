@@ -1,11 +1,11 @@
 """Coordinator and response-cache logic, driven in process (no MPI)."""
 
 
-from hvdlite.negotiation import Coordinator, find_mismatch
 from hvdlite.ops import Collective, ReduceOp
+from hvdlite.pipeline.cache import FLUSH, HAS_NEW, SHUTDOWN, CycleState, Lookup, ResponseCache, band, decode, encode
+from hvdlite.pipeline.coordinator import Coordinator, find_mismatch
 from hvdlite.request import RequestMeta
 from hvdlite.response import RankMessage, Response
-from hvdlite.response_cache import FLUSH, HAS_NEW, SHUTDOWN, CycleState, Lookup, ResponseCache, band, decode, encode
 
 
 def meta(name, shape=(4,), dtype="float32", collective=Collective.ALLREDUCE, **kw):

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .request import Request, RequestMeta
-from .response import Response
+from ..request import Request, RequestMeta
+from ..response import Response
 
 # Bits of the OR-section flags word.
 HAS_NEW = 1  # some rank has requests the cache cannot answer: run a coordinator round

@@ -20,14 +20,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import dtypes, errors
-from .backend.base import DataBackend
-from .buffers import aligned_copy, aligned_empty, padded_count
-from .fusion import WorkItem
-from .ops import Collective, ReduceOp
-from .request import Request
-from .response import Response
-from .segments import Segments
+from .. import dtypes, errors
+from ..backend.base import DataBackend
+from ..buffers import aligned_copy, aligned_empty, padded_count
+from ..ops import Collective, ReduceOp
+from ..request import Request
+from ..response import Response
+from ..segments import Segments
+from .fuse import WorkItem
 
 
 def error_for(response: Response) -> errors.HvdliteError:

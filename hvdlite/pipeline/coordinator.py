@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from .ops import Collective
-from .request import RequestMeta
-from .response import RankMessage, Response, RoundResult
+from ..ops import Collective
+from ..request import RequestMeta
+from ..response import RankMessage, Response, RoundResult
 
 # Fields that must be equal on every rank, per collective ("shape[1:]" compares trailing dims).
 _AGREED_FIELDS: dict[Collective, tuple[str, ...]] = {

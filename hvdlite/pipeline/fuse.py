@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .ops import Collective
-from .response import Response
+from ..ops import Collective
+from ..response import Response
 
 SMALL_TENSOR_BYTES = 64 * 1024
 

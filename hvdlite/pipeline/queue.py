@@ -1,0 +1,93 @@
+"""Stage 2, queue: submitted requests wait here until a cycle takes them, and leave when completed.
+
+User threads :meth:`RequestQueue.put` requests (a group atomically); the thread running a cycle
+takes the new arrivals into the *pending* table, and the complete stage pops them when their
+outcome is known. Names are unique while in flight, so a name identifies its request on every rank.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from .. import errors
+from ..naming import clashing_names
+from ..ops import Collective
+from ..request import Request
+
+
+class RequestQueue:
+    """One communicator's requests: arrived (not yet in a cycle), pending (in negotiation or execution)."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._lock = threading.Lock()  # guards what user threads touch: arrivals, names in flight, the flags
+        self._incoming: list[Request] = []
+        self._in_flight: set[str] = set()
+        self.pending: dict[str, Request] = {}  # only the thread running the cycle touches this
+        self.joins = 0  # pending JOIN requests: while any, every cycle bypasses the response cache
+        self.closed = False  # shutdown was asked: no new requests
+        self.fatal: errors.HvdliteError | None = None  # the error that stopped the engine, if one did
+
+    def put(self, requests: list[Request]) -> None:
+        """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names."""
+        with self._lock:
+            if self.fatal is not None:
+                raise type(self.fatal)(str(self.fatal))
+            if self.closed:
+                raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
+            names = [r.meta.name for r in requests]
+            clash = (len(names) != 1 or names[0] in self._in_flight) and clashing_names(names, self._in_flight)
+            if clash:
+                raise errors.DuplicateNameError(
+                    f"tensor name(s) {clash} already in flight on rank {self._rank}; wait for the earlier "
+                    "operation or give each operation a unique name")
+            self._in_flight.update(names)
+            self._incoming.extend(requests)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending or self._incoming)
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests are queued or running (benchmarks check that none are left)."""
+        return len(self._in_flight)
+
+    def take_arrived(self) -> list[Request]:
+        """Move the requests put since the last call into :attr:`pending`; returns them."""
+        with self._lock:
+            arrived, self._incoming = self._incoming, []
+        for request in arrived:
+            self.pending[request.meta.name] = request
+            self.joins += request.meta.collective is Collective.JOIN
+        return arrived
+
+    def release(self, names: Iterable[str]) -> list[Request]:
+        """Remove finished requests; their names may be submitted again at once.
+
+        A name this rank never submitted (it joined, or a peer's error) is skipped.
+        """
+        done = [request for name in names if (request := self.pending.pop(name, None)) is not None]
+        with self._lock:
+            for request in done:
+                self._in_flight.discard(request.meta.name)
+        for request in done:
+            self.joins -= request.meta.collective is Collective.JOIN
+        return done
+
+    def fail_all(self, error: errors.HvdliteError) -> None:
+        """Stop: every queued request, and any put later, fails with ``error``."""
+        with self._lock:
+            self.fatal = error
+            requests = list(self.pending.values()) + self._incoming
+            self.pending.clear()
+            self.joins = 0
+            self._incoming = []
+            self._in_flight.clear()
+        for request in requests:
+            request.handle.set_error(error)
