@@ -142,18 +142,55 @@ class Config:
 
 
 @dataclasses.dataclass(frozen=True)
+class Flag:
+    """The ``hvdliterun`` option that sets one :class:`Setting` for every rank.
+
+    ``names`` are the option strings (Horovod's ``horovodrun`` names: users rely on them). A
+    ``switch`` flag takes no value and sets the variable to ``switch``; any other flag parses its
+    value with ``type`` and writes ``to_env(value)``, which converts units (MB to bytes).
+    """
+
+    names: tuple[str, ...]
+    type: Callable[[str], Any] = str
+    to_env: Callable[[Any], str] = str
+    switch: str | None = None
+    note: str = ""  # what the flag's help adds to the setting's, when the flag's unit is not the variable's
+
+    @property
+    def dest(self) -> str:
+        """The attribute name the parsed value gets (from the long option, as argparse derives it)."""
+        return self.names[-1].lstrip("-").replace("-", "_")
+
+    def variable(self, value: Any) -> str | None:
+        """The variable's text for a parsed ``value``, or ``None`` when the flag was not given."""
+        if self.switch is not None:
+            return self.switch if value else None
+        return None if value is None else self.to_env(value)
+
+
+def _switch(name: str, value: str = "1") -> Flag:
+    return Flag((name,), switch=value)
+
+
+def _mb_to_bytes(mb: float) -> str:
+    return str(int(float(mb) * MIB))
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
-    """One ``HVDLITE_*`` variable: the field it fills and how its text is parsed."""
+    """One ``HVDLITE_*`` variable: the field it fills, how its text is parsed, and its launcher flag if any."""
 
     env: str
     field: str
     parse: Callable[[str], Any]
     help: str
+    flag: Flag | None = None
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_FUSION_THRESHOLD", "fusion_threshold", _non_negative_int,
-            "bytes of small tensors packed into one fusion buffer (0 disables fusion)"),
+            "bytes of small tensors packed into one fusion buffer (0 disables fusion)",
+            Flag(("--fusion-threshold-mb",), float, _mb_to_bytes, note="; the flag gives MB")),
     Setting("HVDLITE_CHUNK_BYTES", "chunk_bytes", _positive_int,
             "large buffers are reduced in pieces of this many bytes"),
     Setting("HVDLITE_PIPELINE_DEPTH", "pipeline_depth", _positive_int,
@@ -168,7 +205,8 @@ SETTINGS: tuple[Setting, ...] = (
             "DistributedOptimizer reduces dense CPU gradients in buckets of about this many bytes, one request "
             "each (0: one request per gradient)"),
     Setting("HVDLITE_CYCLE_TIME", "cycle_time_ms", _non_negative_float,
-            "ms the engine waits after new work arrives so more requests share one negotiation"),
+            "ms the engine waits after new work arrives so more requests share one negotiation",
+            Flag(("--cycle-time-ms",), float)),
     Setting("HVDLITE_POLL_TIME", "poll_time_ms", _positive_float,
             "longest sleep (ms) between polls while waiting on other ranks"),
     Setting("HVDLITE_IDLE_CYCLE_SECONDS", "idle_cycle_seconds", _positive_float,
@@ -176,42 +214,57 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_ENGINE_NICE", "engine_nice", _nice,
             "nice value of the engine thread (Linux); 0 keeps the process's priority"),
     Setting("HVDLITE_AUTOTUNE", "autotune", _flag,
-            "1: tune the fusion threshold and chunk size online from the job's reduced bytes per second"),
-    Setting("HVDLITE_AUTOTUNE_LOG", "autotune_log", _text, "CSV file where rank 0 logs every autotune sample"),
+            "tune the fusion threshold and chunk size online from the job's reduced bytes per second",
+            _switch("--autotune")),
+    Setting("HVDLITE_AUTOTUNE_LOG", "autotune_log", _text, "CSV file where rank 0 logs every autotune sample",
+            Flag(("--autotune-log-file",))),
     Setting("HVDLITE_AUTOTUNE_SAMPLE_SECONDS", "autotune_sample_seconds", _positive_float,
             "length of the warm-up window; every later sample reduces as many bytes as it did"),
     Setting("HVDLITE_AUTOTUNE_SAMPLES", "autotune_samples", _positive_int,
             "samples per candidate setting (the median counts)"),
     Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
-            "response-cache entries (0 disables the bit-vector fast path)"),
-    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of the timeline file rank 0 writes (Chrome trace JSON)"),
+            "response-cache entries (0 disables the bit-vector fast path)", Flag(("--cache-capacity",), int)),
+    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of the timeline file rank 0 writes (Chrome trace JSON)",
+            Flag(("--timeline-filename",))),
     Setting("HVDLITE_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _flag,
-            "1 marks every engine cycle that did work in the timeline"),
-    Setting("HVDLITE_STALL_CHECK", "stall_check", _flag, "0 disables the stall inspector"),
+            "mark every engine cycle that did work in the timeline", _switch("--timeline-mark-cycles")),
+    Setting("HVDLITE_STALL_CHECK", "stall_check", _flag, "0 disables the stall inspector",
+            _switch("--no-stall-check", "0")),
     Setting("HVDLITE_STALL_CHECK_TIME_SECONDS", "stall_check_seconds", _positive_float,
-            "seconds before a stall warning names the waiting tensors and missing ranks"),
+            "seconds before a stall warning names the waiting tensors and missing ranks",
+            Flag(("--stall-check-warning-time-seconds",), float)),
     Setting("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_seconds", _positive_float,
-            "seconds before a stall becomes an error on every rank"),
+            "seconds before a stall becomes an error on every rank",
+            Flag(("--stall-check-shutdown-time-seconds",), float)),
     Setting("HVDLITE_COMM_TIMEOUT_SECONDS", "comm_timeout_seconds", _non_negative_float,
             "a collective or negotiation step that makes no progress this long ends the job, naming the "
-            "ranks that stopped answering (0: wait forever)"),
-    Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, "log level"),
+            "ranks that stopped answering (0: wait forever)", Flag(("--comm-timeout-seconds",), float)),
+    Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, f"log level: {', '.join(_LOG_LEVELS)}",
+            Flag(("--log-level",))),
     Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),
-    Setting("HVDLITE_MPI_ARGS", "mpi_args", _text, "extra arguments for mpiexec"),
-    Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", _text, "directory for per-rank output"),
-    Setting("HVDLITE_SSH_PORT", "ssh_port", _non_negative_int, "ssh port for remote hosts"),
-    Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", _text, "ssh identity file"),
+    Setting("HVDLITE_MPI_ARGS", "mpi_args", _text, "extra arguments for mpiexec, quoted as one string",
+            Flag(("--mpi-args",))),
+    Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", _text,
+            "directory for per-rank output files (DIR/rank.N/stdout and stderr)", Flag(("--output-filename",))),
+    Setting("HVDLITE_SSH_PORT", "ssh_port", _non_negative_int, "ssh port of remote hosts",
+            Flag(("-p", "--ssh-port"), int)),
+    Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", _text, "ssh identity file for remote hosts",
+            Flag(("-i", "--ssh-identity-file"))),
     Setting("HVDLITE_LAUNCHER_AGENT", "launcher_agent", _text,
-            "program that starts processes on remote hosts instead of ssh (AGENT [-x] HOST COMMAND...)"),
+            "program that starts processes on remote hosts instead of ssh (AGENT [-x] HOST COMMAND...)",
+            Flag(("--launcher-agent",))),
     Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", _text,
-            "network interface for MPI's control and data traffic (hvdliterun --network-interface)"),
-    Setting("HVDLITE_VERBOSE", "verbose", _flag, "print the launch command"),
+            "network interface (e.g. eth1) for MPI's control and data traffic", Flag(("--network-interface",))),
+    Setting("HVDLITE_VERBOSE", "verbose", _flag, "hvdliterun prints the mpiexec command", _switch("--verbose")),
     Setting("HVDLITE_GPU_OPERATIONS", "gpu_operations", _gpu_operations,
             "NCCL (default: device tensors reduced on the GPU) or MPI (staged through host memory)"),
     Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", _flag,
-            "1: GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast"),
+            "GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast",
+            _switch("--hierarchical-allreduce")),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
+# The settings hvdliterun has a flag for: its parser and the ranks' environment are both built from these.
+SETTING_FLAGS: tuple[tuple[Setting, Flag], ...] = tuple((s, s.flag) for s in SETTINGS if s.flag is not None)
 
 # Variables read by other programs in the hvdlite family (tests), accepted but not parsed here.
 _RESERVED_PREFIXES = ("HVDLITE_TEST_",)

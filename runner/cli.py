@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 
-from hvdlite.config import ConfigError, environ, load_config
+from hvdlite.config import SETTING_FLAGS, ConfigError, environ, load_config
 
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
@@ -34,41 +34,33 @@ class _Parser(argparse.ArgumentParser):
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The ``hvdliterun`` parser: launcher options written here, one option per flagged setting from the table."""
     p = _Parser(prog="hvdliterun", description="Launch an hvdlite job on MPI.")
     p.add_argument("-np", "--num-proc", dest="num_proc", type=int, help="number of processes")
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. host1:2,host2:2 (default: all on localhost)")
     p.add_argument("--hostfile", help="file of 'host slots=N' lines")
-    p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MB")
-    p.add_argument("--cycle-time-ms", type=float, help="ms to wait for more requests before negotiating")
-    p.add_argument("--cache-capacity", type=int, help="response cache entries (0 disables)")
-    p.add_argument("--autotune", action="store_true", default=None,
-                   help="tune the fusion threshold and chunk size online (HVDLITE_AUTOTUNE=1)")
-    p.add_argument("--autotune-log-file", help="rank 0 logs every autotune sample to this CSV file")
-    p.add_argument("--hierarchical-allreduce", action="store_true", default=None,
-                   help="GPU allreduce: NCCL inside each host, MPI across hosts (HVDLITE_HIERARCHICAL_ALLREDUCE=1)")
-    p.add_argument("--timeline-filename", help="rank 0 writes a timeline (Chrome trace JSON) to this file")
-    p.add_argument("--timeline-mark-cycles", action="store_true", default=None,
-                   help="mark every engine cycle that did work in the timeline")
-    p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn about stalls after this")
-    p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail stalled jobs after this")
-    p.add_argument("--no-stall-check", action="store_true", default=None, help="disable the stall inspector")
-    p.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
-    p.add_argument("--verbose", action="store_true", default=None, help="print the mpiexec command")
-    p.add_argument("--mpi-args", help="extra arguments for mpiexec, quoted as one string")
-    p.add_argument("--output-filename", help="directory for per-rank stdout/stderr files")
-    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of remote hosts")
-    p.add_argument("-i", "--ssh-identity-file", help="ssh identity file for remote hosts")
-    p.add_argument("--launcher-agent", help="program that starts processes on remote hosts instead of ssh; "
-                   "called as AGENT [-x] HOST COMMAND...")
-    p.add_argument("--network-interface", help="network interface (e.g. eth1) for MPI's control and data traffic")
-    p.add_argument("--comm-timeout-seconds", type=float,
-                   help="end the job if a collective makes no progress this long (unreachable ranks)")
     p.add_argument("-x", "--env", dest="env", action="append", default=[], metavar="VAR[=VALUE]",
                    help="set VAR for every rank (or check that it is set here); repeatable")
     p.add_argument("--check-build", action="store_true", help="show available frameworks and operations")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    _add_setting_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
     return p
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One option per setting that has a flag, its help the setting's own (``hvdlite.config.SETTINGS``)."""
+    group = parser.add_argument_group(
+        "settings", "each sets the HVDLITE_* variable in brackets for every rank (flag > environment > default)")
+    for setting, flag in SETTING_FLAGS:
+        # argparse %-formats help text; a literal % in a setting's help must not be read as a format.
+        text = f"{setting.help}{flag.note}".replace("%", "%%")
+        if flag.switch is not None:
+            # default None, not False: "not given" leaves the variable to the environment.
+            group.add_argument(*flag.names, dest=flag.dest, action="store_true", default=None,
+                               help=f"{text} [{setting.env}={flag.switch}]")
+        else:
+            group.add_argument(*flag.names, dest=flag.dest, type=flag.type, help=f"{text} [{setting.env}]")
 
 
 def find_mpiexec() -> str:

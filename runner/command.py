@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Mapping
+
+from hvdlite.config import SETTING_FLAGS
 
 from .hosts import HostSlots
 
@@ -57,41 +60,15 @@ def ssh_agent_script(port: int, identity_file: str) -> str:
     return "#!/bin/sh\nexec ssh " + " ".join(shlex.quote(o) for o in options) + ' "$@"\n'
 
 
-def flag_environment(values: dict[str, object]) -> dict[str, str]:
-    """``HVDLITE_*`` variables for the flags the user gave (``None`` means not given).
+def flag_environment(values: Mapping[str, object]) -> dict[str, str]:
+    """``HVDLITE_*`` variables for the flags the user gave (``None`` means not given), keyed by flag dest.
 
     Flags win over variables already in the environment, which win over defaults: the launcher
     only adds variables for given flags, and ranks read everything through ``hvdlite.config``.
     """
     env: dict[str, str] = {}
-
-    def put(key: str, var: str, convert=str) -> None:
-        if values.get(key) is not None:
-            env[var] = convert(values[key])
-
-    put("fusion_threshold_mb", "HVDLITE_FUSION_THRESHOLD", lambda mb: str(int(float(mb) * 1024 * 1024)))
-    put("cycle_time_ms", "HVDLITE_CYCLE_TIME")
-    put("cache_capacity", "HVDLITE_CACHE_CAPACITY")
-    put("timeline_filename", "HVDLITE_TIMELINE")
-    put("autotune_log_file", "HVDLITE_AUTOTUNE_LOG")
-    put("stall_check_warning_time_seconds", "HVDLITE_STALL_CHECK_TIME_SECONDS")
-    put("stall_check_shutdown_time_seconds", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS")
-    put("log_level", "HVDLITE_LOG_LEVEL")
-    put("mpi_args", "HVDLITE_MPI_ARGS")
-    put("output_filename", "HVDLITE_OUTPUT_FILENAME")
-    put("ssh_port", "HVDLITE_SSH_PORT")
-    put("ssh_identity_file", "HVDLITE_SSH_IDENTITY_FILE")
-    put("launcher_agent", "HVDLITE_LAUNCHER_AGENT")
-    put("network_interface", "HVDLITE_NETWORK_INTERFACE")
-    put("comm_timeout_seconds", "HVDLITE_COMM_TIMEOUT_SECONDS")
-    if values.get("no_stall_check"):
-        env["HVDLITE_STALL_CHECK"] = "0"
-    if values.get("verbose"):
-        env["HVDLITE_VERBOSE"] = "1"
-    if values.get("autotune"):
-        env["HVDLITE_AUTOTUNE"] = "1"
-    if values.get("timeline_mark_cycles"):
-        env["HVDLITE_TIMELINE_MARK_CYCLES"] = "1"
-    if values.get("hierarchical_allreduce"):
-        env["HVDLITE_HIERARCHICAL_ALLREDUCE"] = "1"
+    for setting, flag in SETTING_FLAGS:
+        text = flag.variable(values.get(flag.dest))
+        if text is not None:
+            env[setting.env] = text
     return env
