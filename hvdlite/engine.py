@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 from . import errors, interrupts, priority
 from .autotune import Params
-from .backend.base import ControlChannel
 from .config import Config
 from .pipeline.communicator import Pipeline
 from .pipeline.execute import Executor
 from .polling import WaitTimeout
 from .request import Handle, Request
 from .timeline import Timeline
+from .transport.base import ControlChannel
 
 log = logging.getLogger("hvdlite")
 

@@ -88,8 +88,8 @@ def init(comm: Any = None) -> None:
     config = load_config()
     from mpi4py import MPI
 
-    from .backend.mpi import MpiControlChannel, MpiDataBackend
     from .pipeline.execute import Executor
+    from .transport.mpi import MpiControlChannel, MpiTransport
 
     base = _resolve_comm(MPI, comm)
     rank = base.Get_rank()
@@ -101,7 +101,7 @@ def init(comm: Any = None) -> None:
     engine = Engine(
         config,
         MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm),
-        Executor(MpiDataBackend(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
+        Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
                                 config.shm_min_bytes if config.shm else None),
                  rank, topology.size,
                  device_runner=_device_runner(config, data, hosts, topology.local_rank)),
@@ -123,9 +123,9 @@ def init(comm: Any = None) -> None:
 def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank: int):
     """The factory of the GPU data plane, called on the first device tensor (cupy is imported then)."""
     def make(host: Any) -> Any:
-        from .gpu.executor import DeviceExecutor
+        from .planes.device import GpuRunner
 
-        return DeviceExecutor(host, config, data_comm, hosts, local_rank)
+        return GpuRunner(host, config, data_comm, hosts, local_rank)
     return make
 
 

@@ -64,10 +64,6 @@ class DeviceArray:
         return f"DeviceArray({self.dtype.name}{list(self.shape)} on cuda:{self.device_id} at {self.ptr:#x})"
 
 
-def is_device_array(value: Any) -> bool:
-    return isinstance(value, DeviceArray)
-
-
 def cupy_view(array: DeviceArray, start: int = 0, count: int | None = None) -> Any:
     """A flat cupy array over ``count`` elements of ``array`` from element ``start`` (no copy, no GPU call).
 

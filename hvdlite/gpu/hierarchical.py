@@ -19,8 +19,8 @@ import ml_dtypes
 import numpy as np
 
 from .. import dtypes
-from ..backend.mpi import MpiDataBackend
 from ..ops import ReduceOp
+from ..transport.mpi import MpiTransport
 from .nccl import Communicator
 
 
@@ -28,10 +28,10 @@ from .nccl import Communicator
 class Groups:
     """This rank's place in the hierarchy: its host's ranks, and (on local roots) the roots of all hosts."""
 
-    local: MpiDataBackend  # the ranks on this rank's host
+    local: MpiTransport  # the ranks on this rank's host
     local_rank: int
     local_size: int
-    cross: MpiDataBackend | None  # the local roots of every host; None on other ranks
+    cross: MpiTransport | None  # the local roots of every host; None on other ranks
     hosts: int
 
 
@@ -45,15 +45,15 @@ def build_groups(comm: Any, hosts: list[str], rank: int, chunk_bytes: int, poll_
     local_rank = local.Get_rank()
     cross = comm.Split(color=0 if local_rank == 0 else MPI.UNDEFINED, key=rank)
     return Groups(
-        local=MpiDataBackend(local, chunk_bytes, poll_seconds, timeout),
+        local=MpiTransport(local, chunk_bytes, poll_seconds, timeout),
         local_rank=local_rank,
         local_size=local.Get_size(),
-        cross=MpiDataBackend(cross, chunk_bytes, poll_seconds, timeout) if cross != MPI.COMM_NULL else None,
+        cross=MpiTransport(cross, chunk_bytes, poll_seconds, timeout) if cross != MPI.COMM_NULL else None,
         hosts=len(order),
     )
 
 
-def cross_host_allreduce(cross: MpiDataBackend, values: np.ndarray, dtype: str, op: ReduceOp) -> np.ndarray:
+def cross_host_allreduce(cross: MpiTransport, values: np.ndarray, dtype: str, op: ReduceOp) -> np.ndarray:
     """Allreduce a local root's host copy (``dtype``'s storage: bfloat16 as uint16 bits) across hosts.
 
     MPI has no 16-bit float types: those are reduced in float32 and rounded once, as on the host path.
@@ -75,7 +75,7 @@ def supports(dtype: str, op: ReduceOp) -> bool:
 class HierarchicalReducer:
     """The three steps on one rank. ``wait`` blocks until the plane's stream finished its work."""
 
-    def __init__(self, local: Communicator, cross: MpiDataBackend | None) -> None:
+    def __init__(self, local: Communicator, cross: MpiTransport | None) -> None:
         self._local = local
         self._cross = cross
 

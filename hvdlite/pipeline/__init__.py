@@ -5,7 +5,7 @@
 3. negotiate -- :mod:`.negotiate` agrees with every rank on what runs now (:mod:`.cache`: the
    response cache's bit vector; :mod:`.coordinator`: rank 0's decisions and stall inspector)
 4. fuse     -- :mod:`.fuse` packs small agreed responses into work items
-5. execute  -- :mod:`.execute` runs work items on a data plane (:mod:`hvdlite.backend`, :mod:`hvdlite.gpu`)
+5. execute  -- :mod:`.execute` runs work items on a data plane (:mod:`hvdlite.transport`, :mod:`hvdlite.gpu`)
 6. complete -- :mod:`.complete` hands results and errors to the waiting handles
 
 :class:`.communicator.Pipeline` is one communicator's stages (queue, negotiator, executor,

@@ -11,14 +11,15 @@ import logging
 import time
 
 from ..autotune import Autotuner, Params
-from ..backend.base import ControlChannel
 from ..config import Config
 from ..ops import Collective
+from ..planes.base import Outcome
 from ..response import Response
 from ..timeline import Timeline
+from ..transport.base import ControlChannel
 from . import fuse
 from .complete import complete
-from .execute import Executor, Outcome
+from .execute import Executor
 from .negotiate import Agreement, Negotiator
 from .queue import RequestQueue
 
@@ -46,7 +47,7 @@ class Pipeline:
     @property
     def params(self) -> Params:
         """The fusion threshold and chunk size in use (moved by autotune)."""
-        return Params(self.fusion_threshold, self.executor.backend.chunk_bytes)
+        return Params(self.fusion_threshold, self.executor.transport.chunk_bytes)
 
     @property
     def tuner(self) -> Autotuner | None:
@@ -82,7 +83,7 @@ class Pipeline:
         if params != self.params:
             log.info("autotune: switching to %s", params.describe())
         self.fusion_threshold = params.fusion_threshold
-        self.executor.backend.chunk_bytes = params.chunk_bytes
+        self.executor.transport.chunk_bytes = params.chunk_bytes
 
     def _execute(self, agreement: Agreement, timeline: Timeline | None) -> None:
         """Fuse the agreed responses and run them; a host allreduce may finish after the next item started."""

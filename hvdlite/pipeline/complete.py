@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from ..planes.base import Outcome
 from ..timeline import Timeline
-from .execute import Outcome
 from .queue import RequestQueue
 
 

@@ -1,328 +1,69 @@
-"""Executes planned work items on a data backend and completes the requests' handles.
+"""Stage 5, execute: run each work item on the first data plane enabled for it.
 
-This is the only place that turns responses into buffer operations: packing fused tensors,
-widening 16-bit floats to the float32 wire type, scaling, zero contributions for joined ranks,
-and handing results back. Outputs of a fused reduction are views into the fresh fusion buffer,
-so nothing is copied back out; a large tensor is reduced straight from the caller's array, and
-an in-place request (``Request.output`` is its own input) is reduced in the caller's memory with
-no copy at all. The engine, not the executor, hands results to the waiting handles.
-
-:meth:`Executor.start` lets host allreduces overlap: the backend may still be reducing one item
-when the next starts, and the item's results are delivered once it finished (see
-:mod:`hvdlite.backend.mpi`). :meth:`Executor.finish` delivers everything still outstanding.
+Horovod's operation manager is the model: the planes are asked in order (device tensors: the GPU
+plane, NCCL or host-staged; host tensors: the host plane over MPI and shared memory) and the
+first whose ``enabled_for`` accepts the item runs it. An error response is delivered as the
+error it stands for, without touching any plane.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
 
-import numpy as np
-
-from .. import dtypes, errors
-from ..backend.base import DataBackend
-from ..buffers import aligned_copy, aligned_empty, padded_count
-from ..ops import Collective, ReduceOp
+from .. import errors
+from ..planes.base import DataPlane, Outcome, failed, succeeded
+from ..planes.device import DevicePlane, DeviceRunner
+from ..planes.host import HostPlane
 from ..request import Request
-from ..response import Response
-from ..segments import Segments
+from ..transport.base import Transport
 from .fuse import WorkItem
 
 
-def error_for(response: Response) -> errors.HvdliteError:
-    """The exception a response's error stands for."""
-    cls = getattr(errors, response.error_type, errors.HvdliteError)
-    return cls(response.error)
-
-
-Outcome = list[tuple[Response, Any, BaseException | None]]  # (response, result, error) per response
-
-
-def _as_bytes(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-class DeviceRunner(Protocol):
-    """Runs work items on device tensors (:class:`hvdlite.gpu.executor.DeviceExecutor`)."""
-
-    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list: ...
-
-    def close(self) -> None: ...
-
-
 class Executor:
-    """Runs :class:`WorkItem`s for one rank; device items go to the device runner, built on first use."""
+    """The data planes of one communicator, in the order they are asked."""
 
-    def __init__(self, backend: DataBackend, rank: int, size: int,
+    def __init__(self, transport: Transport, rank: int, size: int,
                  device_runner: Callable[[Executor], DeviceRunner] | None = None) -> None:
-        self._backend = backend
+        """``device_runner(executor)`` builds the GPU plane on the first device item (cupy is imported then)."""
         self.rank = rank
         self.size = size
-        self._make_device_runner = device_runner
-        self._device: DeviceRunner | None = None
+        self.host = HostPlane(transport, rank, size)
+        self._planes: tuple[DataPlane, ...] = (DevicePlane(self, device_runner), self.host)
 
     @property
-    def backend(self) -> DataBackend:
-        return self._backend
+    def transport(self) -> Transport:
+        return self.host.transport
+
+    def plane_for(self, item: WorkItem) -> DataPlane:
+        """The first plane enabled for ``item``."""
+        for plane in self._planes:
+            if plane.enabled_for(item):
+                return plane
+        raise errors.HvdliteError(f"no data plane runs tensors on {item.responses[0].meta.device!r}")
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> Outcome:
-        """Execute ``item``; returns (response, result, error) for each of its responses."""
+        """Execute ``item`` now; returns (response, result, error) for each of its responses."""
         if item.responses[0].error:
-            return [(r, None, error_for(r)) for r in item.responses]
-        if item.responses[0].meta.device == "cpu":
-            results = self.dispatch(item.responses, local)
-        else:
-            results = self._device_runner().run(item, local)
-        return [(r, result, None) for r, result in zip(item.responses, results, strict=True)]
+            return failed(item.responses)
+        return succeeded(item.responses, self.plane_for(item).run(item, local))
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
         """Execute ``item`` like :meth:`run`, but hand its outcome to ``on_done``, maybe later.
 
         A host allreduce may still be in flight when this returns; its ``on_done`` then runs
-        inside a later :meth:`start` or :meth:`finish` on this thread. Everything else completes
-        before this returns.
+        inside a later :meth:`start` or :meth:`finish` on this thread.
         """
-        first = item.responses[0]
-        if first.error or first.meta.device != "cpu" or first.meta.collective is not Collective.ALLREDUCE:
-            if not first.error:
-                self._backend.flush()  # other work never overtakes host reductions still in flight
-            on_done(self.run(item, local))
+        if item.responses[0].error:
+            on_done(failed(item.responses))
             return
-        responses = item.responses
-        self._allreduce(responses, local,
-                        lambda results: on_done([(r, x, None) for r, x in zip(responses, results, strict=True)]))
+        self.plane_for(item).start(item, local, on_done)
 
     def finish(self) -> None:
         """Deliver the outcome of every item :meth:`start` left in flight; return once peers are done too."""
-        self._backend.quiesce()
+        for plane in self._planes:
+            plane.finish()
 
     def close(self) -> None:
-        """Release device resources (NCCL communicators), if any were made, and the backend's."""
-        if self._device is not None:
-            self._device.close()
-        self._backend.close()
-
-    def _device_runner(self) -> DeviceRunner:
-        if self._device is None:
-            if self._make_device_runner is None:
-                raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
-            self._device = self._make_device_runner(self)
-        return self._device
-
-    def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
-        """Run host responses (all of one work item); returns one result per response."""
-        collective = responses[0].meta.collective
-        if collective is Collective.ALLREDUCE:
-            return self._allreduce(responses, local)
-        (response,) = responses
-        request = local.get(response.meta.name)
-        if collective is Collective.ALLGATHER:
-            return [self._allgather(response, request)]
-        if collective is Collective.BROADCAST:
-            return [self._broadcast(response, request)]
-        if collective is Collective.ALLTOALL:
-            return [self._alltoall(response, request)]
-        if collective is Collective.REDUCESCATTER:
-            return [self._reducescatter(response, request)]
-        if collective is Collective.BARRIER:
-            self._backend.barrier()
-            return [None]
-        return [response.last_joined]  # JOIN
-
-    @staticmethod
-    def _wire_input(response: Response, request: Request | None) -> np.ndarray | Segments:
-        """What this rank contributes to ``response``: its tensor, flat, or zeros once it joined."""
-        if request is None:
-            return np.zeros(response.count, dtype=dtypes.wire_dtype(response.meta.dtype))
-        if isinstance(request.tensor, Segments):
-            return request.tensor
-        return request.tensor.reshape(-1)  # a view, or a contiguous copy of a strided tensor
-
-    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request],
-                   deliver: Callable[[list], None] | None = None) -> list | None:
-        """Reduce one work item. Returns its results, or, given ``deliver``, passes them to it once
-        the backend finished (possibly after this returns) and returns None."""
-        meta = responses[0].meta
-        wire = dtypes.wire_dtype(meta.dtype)
-        op = dtypes.wire_op(meta.dtype, meta.op)
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
-        if len(responses) == 1:
-            request = local.get(meta.name)
-            tensor = None if request is None else request.tensor
-            if isinstance(tensor, Segments):  # always in place (allreduce_segments_async)
-                return self._reduce_segments(tensor, op, scale, deliver)
-            if tensor is not None and tensor.dtype == wire and meta.prescale == 1.0:
-                return self._reduce_one(request, wire, op, scale, deliver)
-        requests = [local.get(r.meta.name) for r in responses]
-        inputs = [self._wire_input(r, request) for r, request in zip(responses, requests, strict=True)]
-        outputs = [None if r is None else r.output for r in requests]
-        if len(inputs) == 1 and inputs[0].dtype == wire and meta.prescale == 1.0:
-            # This rank joined: its zeros go unpadded, as many elements as its peers' reduction has.
-            source, written, starts = inputs[0], False, [0]
-            send, buffer = source, aligned_empty(source.size, wire)
-        else:
-            written = False
-            # Each member starts on an aligned offset, so its result view can be adopted without a copy.
-            starts = _aligned_offsets([i.size for i in inputs], wire.itemsize)
-            buffer = aligned_empty(starts[-1], wire)
-            for tensor, start, end in zip(inputs, starts, starts[1:], strict=False):
-                # packs, and widens 16-bit floats; a segmented tensor piece by piece, with no temporary
-                if isinstance(tensor, Segments):
-                    at = start
-                    for piece in _pieces(tensor, self.rank):
-                        buffer[at : at + piece.size] = piece
-                        at += piece.size
-                else:
-                    buffer[start : start + tensor.size] = tensor
-                buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
-            if meta.prescale != 1.0:
-                buffer *= meta.prescale
-            send = None
-
-        def results() -> list:
-            return self._results(responses, outputs, buffer, starts, written)
-
-        if deliver is None:
-            self._backend.allreduce(send, buffer, op, scale)
-            return results()
-        self._backend.allreduce(send, buffer, op, scale, done=lambda: deliver(results()))
-        return None
-
-    def _reduce_one(self, request: Request, wire: np.dtype, op: ReduceOp,
-                    scale: Callable[[np.ndarray], None] | None, deliver: Callable[[list], None] | None) -> list | None:
-        """One tensor already in the wire dtype (most calls): reduced into its output, in place when
-        that is the tensor itself, or else into a fresh buffer; no packing, no copy."""
-        source = request.tensor.reshape(-1)  # a view, or a contiguous copy of a strided tensor
-        output = request.output  # checked on submit: C-contiguous, of the tensor's shape and dtype
-        if output is None:
-            buffer = aligned_empty(source.size, wire)
-            result, send = buffer.reshape(request.meta.shape), source
-        else:
-            buffer, result = output.reshape(-1), output
-            send = None if output is request.tensor else source
-        if deliver is None:
-            self._backend.allreduce(send, buffer, op, scale)
-            return [result]
-        self._backend.allreduce(send, buffer, op, scale, done=lambda: deliver([result]))
-        return None
-
-    @staticmethod
-    def _results(responses: tuple[Response, ...], outputs: list, buffer: np.ndarray, starts: list[int],
-                 written: bool) -> list:
-        """Each response's result once ``buffer`` is reduced: views of it, or the callers' outputs."""
-        results = []
-        for response, output, start in zip(responses, outputs, starts, strict=False):
-            view = buffer[start : start + response.count].reshape(response.meta.shape)
-            if output is None:
-                # Members may differ in dtype (float16, bfloat16 and float32 share a float32 buffer).
-                own = response.meta.dtype
-                results.append(view if view.dtype == dtypes.SUPPORTED[own] else aligned_copy(view, own))
-            else:
-                if isinstance(output, Segments):
-                    output.scatter(view)
-                elif not written:
-                    np.copyto(output, view, casting="unsafe")  # unpacks, and rounds 16-bit floats once
-                results.append(output)
-        return results
-
-    def _reduce_segments(self, segments: Segments, op: ReduceOp, scale: Callable[[np.ndarray], None] | None,
-                         deliver: Callable[[list], None] | None) -> list | None:
-        """Reduce each piece in its own memory, one after another; given ``deliver``, the last
-        piece's completion delivers the results (pieces may still be in flight on return)."""
-        arrays = _pieces(segments, self.rank)
-        if deliver is None:
-            for array in arrays:
-                self._backend.allreduce(None, array, op, scale)
-            return [segments]
-        if not arrays:
-            deliver([segments])
-            return None
-        dones = [_nothing] * (len(arrays) - 1) + [lambda: deliver([segments])]
-        for array, done in zip(arrays, dones, strict=True):
-            self._backend.allreduce(None, array, op, scale, done=done)
-        return None
-
-    def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
-        """What to apply to reduced values: the post-scale factor, and the division of an Average."""
-        if op is not ReduceOp.AVERAGE:
-            return None if postscale == 1.0 else (lambda piece: np.multiply(piece, postscale, out=piece))
-        if dtypes.is_floating(dtype):
-            factor = postscale / self.size
-            return lambda piece: np.multiply(piece, factor, out=piece)
-        # integer average truncates toward zero, like a C cast of the float result
-        return lambda piece: np.copyto(piece, np.trunc(piece / self.size), casting="unsafe")
-
-    def _allgather(self, response: Response, request: Request) -> np.ndarray:
-        meta = response.meta
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
-        output = aligned_empty((sum(response.per_rank),) + meta.shape[1:], meta.dtype)
-        counts = [rows * row_bytes for rows in response.per_rank]
-        self._backend.allgatherv(_as_bytes(request.tensor), output.reshape(-1).view(np.uint8), counts)
-        return output
-
-    def _broadcast(self, response: Response, request: Request) -> np.ndarray:
-        meta = response.meta
-        output = request.output
-        is_root = self.rank == meta.root_rank
-        if output is None:
-            output = aligned_copy(request.tensor, meta.dtype) if is_root else aligned_empty(meta.shape, meta.dtype)
-        elif is_root and output is not request.tensor:
-            np.copyto(output, request.tensor)
-        self._backend.broadcast(output.reshape(-1).view(np.uint8), meta.root_rank)
-        return output
-
-    def _alltoall(self, response: Response, request: Request) -> tuple[np.ndarray, np.ndarray]:
-        meta = response.meta
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
-        received = [splits[self.rank] for splits in response.per_rank]
-        output = aligned_empty((sum(received),) + meta.shape[1:], meta.dtype)
-        self._backend.alltoallv(
-            _as_bytes(request.tensor), [s * row_bytes for s in response.per_rank[self.rank]],
-            output.reshape(-1).view(np.uint8), [s * row_bytes for s in received],
-        )
-        return output, np.array(received, dtype=np.int64)
-
-    def _reducescatter(self, response: Response, request: Request) -> np.ndarray:
-        meta = response.meta
-        wire = dtypes.wire_dtype(meta.dtype)
-        rows = scatter_rows(meta.shape[0], self.size)
-        row = math.prod(meta.shape[1:])
-        send = np.ascontiguousarray(request.tensor).reshape(-1).astype(wire, copy=meta.prescale != 1.0)
-        if meta.prescale != 1.0:
-            send *= meta.prescale
-        recv = aligned_empty(rows[self.rank] * row, wire)
-        self._backend.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
-        if scale is not None:
-            scale(recv)
-        output = recv.reshape((rows[self.rank],) + meta.shape[1:])
-        return output if output.dtype == dtypes.SUPPORTED[meta.dtype] else aligned_copy(output, meta.dtype)
-
-
-def _pieces(segments: Segments, rank: int) -> list[np.ndarray]:
-    """The pieces of ``segments``. They are read after every rank agreed to run the reduction, so a
-    rank that cannot read them must end the job (peers are already inside the collective): the
-    engine aborts on anything but an hvdlite error, with this message."""
-    try:
-        return segments.arrays()
-    except errors.HvdliteError as exc:
-        raise RuntimeError(f"rank {rank} cannot read the pieces of {segments.name!r} for a reduction its peers "
-                           f"have started: {exc}") from exc
-
-
-def _nothing() -> None:
-    """The ``done`` of a piece whose completion needs no action (a later piece delivers the results)."""
-
-
-def _aligned_offsets(sizes: list[int], itemsize: int) -> list[int]:
-    """Start of each packed member in a fusion buffer, and its padded end as the last entry."""
-    starts = [0]
-    for count in sizes:
-        starts.append(starts[-1] + padded_count(count, itemsize))
-    return starts
-
-
-def scatter_rows(rows: int, size: int) -> list[int]:
-    """Rows each rank keeps after a reducescatter: equal shares, the first ranks take the remainder."""
-    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+        """Release every plane's resources (NCCL communicators, shared-memory windows)."""
+        for plane in self._planes:
+            plane.close()

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 
 from .. import errors
 from ..autotune import Params
-from ..backend.base import ControlChannel
 from ..config import Config
 from ..request import Request
 from ..response import RankMessage, Response, RoundResult
+from ..transport.base import ControlChannel
 from .cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, Lookup, ResponseCache, decode, encode
 from .coordinator import Coordinator
 

@@ -1,6 +1,6 @@
 """An in-process fake of N ranks: threads exchanging values through a barrier, no MPI.
 
-It implements the engine's ControlChannel and DataBackend interfaces, so the real Engine,
+It implements the engine's ControlChannel and Transport interfaces, so the real Engine,
 negotiation, cache and fusion code run unchanged with N engines in one process.
 """
 

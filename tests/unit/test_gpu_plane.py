@@ -15,11 +15,11 @@ from hvdlite import api, dtypes, errors
 from hvdlite.config import load_config
 from hvdlite.gpu import nccl, scaling, selection
 from hvdlite.gpu.arrays import DEVICE, DeviceArray
-from hvdlite.gpu.nccl_plane import member_offsets, reduction_plan
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.pipeline import fuse as fusion
 from hvdlite.pipeline.coordinator import find_mismatch
 from hvdlite.pipeline.execute import Executor
+from hvdlite.planes.nccl import member_offsets, reduction_plan
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
 
@@ -228,7 +228,7 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
             seen.append("host closed")
 
     built = []
-    executor = Executor(backend=HostBackend(), rank=0, size=1,
+    executor = Executor(transport=HostBackend(), rank=0, size=1,
                         device_runner=lambda host: built.append(host) or Runner())
     item = fusion.WorkItem((Response(_meta("d", "float32", "cuda")),))
     assert [result for _, result, _ in executor.run(item, {})] == ["result"]
@@ -236,7 +236,7 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
     executor.close()
     assert built == [executor] and seen == [["d"], ["d"], "closed", "host closed"]
     with pytest.raises(errors.DeviceError, match="without a GPU data plane"):
-        Executor(backend=None, rank=0, size=1).run(item, {})
+        Executor(transport=None, rank=0, size=1).run(item, {})
 
 
 def test_gpu_settings_are_parsed_and_checked() -> None:

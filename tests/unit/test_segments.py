@@ -6,10 +6,10 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite import errors
-from hvdlite.backend.mpi import MpiDataBackend
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.request import Handle, Request, RequestMeta
 from hvdlite.segments import Segments
+from hvdlite.transport.mpi import MpiTransport
 
 from .fake_ranks import start_engines, stop_engines
 
@@ -67,7 +67,7 @@ def test_segments_are_reduced_in_their_own_memory(size, dtype, op):
 
 
 def test_the_pipelined_backend_delivers_in_order_and_flushes_before_other_collectives():
-    backend = MpiDataBackend(MPI.COMM_SELF.Dup(), chunk_bytes=16, poll_seconds=0.001, timeout=10, max_in_flight=2)
+    backend = MpiTransport(MPI.COMM_SELF.Dup(), chunk_bytes=16, poll_seconds=0.001, timeout=10, max_in_flight=2)
     done = []
     buffers = [np.arange(10, dtype=np.float32) for _ in range(3)]  # 40 bytes: three pieces each
     for index, buffer in enumerate(buffers):
@@ -84,7 +84,7 @@ def test_the_pipelined_backend_delivers_in_order_and_flushes_before_other_collec
 
 
 def test_quiesce_waits_for_peers_only_after_a_large_transfer():
-    backend = MpiDataBackend(MPI.COMM_SELF.Dup(), chunk_bytes=1 << 20, poll_seconds=0.001, timeout=10)
+    backend = MpiTransport(MPI.COMM_SELF.Dup(), chunk_bytes=1 << 20, poll_seconds=0.001, timeout=10)
     barriers = []
     real_wait = backend._wait
     backend._wait = lambda request: barriers.append(type(request).__name__) or real_wait(request)

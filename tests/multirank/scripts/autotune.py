@@ -22,7 +22,7 @@ while time.monotonic() < deadline:
     assert all(np.all(r == expected) for r in results), f"wrong sum at step {steps}"
     steps += 1
     # Every rank learns the end of the search from rank 0, in the same step, so all leave together.
-    done = hvd.broadcast_object(engine._tuner.done if rank == 0 else None, root_rank=0, name=f"done.{steps}")
+    done = hvd.broadcast_object(engine.pipeline.tuner.done if rank == 0 else None, root_rank=0, name=f"done.{steps}")
     if done:
         settled = engine.params
         break

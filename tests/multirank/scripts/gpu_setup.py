@@ -12,18 +12,18 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite import errors
-from hvdlite.backend.mpi import MpiDataBackend
 from hvdlite.gpu import selection
 from hvdlite.gpu.arrays import DeviceArray
-from hvdlite.gpu.executor import exchange_rows, exchange_unique_id
 from hvdlite.gpu.hierarchical import build_groups, cross_host_allreduce
 from hvdlite.ops import ReduceOp
+from hvdlite.planes.device import exchange_rows, exchange_unique_id
+from hvdlite.transport.mpi import MpiTransport
 
 
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    backend = MpiDataBackend(MPI.COMM_WORLD.Dup(), 4 << 20, 0.001, timeout=60)
+    backend = MpiTransport(MPI.COMM_WORLD.Dup(), 4 << 20, 0.001, timeout=60)
 
     uid = exchange_unique_id(backend, rank)
     print(f"uid {len(uid)} {hashlib.sha256(uid).hexdigest()}", flush=True)

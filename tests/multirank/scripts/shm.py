@@ -12,9 +12,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.backend.shm import SLOT_BYTES
 from hvdlite.dtypes import SUPPORTED
 from hvdlite.runtime import current
+from hvdlite.transport.shm import SLOT_BYTES
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -44,7 +44,7 @@ def expected(dtype: np.dtype, count: int, op: str) -> np.ndarray:
 
 
 def check() -> None:
-    print("shm on" if current().engine._executor.backend.shared_memory else "shm off", flush=True)
+    print("shm on" if current().engine.pipeline.executor.transport.shared_memory else "shm off", flush=True)
     digest = hashlib.sha256()
     counts = [1, SIZE - 1, SIZE + 1, 17, 1000, SLOT_BYTES // 4 + 5, SLOT_BYTES // 2 * 3 + 3]
     for dtype in SUPPORTED.values():

@@ -16,7 +16,7 @@ time), but through hvdlite the size sweep, the 220-tensor mix and the training s
 consistent difference between 1 and 2 in three alternating runs each, so the default is 1.
 
 When every rank runs on one host, allreduces of ``HVDLITE_SHM_MIN_BYTES`` or more go through a
-shared-memory window instead of MPI's own reduction (:mod:`hvdlite.backend.shm`); they need no
+shared-memory window instead of MPI's own reduction (:mod:`hvdlite.transport.shm`); they need no
 quiesce barrier, as no peer depends on this rank's MPI progress for them.
 
 Every wait has the job's communication deadline (``HVDLITE_COMM_TIMEOUT_SECONDS``): MPI itself
@@ -77,7 +77,7 @@ class MpiControlChannel:
     def __init__(self, comm: MPI.Comm, poll_seconds: float, timeout: float | None = None,
                  shared_memory: bool = False) -> None:
         """``shared_memory``: run :meth:`band` through shared memory when every rank runs on this
-        host (:class:`hvdlite.backend.shm.SharedMemoryBand`). Collective when True."""
+        host (:class:`hvdlite.transport.shm.SharedMemoryBand`). Collective when True."""
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -156,7 +156,7 @@ class _Piece(NamedTuple):
     done: Callable[[], None] | None  # set on a call's last piece only
 
 
-class MpiDataBackend:
+class MpiTransport:
     """Host (NumPy) buffers over MPI on a private duplicate of the job's communicator."""
 
     name = "MPI"
@@ -164,7 +164,7 @@ class MpiDataBackend:
     def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None,
                  max_in_flight: int = 1, shm_min_bytes: int | None = None) -> None:
         """``shm_min_bytes``: reduce buffers of at least this size through shared memory when every
-        rank runs on this host (:mod:`hvdlite.backend.shm`); None never does. Collective: every rank
+        rank runs on this host (:mod:`hvdlite.transport.shm`); None never does. Collective: every rank
         of ``comm`` builds its backend at the same point, with the same value."""
         self._comm = comm
         self.chunk_bytes = chunk_bytes
@@ -174,9 +174,6 @@ class MpiDataBackend:
         self._shm = None if shm_min_bytes is None else SharedMemoryAllreduce.create(comm, shm_min_bytes, poll)
         self._in_flight: deque[_Piece] = deque()
         self._moved_large = False  # a large transfer ran since the last quiesce()
-
-    def enabled_for(self, array: np.ndarray) -> bool:
-        return isinstance(array, np.ndarray)
 
     @property
     def shared_memory(self) -> bool:

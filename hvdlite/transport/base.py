@@ -1,4 +1,8 @@
-"""The interfaces between the engine and a transport. Negotiation and fusion never see MPI."""
+"""The interfaces to a transport: the negotiation's control channel and the host plane's data transport.
+
+Negotiation and fusion never see MPI; the host data plane (:mod:`hvdlite.planes.host`) moves
+host buffers through a :class:`Transport`.
+"""
 
 from __future__ import annotations
 
@@ -32,14 +36,11 @@ class ControlChannel(Protocol):
         """Release what the channel holds beyond its communicator (collective: at shutdown, on every rank)."""
 
 
-class DataBackend(Protocol):
-    """Moves tensor bytes. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
+class Transport(Protocol):
+    """Moves host tensor bytes for the host plane. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
 
     name: str
     chunk_bytes: int  # large reductions go in pieces of this size; the same on every rank (autotune moves it)
-
-    def enabled_for(self, array: np.ndarray) -> bool:
-        """True if this backend can move ``array`` (host memory for MPI, device memory for NCCL)."""
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
                   finish_piece: Callable[[np.ndarray], None] | None = None,

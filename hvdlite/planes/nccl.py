@@ -26,15 +26,14 @@ import numpy as np
 
 from .. import dtypes
 from ..buffers import padded_count
-from ..ops import Collective, ReduceOp
-from ..pipeline.execute import scatter_rows
+from ..gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
+from ..gpu.hierarchical import HierarchicalReducer, supports
+from ..gpu.nccl import Communicator, NcclError, group
+from ..gpu.scaling import scale_in_place
+from ..ops import Collective, ReduceOp, scatter_rows
 from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response
-from .arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
-from .hierarchical import HierarchicalReducer, supports
-from .nccl import Communicator, NcclError, group
-from .scaling import scale_in_place
 
 _SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
 

@@ -1,4 +1,5 @@
-"""Runs device work items, on the plane the whole job chose when the first one arrived.
+"""The GPU data plane: device work items, on the plane (NCCL or host-staged) the whole job chose
+when the first one arrived.
 
 Setting up is collective, and safe to do inside an item: every rank plans the same items in the
 same order, so every rank reaches its first device item together. The ranks exchange one row
@@ -10,23 +11,73 @@ communicator on its device.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..backend.base import DataBackend
+from .. import errors
 from ..config import Config
-from ..pipeline.execute import Executor
+from ..gpu import nccl, selection
+from ..gpu.arrays import device_count
 from ..pipeline.fuse import WorkItem
 from ..request import Request
-from . import nccl, selection
-from .arrays import device_count
+from ..transport.base import Transport
+
+if TYPE_CHECKING:
+    from ..pipeline.execute import Executor
+    from .base import Outcome
 
 log = logging.getLogger("hvdlite")
 
 
-def exchange_unique_id(backend: DataBackend, rank: int) -> bytes:
+class DeviceRunner(Protocol):
+    """Runs device work items once the plane is chosen (:class:`GpuRunner`; tests pass fakes)."""
+
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list: ...
+
+    def close(self) -> None: ...
+
+
+class DevicePlane:
+    """Enabled for items whose tensors live on a GPU; builds its runner on the first one.
+
+    The runner is built lazily because choosing NCCL or host staging is collective and needs cupy,
+    which a CPU-only job never imports.
+    """
+
+    name = "gpu"
+
+    def __init__(self, executor: Executor, make_runner: Callable[[Executor], DeviceRunner] | None) -> None:
+        self._executor = executor
+        self._make_runner = make_runner
+        self._runner: DeviceRunner | None = None
+
+    def enabled_for(self, item: WorkItem) -> bool:
+        return item.responses[0].meta.device != "cpu"
+
+    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
+        if self._runner is None:
+            if self._make_runner is None:
+                raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
+            self._runner = self._make_runner(self._executor)
+        return self._runner.run(item, local)
+
+    def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
+        from .base import succeeded
+
+        self._executor.host.flush()  # device work never overtakes host reductions still in flight
+        on_done(succeeded(item.responses, self.run(item, local)))
+
+    def finish(self) -> None:
+        pass  # a device item completes within start()
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+
+def exchange_unique_id(backend: Transport, rank: int) -> bytes:
     """Rank 0's fresh NCCL unique id, on every rank (broadcast over the host backend)."""
     buffer = np.frombuffer(nccl.unique_id(), dtype=np.uint8).copy() if rank == 0 else \
         np.zeros(nccl.UNIQUE_ID_BYTES, dtype=np.uint8)
@@ -34,7 +85,7 @@ def exchange_unique_id(backend: DataBackend, rank: int) -> bytes:
     return buffer.tobytes()
 
 
-def exchange_rows(backend: DataBackend, mine: selection.RankGpu, size: int) -> list[selection.RankGpu]:
+def exchange_rows(backend: Transport, mine: selection.RankGpu, size: int) -> list[selection.RankGpu]:
     """Every rank's :class:`RankGpu` row, in rank order."""
     row_bytes = selection.ROW_FIELDS * 8
     table = np.empty(size * selection.ROW_FIELDS, dtype=np.int64)
@@ -42,21 +93,17 @@ def exchange_rows(backend: DataBackend, mine: selection.RankGpu, size: int) -> l
     return [selection.RankGpu.decode(row) for row in table.reshape(size, selection.ROW_FIELDS)]
 
 
-class DeviceExecutor:
-    """The device half of the executor; built on the first device item (see the module docstring)."""
+class GpuRunner:
+    """Chooses the job's GPU plane on the first device item (see the module docstring), then runs items on it."""
 
-    def __init__(self, host: Executor, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
-        self._host = host
+    def __init__(self, executor: Executor, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
+        self._host = executor.host
         self._config = config
         self._data_comm = data_comm  # the engine's MPI data communicator, for the hierarchical groups
         self._hosts = hosts  # every rank's host name, index = rank
-        self._host_name = hosts[host.rank]
+        self._host_name = hosts[executor.rank]
         self._local_rank = local_rank
         self._plane: Any = None
-
-    @property
-    def plane_name(self) -> str:
-        return "" if self._plane is None else self._plane.name
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
         if self._plane is None:
@@ -83,7 +130,7 @@ class DeviceExecutor:
         pci = cupy.cuda.Device(device_id).pci_bus_id
         mine = selection.RankGpu(version, self._config.gpu_operations == "MPI", self._config.nccl_multi_rank_gpu,
                                  selection.gpu_key(self._host_name, pci))
-        backend = self._host.backend
+        backend = self._host.transport
         choice = selection.choose_plane(exchange_rows(backend, mine, self._host.size))
         if self._host.rank == 0:
             log.info("hvdlite GPU data plane: %s (%s)", choice.plane, choice.reason)
@@ -91,7 +138,7 @@ class DeviceExecutor:
             from .staged import HostStagedPlane
 
             return HostStagedPlane(self._host, device_id)
-        from .nccl_plane import NcclPlane
+        from .nccl import NcclPlane
 
         uid = exchange_unique_id(backend, self._host.rank)
         comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
@@ -106,7 +153,7 @@ class DeviceExecutor:
             if self._host.rank == 0:
                 log.info("HVDLITE_HIERARCHICAL_ALLREDUCE=1 on a single host: the flat NCCL allreduce is used")
             return None
-        from .hierarchical import HierarchicalReducer, build_groups
+        from ..gpu.hierarchical import HierarchicalReducer, build_groups
 
         timeout = self._config.comm_timeout
         groups = build_groups(self._data_comm, self._hosts, self._host.rank, self._config.chunk_bytes,

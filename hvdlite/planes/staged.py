@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..gpu.arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
 from ..ops import Collective
-from ..pipeline.execute import Executor
 from ..request import Request
 from ..response import Response
-from .arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
+from .host import HostPlane
 
 
 class HostStagedPlane:
@@ -27,7 +27,7 @@ class HostStagedPlane:
 
     name = "MPI (host-staged)"
 
-    def __init__(self, host: Executor, device_id: int) -> None:
+    def __init__(self, host: HostPlane, device_id: int) -> None:
         import cupy
 
         self._cp = cupy

@@ -4,7 +4,7 @@ MPICH reduces host buffers between the processes of one host through its own sha
 queues. Reducing in a window that every rank maps (MPI-3 ``MPI_Win_allocate_shared``) moves fewer
 bytes: each rank copies in only the parts its peers reduce, reduces one part, and copies out the
 others. Measured here against MPI's path for the same buffers, both through
-:class:`hvdlite.backend.mpi.MpiDataBackend` in the same run (2 cores, float32): np=2 1.31 at 8 KB,
+:class:`hvdlite.transport.mpi.MpiTransport` in the same run (2 cores, float32): np=2 1.31 at 8 KB,
 0.87 at 16 KB, 0.93 at 32 KB, 0.65 at 64 KB; np=3 (oversubscribed) 1.43, 0.94, 0.78, 0.66. Hence
 ``HVDLITE_SHM_MIN_BYTES`` = 32 KiB: below it MPICH's eager path is faster. Larger buffers: see
 ``bench/README.md``.
