@@ -8,13 +8,13 @@ so a bad call fails on the calling rank with a message naming the tensor.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from . import dtypes
+from .describe import describe_reduction, device_of
 from .errors import UnsupportedOperationError
 from .gpu.arrays import DeviceArray
 from .naming import group_member_names
@@ -28,13 +28,7 @@ def _array(tensor: Any) -> np.ndarray | DeviceArray:
     return tensor if isinstance(tensor, (np.ndarray, DeviceArray)) else np.asarray(tensor)
 
 
-def device_of(array: np.ndarray | DeviceArray) -> str:
-    """Where ``array`` lives, as negotiated: "cpu", or "cuda" for a :class:`DeviceArray`."""
-    return array.device if isinstance(array, DeviceArray) else "cpu"
-
-
 _T = TypeVar("_T")
-_caller = threading.local()  # .waits: the operations this thread starts now are waited for at once
 
 
 def blocking(start: Callable[[], _T]) -> _T:
@@ -44,11 +38,12 @@ def blocking(start: Callable[[], _T]) -> _T:
     (:meth:`hvdlite.engine.Engine.drive`), which saves two thread hand-offs per blocking call.
     Framework adapters use it for their blocking collectives.
     """
-    _caller.waits = True
+    caller = current().caller
+    caller.waits = True
     try:
         return start()
     finally:
-        _caller.waits = False
+        caller.waits = False
 
 
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
@@ -56,14 +51,16 @@ def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
     outputs = outputs if outputs is not None else [None] * len(pairs)
     requests = [Request(meta, tensor, Handle(meta.name), output)
                 for (meta, tensor), output in zip(pairs, outputs, strict=True)]
-    current().engine.submit(requests, wake=not getattr(_caller, "waits", False))
+    runtime = current()
+    runtime.engine.submit(requests, wake=not getattr(runtime.caller, "waits", False))
     return [r.handle for r in requests]
 
 
 def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None = None) -> Handle:
     """:func:`_submit` for one request (most calls), without the lists."""
     request = Request(meta, tensor, Handle(meta.name), output)
-    current().engine.submit([request], wake=not getattr(_caller, "waits", False))
+    runtime = current()
+    runtime.engine.submit([request], wake=not getattr(runtime.caller, "waits", False))
     return request.handle
 
 
@@ -92,25 +89,10 @@ def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray
                 f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
 
 
-_MEMO_LIMIT = 4096
-_memo: dict[tuple, RequestMeta] = {}  # checked reduction descriptions, by everything they depend on
-
-
 def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
                     prescale: float, postscale: float) -> RequestMeta:
-    """The checked description of a reduction; remembered, as the same call usually repeats every step."""
-    prescale, postscale = float(prescale), float(postscale)  # also makes a 0-d tensor or NumPy scalar a key
-    key = (name, collective, array.dtype, array.shape, op, prescale, postscale, type(array))
-    meta = _memo.get(key)
-    if meta is None:
-        dtype = dtypes.dtype_name(array, name)
-        dtypes.check_reduction(dtype, op, prescale, postscale, name)
-        meta = RequestMeta(name, collective, dtype, tuple(array.shape), op, prescale, postscale,
-                           device=device_of(array))
-        if len(_memo) >= _MEMO_LIMIT:  # generated names never repeat: do not keep them forever
-            _memo.clear()
-        _memo[key] = meta
-    return meta
+    """The checked description of a reduction, remembered by the runtime (the same call repeats every step)."""
+    return current().descriptions.reduction(collective, array, name, op, prescale, postscale)
 
 
 # ---- allreduce -----------------------------------------------------------------------------------
@@ -143,8 +125,8 @@ def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, 
     For callers that reduce the same named tensor every step (an optimizer's gradients): the
     argument checks and the description are built once instead of per step.
     """
-    return _reduction_meta(Collective.ALLREDUCE, _array(array), name, resolve_op(op), prescale_factor,
-                           postscale_factor)
+    return describe_reduction(Collective.ALLREDUCE, _array(array), name, resolve_op(op), prescale_factor,
+                              postscale_factor)
 
 
 def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:

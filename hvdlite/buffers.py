@@ -82,8 +82,20 @@ class _Pool:
             owner = self._owner_types[size] = Owner
         return owner
 
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self.cached_bytes = 0
 
+
+# Process-wide, like PyTorch's caching allocator: results handed to the user outlive the runtime and
+# return their storage here when dropped. shutdown() empties it (release_cached).
 _pool = _Pool(POOL_MAX_BYTES)
+
+
+def release_cached() -> None:
+    """Free every cached buffer (at shutdown; arrays still in use keep their own storage)."""
+    _pool.clear()
 
 
 _small_types: dict[int, type] = {}  # ctypes array class per small size (a multiple of ALIGNMENT)

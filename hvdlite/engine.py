@@ -120,9 +120,10 @@ class Engine:
     def timeline(self) -> Timeline | None:
         return self._pipeline.timeline
 
-    @timeline.setter
-    def timeline(self, timeline: Timeline | None) -> None:
-        self._pipeline.timeline = timeline
+    def use_timeline(self, timeline: Timeline | None) -> Timeline | None:
+        """Record cycles into ``timeline`` from the next cycle on (None stops); returns the one replaced."""
+        previous, self._pipeline.timeline = self._pipeline.timeline, timeline
+        return previous
 
     @property
     def params(self) -> Params:

@@ -10,11 +10,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 _FORWARD_SECONDS = 0.5
 _ABORT_GRACE_SECONDS = 5.0
-_previous_hook = None
 
 
 def abort_job(code: int) -> None:
@@ -34,28 +34,33 @@ def abort_job(code: int) -> None:
     os._exit(code)
 
 
-def install(rank: int, abort) -> None:
-    """Route uncaught exceptions on the main thread through ``abort(1)`` after printing them."""
-    global _previous_hook
-    if _previous_hook is not None:
-        return
-    _previous_hook = sys.excepthook
+class AbortOnUncaught:
+    """Routes uncaught exceptions on the main thread through ``abort(1)`` after printing them.
 
-    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        _previous_hook(kind, value, tb)
-        sys.stderr.write(f"hvdlite: rank {rank} failed with an uncaught {kind.__name__}; aborting all ranks\n")
+    Held by the runtime: :meth:`install` at ``init()``, :meth:`uninstall` at ``shutdown()``.
+    """
+
+    def __init__(self, rank: int, abort: Callable[[int], None], previous: Callable[..., None]) -> None:
+        self._rank = rank
+        self._abort = abort
+        self._previous = previous
+
+    @classmethod
+    def install(cls, rank: int, abort: Callable[[int], None]) -> AbortOnUncaught:
+        hook = cls(rank, abort, sys.excepthook)
+        sys.excepthook = hook
+        return hook
+
+    def uninstall(self) -> None:
+        if sys.excepthook is self:  # else someone installed a hook over ours: leave theirs in place
+            sys.excepthook = self._previous
+
+    def __call__(self, kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        self._previous(kind, value, tb)
+        sys.stderr.write(f"hvdlite: rank {self._rank} failed with an uncaught {kind.__name__}; aborting all ranks\n")
         sys.stderr.flush()
         sys.stdout.flush()
         # MPI's output forwarding reads our pipes asynchronously and the abort tears it down: give
         # it a moment, or the traceback the user needs most can be cut short (seen in CI).
         time.sleep(_FORWARD_SECONDS)
-        abort(1)
-
-    sys.excepthook = hook
-
-
-def uninstall() -> None:
-    global _previous_hook
-    if _previous_hook is not None:
-        sys.excepthook = _previous_hook
-        _previous_hook = None
+        self._abort(1)

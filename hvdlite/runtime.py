@@ -11,11 +11,13 @@ import dataclasses
 import logging
 import os
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import failure
+from . import buffers, failure
 from .config import Config, load_config
+from .describe import Descriptions
 from .engine import Engine
 from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
@@ -27,12 +29,23 @@ log = logging.getLogger("hvdlite")
 
 @dataclasses.dataclass
 class Runtime:
+    """Everything hvdlite holds between ``init()`` and ``shutdown()``; nothing outlives it.
+
+    One :class:`Engine` cycles one communicator's :class:`~hvdlite.pipeline.communicator.Pipeline`
+    (its own queue, negotiation, response cache and fusion); process sets and a rebuilt elastic
+    world add pipelines of their own.
+    """
+
     config: Config
     topology: Topology
     engine: Engine
     names: NameGenerator
     comm: Any  # the mpi4py communicator the job runs on
     private_comms: tuple[Any, ...]
+    descriptions: Descriptions = dataclasses.field(default_factory=Descriptions)  # checked reduction descriptions
+    caller: threading.local = dataclasses.field(default_factory=threading.local)  # .waits: see api.blocking
+    exception_hook: failure.AbortOnUncaught | None = None  # ends the job when a rank dies of an exception
+    adapter_state: dict[str, Any] = dataclasses.field(default_factory=dict)  # framework adapters' caches, by name
 
 
 _runtime: Runtime | None = None
@@ -114,7 +127,7 @@ def init(comm: Any = None) -> None:
     if config.run_dir:
         _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
     if topology.size > 1:
-        failure.install(rank, failure.abort_job)
+        _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.abort_job)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
@@ -151,9 +164,11 @@ def shutdown() -> None:
         log.error("ending the job after a communication timeout (see the error above)")
         failure.abort_job(1)
     _runtime = None
-    failure.uninstall()
+    if runtime.exception_hook is not None:
+        runtime.exception_hook.uninstall()
     for private in runtime.private_comms:
         private.Free()
+    buffers.release_cached()  # init -> shutdown -> init starts from nothing
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -165,7 +180,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     runtime = current()
     _close_timeline(runtime.engine)
     if runtime.topology.rank == 0:
-        runtime.engine.timeline = Timeline(file_path, 0, mark_cycles)
+        runtime.engine.use_timeline(Timeline(file_path, 0, mark_cycles))
 
 
 def stop_timeline() -> None:
@@ -174,7 +189,7 @@ def stop_timeline() -> None:
 
 
 def _close_timeline(engine: Engine) -> None:
-    timeline, engine.timeline = engine.timeline, None
+    timeline = engine.use_timeline(None)
     if timeline is not None:
         timeline.close()
 

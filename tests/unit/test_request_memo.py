@@ -1,15 +1,17 @@
-"""The allreduce description memo in hvdlite.api: reused only for identical calls, errors never cached."""
+"""The allreduce description memo (hvdlite.describe): reused only for identical calls, errors never cached."""
 
 import numpy as np
 import pytest
 
-from hvdlite import api
+from hvdlite.describe import Descriptions
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.ops import Collective, ReduceOp
 
+_memo = Descriptions()  # the runtime holds one; these tests need no init()
+
 
 def _meta(array, name="t", op=ReduceOp.SUM, prescale=1.0, postscale=1.0):
-    return api._reduction_meta(Collective.ALLREDUCE, array, name, op, prescale, postscale)
+    return _memo.reduction(Collective.ALLREDUCE, array, name, op, prescale, postscale)
 
 
 def test_the_same_call_reuses_its_description_and_any_difference_makes_a_new_one():
@@ -41,6 +43,6 @@ def test_a_rejected_call_is_rejected_every_time():
 
 
 def test_the_memo_stays_bounded():
-    for index in range(api._MEMO_LIMIT + 10):
+    for index in range(Descriptions.LIMIT + 10):
         _meta(np.zeros(1, np.float32), name=f"generated.{index}")
-    assert len(api._memo) <= api._MEMO_LIMIT
+    assert len(_memo) <= Descriptions.LIMIT

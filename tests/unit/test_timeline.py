@@ -39,7 +39,7 @@ def test_engine_records_negotiation_readiness_and_fusion(tmp_path):
     path = tmp_path / "engine.json"
     _, engines = start_engines(2)
     try:
-        engines[0].timeline = Timeline(str(path), 0)
+        engines[0].use_timeline(Timeline(str(path), 0))
         handles = [submit(e, f"small.{i}", np.ones(4)) for e in engines for i in range(2)]
         handles += [submit(e, "big", np.ones(20000)) for e in engines]
         for handle in handles:

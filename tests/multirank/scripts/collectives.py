@@ -272,6 +272,7 @@ def test_topology(rank, size):
 
 
 def main():
+    hook_before = sys.excepthook
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     for test in (test_topology, test_allreduce, test_fp16_exact, test_grouped_and_fusion, test_allgather,
@@ -280,8 +281,15 @@ def main():
         print(f"ok {test.__name__}", flush=True)
     hvd.shutdown()
     assert not hvd.is_initialized()
+    # shutdown leaves nothing behind: no exception hook, no cached buffers
+    from hvdlite import buffers
+    from hvdlite.runtime import current
+
+    assert sys.excepthook is hook_before, "shutdown left hvdlite's exception hook installed"
+    assert buffers._pool.cached_bytes == 0, "shutdown kept cached buffers"
     # init -> shutdown -> init works, and the new runtime starts fresh
     hvd.init()
+    assert len(current().descriptions) == 0 and not current().adapter_state, "the new runtime inherited state"
     assert N(hvd.allreduce(T(np.ones(3)), op=hvd.Sum, name="after.reinit")).tolist() == [size] * 3
     hvd.shutdown()
     print("ok reinit", flush=True)
