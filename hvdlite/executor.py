@@ -27,6 +27,7 @@ from .fusion import WorkItem
 from .ops import Collective, ReduceOp
 from .request import Request
 from .response import Response
+from .rows import scatter_rows
 from .segments import Segments
 
 
@@ -321,8 +322,3 @@ def _aligned_offsets(sizes: list[int], itemsize: int) -> list[int]:
     for count in sizes:
         starts.append(starts[-1] + padded_count(count, itemsize))
     return starts
-
-
-def scatter_rows(rows: int, size: int) -> list[int]:
-    """Rows each rank keeps after a reducescatter: equal shares, the first ranks take the remainder."""
-    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]

@@ -26,11 +26,11 @@ import numpy as np
 
 from .. import dtypes
 from ..buffers import padded_count
-from ..executor import scatter_rows
 from ..ops import Collective, ReduceOp
 from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response
+from ..rows import scatter_rows
 from .arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
 from .hierarchical import HierarchicalReducer, supports
 from .nccl import Communicator, NcclError, group

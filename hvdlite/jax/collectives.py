@@ -31,8 +31,8 @@ from jax.experimental import io_callback
 from .. import api, basics
 from ..buffers import aligned_empty
 from ..errors import UnsupportedOperationError
-from ..executor import scatter_rows
 from ..ops import Collective, ReduceOp
+from ..rows import scatter_rows
 from ..runtime import current
 from .arrays import canonical_dtype, is_traced, to_jax, to_numpy
 

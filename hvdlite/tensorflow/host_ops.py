@@ -14,6 +14,7 @@ import tensorflow as tf
 from .. import api, basics
 from ..naming import group_member_names
 from ..ops import ReduceOp
+from ..rows import scatter_rows
 from .tensors import graph_name, in_graph, run_on_host
 
 
@@ -107,7 +108,7 @@ def reducescatter(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, 
     for result, tensor in zip(results, tensors, strict=True):
         if tensor.shape.rank:
             rows = tensor.shape[0]
-            mine = None if rows is None else rows // size + (1 if rank < rows % size else 0)
+            mine = None if rows is None else scatter_rows(rows, size)[rank]
             result.set_shape([mine] + tensor.shape.as_list()[1:])
     return results
 
