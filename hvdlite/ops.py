@@ -53,8 +53,3 @@ def resolve_op(op: ReduceOp | int | None, average: bool | None = None) -> Reduce
     if resolved is ReduceOp.ADASUM:
         raise NotImplementedError("op=Adasum is not implemented in hvdlite yet; use Average or Sum")
     return resolved
-
-
-def scatter_rows(rows: int, size: int) -> list[int]:
-    """Rows each rank keeps after a reducescatter: equal shares, the first ranks take the remainder."""
-    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]

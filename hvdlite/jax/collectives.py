@@ -31,8 +31,9 @@ from jax.experimental import io_callback
 from .. import api, basics
 from ..buffers import aligned_empty
 from ..errors import UnsupportedOperationError
-from ..ops import Collective, ReduceOp, scatter_rows
-from ..runtime import current
+from ..ops import ReduceOp
+from ..rows import scatter_rows
+from ..training.broadcast import broadcast_arrays
 from .arrays import canonical_dtype, is_traced, to_jax, to_numpy
 
 Host = Callable[[list[np.ndarray], str | None, list[np.ndarray] | None], list[np.ndarray]]
@@ -190,12 +191,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> Any:
     single = _single_or_group(tensor)
 
     def host(arrays: list[np.ndarray], resolved_name: str | None, _: list[np.ndarray] | None) -> list[np.ndarray]:
-        if single:
-            return [api.broadcast(arrays[0], root_rank, resolved_name)]
-        base = resolved_name if resolved_name is not None else current().names.next(Collective.BROADCAST)
-        # All leaves are submitted before any is waited for, so they are negotiated together.
-        handles = [api.broadcast_async(a, root_rank, f"{base}.{i}") for i, a in enumerate(arrays)]
-        return [api.synchronize(h) for h in handles]
+        return broadcast_arrays(arrays, root_rank, resolved_name, single)
 
     return _run("broadcast", tensor, name, host, _same, (root_rank,))
 

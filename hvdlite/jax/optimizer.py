@@ -24,6 +24,7 @@ import optax
 
 from ..errors import UnsupportedOperationError
 from ..ops import Average, ReduceOp, Sum
+from ..training.options import check_passes, predivide_scales
 from .arrays import is_traced
 from .collectives import allreduce
 from .compression import Compression
@@ -44,17 +45,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     ``compression`` (e.g. ``Compression.fp16``) casts the updates for the reduction and back.
     ``backward_passes_per_step=k`` accumulates k micro-batch gradients locally and reduces their
     mean once, on the k-th step (as ``optax.MultiSteps`` would, but communicating only then);
-    the other steps return zero updates, and the state is an :class:`AccumulationState`. ``gradient_predivide_factor`` splits the averaging into a
-    division before the sum and one after, as in Horovod. ``name`` fixes the request names; by
-    default each wrapper gets ``DistributedOptimizer.<n>``, numbered in creation order, which is
-    the same on every rank and every step.
+    the other steps return zero updates, and the state is an :class:`AccumulationState`.
+    ``gradient_predivide_factor`` splits the averaging into a division before the sum and one after,
+    as in Horovod. ``name`` fixes the request names; by default each wrapper gets
+    ``DistributedOptimizer.<n>``, numbered in creation order, which is the same on every rank and
+    every step.
     """
     if op not in (Average, Sum):
         raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
-    if gradient_predivide_factor != 1.0 and op is not Average:
-        raise ValueError("gradient_predivide_factor needs op=Average")
-    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive int, got {backward_passes_per_step!r}")
+    prescale, postscale = predivide_scales(op, gradient_predivide_factor)
+    passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
     base = name if name is not None else f"DistributedOptimizer.{next(_instances)}"
 
@@ -63,17 +63,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         if not leaves:
             return updates
         packed = [compression.compress(leaf) for leaf in leaves]
-        reduced = allreduce([p[0] for p in packed], name=base, op=op,
-                            prescale_factor=1.0 / gradient_predivide_factor,
-                            postscale_factor=gradient_predivide_factor)
+        reduced = allreduce([p[0] for p in packed], name=base, op=op, prescale_factor=prescale,
+                            postscale_factor=postscale)
         restored = [compression.decompress(r, p[1]) for r, p in zip(reduced, packed, strict=True)]
         return jax.tree.unflatten(treedef, restored)
 
     def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
         return inner.update(reduce_updates(updates), state, params, **extra_args)
 
-    if backward_passes_per_step > 1:
-        return _accumulating(inner, reduce_updates, backward_passes_per_step)
+    if passes > 1:
+        return _accumulating(inner, reduce_updates, passes)
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
 

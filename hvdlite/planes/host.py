@@ -22,10 +22,11 @@ import numpy as np
 
 from .. import dtypes, errors
 from ..buffers import aligned_copy, aligned_empty, padded_count
-from ..ops import Collective, ReduceOp, scatter_rows
+from ..ops import Collective, ReduceOp
 from ..pipeline.fuse import WorkItem
 from ..request import Request
 from ..response import Response
+from ..rows import scatter_rows
 from ..segments import Segments
 from ..transport.base import Transport
 from .base import Outcome, succeeded

@@ -30,10 +30,11 @@ from ..gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtyp
 from ..gpu.hierarchical import HierarchicalReducer, supports
 from ..gpu.nccl import Communicator, NcclError, group
 from ..gpu.scaling import scale_in_place
-from ..ops import Collective, ReduceOp, scatter_rows
+from ..ops import Collective, ReduceOp
 from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response
+from ..rows import scatter_rows
 
 _SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
 

@@ -1,10 +1,9 @@
 """Horovod's ``horovod.tensorflow`` collectives, differentiable, eagerly and inside ``tf.function``.
 
-Gradients, the same as hvdlite.torch's: allreduce's is an allreduce of the gradient with the same
-op and scale factors; allgather's is this rank's rows of the summed gradient; broadcast's is the
-averaged gradient on the root and zero elsewhere; alltoall's sends the gradient back along the
-received splits; reducescatter's gathers the gradient blocks (divided by the size for Average).
-``tf.IndexedSlices`` are allreduced as Horovod does: their values and indices are allgathered.
+Each collective is a ``tf.custom_gradient`` whose gradient is the rule in
+:mod:`hvdlite.training.gradients`, with :data:`_OPS` as the TensorFlow operations the rules need.
+``tf.IndexedSlices`` are allreduced as Horovod does: their values and indices are allgathered
+(:mod:`hvdlite.training.sparse`).
 """
 
 from __future__ import annotations
@@ -14,13 +13,26 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import basics
 from ..compression import Compressor, NoneCompressor
-from ..errors import UnsupportedOperationError
 from ..ops import ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set, require_global
+from ..training import gradients as rules
+from ..training.options import require_sum_or_average
+from ..training.sparse import allreduce_sparse
 from . import host_ops
 from .tensors import as_tensor
+
+
+def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+_OPS = rules.GradientOps(
+    allreduce=lambda tensors, op, prescale, postscale: host_ops.allreduce(tensors, None, op, prescale, postscale),
+    allgather=lambda tensors: host_ops.allgather(tensors, None),
+    alltoall=lambda tensor, splits: host_ops.alltoall(tensor, tf.cast(splits, tf.int64), None)[0],
+    zeros_like=tf.zeros_like, scale=_scale, total=tf.reduce_sum, rows=lambda tensor, start, stop: tensor[start:stop],
+)
 
 
 def _zeros_if_none(grads: Sequence[tf.Tensor | None], like: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -32,45 +44,31 @@ def _reduce(tensors: list[tf.Tensor], name: str | None, op: ReduceOp, prescale: 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor):
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return host_ops.allreduce(_zeros_if_none(dys, xs), None, op, prescale, postscale)
+            return rules.allreduce_grads(_OPS, _zeros_if_none(dys, xs), op, prescale, postscale)
         return host_ops.allreduce(list(xs), name, op, prescale, postscale, single), grad
     return list(reduce(*tensors))
-
-
-def _my_rows(grad: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-    """This rank's rows of an allgather's gradient, summed over ranks."""
-    (summed,) = host_ops.allreduce([grad], None, ReduceOp.SUM, 1.0, 1.0)
-    (every,) = host_ops.allgather([tf.reshape(rows, [1])], None)
-    offset = tf.reduce_sum(every[: basics.rank()])
-    return summed[offset: offset + rows]
 
 
 def _gather(tensors: list[tf.Tensor], name: str | None, single: bool) -> list[tf.Tensor]:
     @tf.custom_gradient
     def gather(*xs: tf.Tensor):
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return [_my_rows(dy, tf.shape(x, out_type=tf.int64)[0])
+            return [rules.allgather_grad(_OPS, dy, tf.shape(x, out_type=tf.int64)[:1])
                     for dy, x in zip(_zeros_if_none(dys, outputs), xs, strict=True)]
         outputs = host_ops.allgather(list(xs), name, single)
         return outputs, grad
     return list(gather(*tensors))
 
 
-def _check_sparse_op(op: ReduceOp, what: str) -> None:
-    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise UnsupportedOperationError(
-            f"{what}: tf.IndexedSlices are allgathered and support Sum and Average, not {op.name}; "
-            "pass sparse_as_dense=True to reduce them as dense tensors")
-
-
 def _allreduce_sparse(slices: tf.IndexedSlices, name: str | None, op: ReduceOp, prescale: float,
-                      postscale: float) -> tf.IndexedSlices:
+                      postscale: float, what: str | None = None) -> tf.IndexedSlices:
     """Every rank's rows of ``slices``, concatenated (rows with equal indices are not summed)."""
-    _check_sparse_op(op, f"allreduce of {name or 'IndexedSlices'!r}")
-    values, indices = _gather([slices.values, slices.indices], name, single=False)
-    scale = prescale * postscale / (basics.size() if op is ReduceOp.AVERAGE else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    def gather(values: tf.Tensor, indices: tf.Tensor, name: str | None) -> Any:
+        gathered = _gather([values, indices], name, single=False)
+        return lambda: tuple(gathered)
+
+    values, indices = allreduce_sparse(slices.values, slices.indices, name, op, prescale, postscale, gather, _scale,
+                                       what)()
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -108,7 +106,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     for i, tensor in enumerate(tensors):
         if isinstance(tensor, tf.IndexedSlices):
             results[i] = _allreduce_sparse(tensor, None if name is None else f"{name}.sparse.{i}", resolved,
-                                           prescale_factor, postscale_factor)
+                                           prescale_factor, postscale_factor, f"sparse tensor {i} of grouped_allreduce")
     if dense:
         pairs = [compression.compress(as_tensor(tensors[i], f"tensor {i} of grouped_allreduce")) for i in dense]
         reduced = _reduce([t for t, _ in pairs], name, resolved, prescale_factor, postscale_factor, single=False)
@@ -141,8 +139,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     @tf.custom_gradient
     def bcast(x: tf.Tensor):
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            (averaged,) = host_ops.allreduce([dy], None, ReduceOp.AVERAGE, 1.0, 1.0)
-            return averaged if basics.rank() == root_rank else tf.zeros_like(averaged)
+            return rules.broadcast_grad(_OPS, dy, root_rank)
         return host_ops.broadcast([x], root_rank, name, single=True)[0], grad
     return bcast(tensor)
 
@@ -161,8 +158,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     @tf.custom_gradient
     def exchange(x: tf.Tensor):
         def grad(dy: tf.Tensor, _received: Any) -> tf.Tensor:
-            dy = tf.zeros_like(output) if dy is None else dy
-            return host_ops.alltoall(dy, tf.cast(received, tf.int64), None)[0]
+            return rules.alltoall_grad(_OPS, tf.zeros_like(output) if dy is None else dy, received)
         output, received = host_ops.alltoall(x, split_tensor, name)
         return (output, tf.stop_gradient(received)), grad
     output, received = exchange(tensor)
@@ -171,16 +167,12 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 
 def _reducescatter(tensors: list[tf.Tensor], name: str | None, op: ReduceOp, prescale: float, postscale: float,
                    single: bool) -> list[tf.Tensor]:
-    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise UnsupportedOperationError(f"reducescatter of {name or 'a tensor'!r} supports Sum and Average, "
-                                        f"not {op.name}")
-    scale = prescale * postscale / (basics.size() if op is ReduceOp.AVERAGE else 1)
+    require_sum_or_average(op, f"reducescatter of {name or 'a tensor'!r}")  # at trace time, not when run
 
     @tf.custom_gradient
     def scatter(*xs: tf.Tensor):
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            gathered = host_ops.allgather(_zeros_if_none(dys, outputs), None)
-            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+            return rules.reducescatter_grads(_OPS, _zeros_if_none(dys, outputs), op, prescale, postscale)
         outputs = host_ops.reducescatter(list(xs), name, op, prescale, postscale, single)
         return outputs, grad
     return list(scatter(*tensors))

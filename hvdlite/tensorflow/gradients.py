@@ -2,6 +2,7 @@
 
 One grouped call for the whole list lets the core negotiate and fuse the gradients together;
 one call per gradient would negotiate each alone. Shared by the tape and the Keras optimizer.
+``predivide_scales`` is the core's (:mod:`hvdlite.training.options`), re-exported here.
 """
 
 from __future__ import annotations
@@ -14,19 +15,8 @@ import tensorflow as tf
 from ..compression import Compressor, NoneCompressor
 from ..ops import Average, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set, require_global
+from ..training.options import predivide_scales
 from .collectives import grouped_allreduce
-
-
-def predivide_scales(op: ReduceOp, gradient_predivide_factor: float) -> tuple[float, float]:
-    """(prescale, postscale) for ``gradient_predivide_factor``: divide by f before the sum, by size/f after.
-
-    Dividing part of the way before summing keeps float16 sums from overflowing, as in Horovod.
-    """
-    if gradient_predivide_factor == 1.0:
-        return 1.0, 1.0
-    if op is not ReduceOp.AVERAGE:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
-    return 1.0 / gradient_predivide_factor, gradient_predivide_factor
 
 
 def reduce_gradients(grads: Sequence[Any], op: ReduceOp = Average, compression: type[Compressor] = NoneCompressor,
@@ -88,3 +78,6 @@ class DistributedGradientTape:
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._tape, attribute)
+
+
+__all__ = ["DistributedGradientTape", "predivide_scales", "reduce_gradients"]

@@ -12,8 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import api, basics
-from ..naming import group_member_names
 from ..ops import ReduceOp
+from ..rows import scatter_rows
+from ..training.broadcast import broadcast_arrays
 from .tensors import graph_name, in_graph, run_on_host
 
 
@@ -58,14 +59,11 @@ def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = Fal
 
 
 def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, single: bool = False) -> list[tf.Tensor]:
-    """``root_rank``'s ``tensors`` on every rank, all submitted before waiting on any."""
+    """``root_rank``'s ``tensors`` on every rank, as one group (``single``: one tensor named exactly ``name``)."""
     base = graph_name(name, "broadcast")
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        if single:
-            return _wait([api.broadcast_async(arrays[0], root_rank, base)])
-        names = [None] * len(arrays) if base is None else group_member_names(base, len(arrays))
-        return _wait([api.broadcast_async(a, root_rank, n) for a, n in zip(arrays, names, strict=True)])
+        return broadcast_arrays(arrays, root_rank, base, single)
 
     results = run_on_host(run, tensors, [t.dtype for t in tensors], _label("broadcast", base))
     for result, tensor in zip(results, tensors, strict=True):
@@ -107,7 +105,7 @@ def reducescatter(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, 
     for result, tensor in zip(results, tensors, strict=True):
         if tensor.shape.rank:
             rows = tensor.shape[0]
-            mine = None if rows is None else rows // size + (1 if rank < rows % size else 0)
+            mine = None if rows is None else scatter_rows(rows, size)[rank]
             result.set_shape([mine] + tensor.shape.as_list()[1:])
     return results
 

@@ -1,9 +1,7 @@
 """The blocking collectives on torch tensors, differentiable as in Horovod.
 
-Gradients: allreduce's is an allreduce of the gradient with the same op and scale factors;
-allgather's is this rank's slice of the summed gradient; broadcast's is the averaged gradient on
-the root and zero elsewhere; alltoall's sends the gradient back along the received splits;
-reducescatter's gathers the gradient blocks (divided by the size for Average).
+Each ``autograd.Function`` runs its collective forward and hands backward to the gradient rule in
+:mod:`hvdlite.training.gradients`, with :data:`_OPS` as the torch operations the rules need.
 """
 
 from __future__ import annotations
@@ -13,12 +11,46 @@ from typing import Any
 
 import torch
 
-from .. import api, basics
+from .. import api
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set, require_global
+from ..training import gradients as rules
 from . import async_ops
 from .async_ops import synchronize
+
+
+def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float) -> list[torch.Tensor]:
+    """Blocking allreduce of one tensor, or of several as one group."""
+    if len(tensors) == 1:
+        return [synchronize(api.blocking(
+            lambda: async_ops.allreduce_async(tensors[0], None, None, op, prescale, postscale)))]
+    handles = api.blocking(lambda: async_ops.grouped_allreduce_async(tensors, None, None, op, prescale, postscale))
+    return [synchronize(h) for h in handles]
+
+
+def _allgather(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Blocking allgather of one tensor, or of several as one group."""
+    if len(tensors) == 1:
+        return [synchronize(api.blocking(lambda: async_ops.allgather_async(tensors[0].contiguous())))]
+    handles = api.blocking(lambda: async_ops.grouped_allgather_async([t.contiguous() for t in tensors]))
+    return [synchronize(h) for h in handles]
+
+
+def _alltoall(tensor: torch.Tensor, splits: torch.Tensor) -> torch.Tensor:
+    return synchronize(api.blocking(lambda: async_ops.alltoall_async(tensor.contiguous(), splits)))[0]
+
+
+_OPS = rules.GradientOps(
+    allreduce=_allreduce, allgather=_allgather, alltoall=_alltoall, zeros_like=torch.zeros_like,
+    scale=lambda tensor, factor: tensor * factor, total=lambda counts: int(counts.sum()),
+    rows=lambda tensor, start, stop: tensor.narrow(0, start, stop - start),
+)
+
+
+def _row_count(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s first dimension as the 1-element tensor the allgather gradient rule takes."""
+    return torch.tensor([tensor.shape[0] if tensor.dim() else 0], dtype=torch.int64)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -30,9 +62,7 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        op, prescale, postscale = ctx.args
-        reduced = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, None, None, op, prescale, postscale)))
-        return reduced, None, None, None, None
+        return rules.allreduce_grads(_OPS, [grad], *ctx.args)[0], None, None, None, None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -45,39 +75,29 @@ class _GroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        op, prescale, postscale = ctx.args
-        handles = api.blocking(lambda: async_ops.grouped_allreduce_async(grads, None, None, op, prescale, postscale))
-        return (None, None, None, None, *(synchronize(h) for h in handles))
-
-
-def _my_slice(grad: torch.Tensor, rows: int) -> torch.Tensor:
-    """This rank's rows of a gathered gradient, summed over ranks."""
-    summed = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, op=ReduceOp.SUM)))
-    all_rows = synchronize(api.blocking(lambda: async_ops.allgather_async(torch.tensor([rows], dtype=torch.int64))))
-    offset = int(all_rows[: basics.rank()].sum())
-    return summed.narrow(0, offset, rows)
+        return (None, None, None, None, *rules.allreduce_grads(_OPS, grads, *ctx.args))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.rows = tensor.shape[0] if tensor.dim() else 0
+        ctx.rows = _row_count(tensor)
         return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _my_slice(grad, ctx.rows), None
+        return rules.allgather_grad(_OPS, grad, ctx.rows), None
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.rows = [t.shape[0] if t.dim() else 0 for t in tensors]
+        ctx.rows = [_row_count(t) for t in tensors]
         return tuple(synchronize(h) for h in api.blocking(lambda: async_ops.grouped_allgather_async(tensors, name)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None, *(_my_slice(g, rows) for g, rows in zip(grads, ctx.rows, strict=True)))
+        return (None, *(rules.allgather_grad(_OPS, g, rows) for g, rows in zip(grads, ctx.rows, strict=True)))
 
 
 class _Broadcast(torch.autograd.Function):
@@ -88,10 +108,7 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        reduced = synchronize(api.blocking(lambda: async_ops.allreduce_async(grad, op=ReduceOp.AVERAGE)))
-        if basics.rank() != ctx.root_rank:
-            reduced = torch.zeros_like(reduced)
-        return reduced, None, None
+        return rules.broadcast_grad(_OPS, grad, ctx.root_rank), None, None
 
 
 class _Alltoall(torch.autograd.Function):
@@ -104,21 +121,19 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple:
-        returned, _ = synchronize(api.blocking(lambda: async_ops.alltoall_async(grad.contiguous(), ctx.received)))
-        return returned, None, None
+        return rules.alltoall_grad(_OPS, grad, ctx.received), None, None
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
                 postscale: float) -> torch.Tensor:
-        ctx.scale = prescale * postscale / (basics.size() if op is ReduceOp.AVERAGE else 1)
+        ctx.args = (op, prescale, postscale)
         return synchronize(api.blocking(lambda: async_ops.reducescatter_async(tensor, op, name, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        gathered = synchronize(api.blocking(lambda: async_ops.allgather_async(grad.contiguous())))
-        return gathered * ctx.scale, None, None, None, None
+        return rules.reducescatter_grads(_OPS, [grad], *ctx.args)[0], None, None, None, None
 
 
 # ---- public blocking forms -----------------------------------------------------------------------

@@ -9,14 +9,16 @@ buckets instead (one request per bucket, see :mod:`hvdlite.torch.buckets`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 
 import torch
 
-from .. import api, basics
+from .. import api
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp
 from ..request import Handle, MappedHandle, RequestMeta
+from ..training.sparse import allreduce_sparse
 from . import async_ops, tensors
 from .buckets import Bucket, plan_buckets, start_bucket
 
@@ -79,13 +81,12 @@ class GradientSubmitter:
     """Starts each gradient's reduction (alone, with its group, or with its bucket) and finishes them all on demand."""
 
     def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor], op: ReduceOp,
-                 predivide: float, groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool,
+                 scales: tuple[float, float], groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool,
                  bucket_bytes: int = 0) -> None:
         self._names = names
         self._compression = compression
         self._op = op
-        # Average splits its division around the sum: 1/f before (keeps fp16 sums in range), f/size after.
-        self._scale = (1.0 / predivide, predivide) if op is ReduceOp.AVERAGE else (1.0, 1.0)
+        self._scale = scales  # (prescale, postscale), from hvdlite.training.options.predivide_scales
         self._sparse_as_dense = sparse_as_dense
         self._groups = _split_groups(list(names), groups)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
@@ -215,13 +216,19 @@ class GradientSubmitter:
     def _start_sparse(self, param: torch.Tensor) -> Finisher:
         """Sparse gradients are allgathered (indices and values) and summed by coalescing, as in Horovod."""
         grad = param.grad.coalesce()
-        name = self._names[param]
-        indices = async_ops.allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices")
-        values = async_ops.allgather_async(grad.values().contiguous(), name=f"{name}.values")
-        scale = self._scale[0] * self._scale[1] / (basics.size() if self._op is ReduceOp.AVERAGE else 1)
+        # Indices are (ndim, nnz): transposed, so that gathering concatenates the entries.
+        wait = allreduce_sparse(grad.values().contiguous(), grad.indices().t().contiguous(), self._names[param],
+                                self._op, *self._scale, _start_gather, operator.mul)
 
         def finish() -> None:
-            gathered = torch.sparse_coo_tensor(indices.wait().t(), values.wait() * scale, grad.shape,
-                                               check_invariants=True)
-            param.grad = gathered.coalesce()
+            values, indices = wait()
+            param.grad = torch.sparse_coo_tensor(indices.t(), values, grad.shape, check_invariants=True).coalesce()
         return finish
+
+
+def _start_gather(values: torch.Tensor, indices: torch.Tensor,
+                  name: str | None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """Start allgathering a sparse gradient's rows; returns the wait for both."""
+    gathered_indices = async_ops.allgather_async(indices, name=f"{name}.indices")
+    gathered_values = async_ops.allgather_async(values, name=f"{name}.values")
+    return lambda: (gathered_values.wait(), gathered_indices.wait())

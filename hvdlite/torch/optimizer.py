@@ -21,6 +21,7 @@ from ..compression import Compressor, NoneCompressor
 from ..ops import Average, ReduceOp
 from ..process_sets import ProcessSet, global_process_set, require_global
 from ..runtime import current
+from ..training.options import check_passes, predivide_scales
 from .grad_sync import GradientSubmitter, name_parameters
 
 ZERO_GRAD_RACE = (
@@ -95,15 +96,10 @@ class GradientReducer:
         self._original_zero_grad(set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        _check_passes(passes)
+        passes = check_passes(passes)
         self.backward_passes_per_step = passes
         for param in self._delay:
             self._delay[param] = passes
-
-
-def _check_passes(passes: int) -> None:
-    if not isinstance(passes, int) or passes < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
@@ -126,14 +122,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if getattr(optimizer, "_hvdlite_reducer", None) is not None:
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
-    _check_passes(backward_passes_per_step)
-    if op is not Average and gradient_predivide_factor != 1.0:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
+    passes = check_passes(backward_passes_per_step)
+    scales = predivide_scales(op, gradient_predivide_factor)
     names = name_parameters(optimizer, named_parameters)
-    submitter = GradientSubmitter(names, compression, op, gradient_predivide_factor,
+    submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
                                   current().config.bucket_bytes)
-    reducer = GradientReducer(optimizer, names, submitter, backward_passes_per_step)
+    reducer = GradientReducer(optimizer, names, submitter, passes)
     optimizer._hvdlite_reducer = reducer
     optimizer.synchronize = reducer.synchronize
     optimizer.skip_synchronize = reducer.skip_synchronize

@@ -27,8 +27,9 @@ import tensorflow as tf
 from ...compression import Compressor, NoneCompressor
 from ...ops import Average, ReduceOp, resolve_op
 from ...process_sets import ProcessSet, global_process_set, require_global
+from ...training.options import check_passes, predivide_scales
 from .. import host_ops
-from ..gradients import predivide_scales, reduce_gradients
+from ..gradients import reduce_gradients
 
 _MARK = "_hvdlite_distributed"
 
@@ -130,9 +131,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum, got {resolved.name}")
     predivide_scales(resolved, gradient_predivide_factor)
-    if int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    passes = int(backward_passes_per_step)
+    passes = check_passes(backward_passes_per_step)
     averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
                            float(passes) if passes > 1 and not average_aggregated_gradients else 1.0)
     if (keras.config.dtype_policy().name == "mixed_float16"

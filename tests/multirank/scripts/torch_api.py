@@ -194,6 +194,12 @@ def case_sparse(rank, size):
     for mode, got in zip(("allgather", "dense"), results, strict=False):
         diff = (got - results[2]).abs().max().item()
         assert diff < 1e-6, f"sparse gradients ({mode}) differ from single process by {diff}"
+    # Gathered rows can only be summed: Max is refused on every rank, before anything is sent.
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters(),
+                                   op=hvd.Max)
+    expect_error(hvd.UnsupportedOperationError, "'grad.weight' supports Sum and Average, not MAX",
+                 lambda: emb(torch.tensor([rank])).sum().backward(), "sparse Max")
     print("ok sparse", flush=True)
 
 

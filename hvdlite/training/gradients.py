@@ -1,0 +1,69 @@
+"""The gradient of each collective, as in Horovod, for any framework's autograd.
+
+- allreduce: an allreduce of the gradient with the same op and scale factors;
+- allgather: this rank's rows of the gradient summed over ranks;
+- broadcast: the averaged gradient on the root rank, zeros elsewhere;
+- alltoall: the gradient sent back along the rows each rank sent here;
+- reducescatter: every rank's gradient block gathered, scaled as the reduction was (so divided by
+  the number of ranks for Average).
+
+An adapter's autograd hook (a ``torch.autograd.Function``, a ``tf.custom_gradient``) calls these
+with a :class:`GradientOps` holding blocking collectives and a few tensor operations on its own
+tensors; the rules themselves are written only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import basics
+from ..ops import ReduceOp
+from .options import reduction_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientOps:
+    """What the gradient rules need from a framework, on that framework's tensors."""
+
+    allreduce: Callable[[list[Any], ReduceOp, float, float], list[Any]]  # tensors, op, prescale, postscale
+    allgather: Callable[[list[Any]], list[Any]]  # each tensor's rows from every rank, in rank order
+    alltoall: Callable[[Any, Any], Any]  # (tensor, rows to send to each rank) -> the rows received
+    zeros_like: Callable[[Any], Any]
+    scale: Callable[[Any, float], Any]  # tensor times a Python float, in the tensor's dtype
+    total: Callable[[Any], Any]  # the sum of a 1-D integer tensor, as a row index
+    rows: Callable[[Any, Any, Any], Any]  # (tensor, start, stop) -> tensor[start:stop]
+
+
+def allreduce_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
+                    postscale: float) -> list[Any]:
+    """Gradients of an allreduce (or a group of them) of the inputs with these arguments."""
+    return ops.allreduce(list(grads), op, prescale, postscale)
+
+
+def allgather_grad(ops: GradientOps, grad: Any, rows: Any) -> Any:
+    """Gradient of an allgather whose input on this rank had ``rows`` rows (a 1-element integer tensor)."""
+    (summed,) = ops.allreduce([grad], ReduceOp.SUM, 1.0, 1.0)
+    (every,) = ops.allgather([rows])  # ranks may have gathered different row counts: find where ours start
+    start = ops.total(every[: basics.rank()])
+    return ops.rows(summed, start, start + ops.total(rows))
+
+
+def broadcast_grad(ops: GradientOps, grad: Any, root_rank: int) -> Any:
+    """Gradient of a broadcast from ``root_rank``: only the root's input reaches the outputs."""
+    (averaged,) = ops.allreduce([grad], ReduceOp.AVERAGE, 1.0, 1.0)
+    return averaged if basics.rank() == root_rank else ops.zeros_like(averaged)
+
+
+def alltoall_grad(ops: GradientOps, grad: Any, received: Any) -> Any:
+    """Gradient of an alltoall that received ``received[r]`` rows from rank r: the rows go back."""
+    return ops.alltoall(grad, received)
+
+
+def reducescatter_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
+                        postscale: float) -> list[Any]:
+    """Gradients of a reducescatter (or a group of them) with these arguments."""
+    factor = reduction_scale(op, prescale, postscale, basics.size())
+    gathered = ops.allgather(list(grads))
+    return gathered if factor == 1.0 else [ops.scale(g, factor) for g in gathered]

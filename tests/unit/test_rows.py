@@ -1,0 +1,19 @@
+"""The one reducescatter row split that the host plane, the NCCL plane and the adapters share."""
+
+import pytest
+
+from hvdlite.rows import scatter_rows
+
+
+@pytest.mark.parametrize("rows,size,want", [(6, 3, [2, 2, 2]), (7, 3, [3, 2, 2]), (8, 3, [3, 3, 2]), (1, 3, [1, 0, 0]),
+                                            (0, 2, [0, 0])])
+def test_equal_shares_with_the_remainder_on_the_first_ranks(rows, size, want):
+    assert scatter_rows(rows, size) == want
+
+
+def test_every_user_imports_the_same_function():
+    from hvdlite.jax import collectives as jax_collectives
+    from hvdlite.planes import host, nccl
+    from hvdlite.tensorflow import host_ops
+
+    assert host.scatter_rows is nccl.scatter_rows is jax_collectives.scatter_rows is host_ops.scatter_rows
