@@ -15,7 +15,6 @@ collective runs in the taken branch only).
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, NamedTuple
 
 import jax
@@ -24,12 +23,11 @@ import optax
 
 from ..errors import UnsupportedOperationError
 from ..ops import Average, ReduceOp, Sum
+from ..runtime import current
 from ..training.options import check_passes, predivide_scales
 from .arrays import is_traced
 from .collectives import allreduce
 from .compression import Compression
-
-_instances = itertools.count()
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -56,7 +54,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     prescale, postscale = predivide_scales(op, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
-    base = name if name is not None else f"DistributedOptimizer.{next(_instances)}"
+    base = name if name is not None else f"DistributedOptimizer.{_next_instance()}"
 
     def reduce_updates(updates: Any) -> Any:
         leaves, treedef = jax.tree.flatten(updates)
@@ -111,3 +109,10 @@ def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: 
         return new_updates, AccumulationState((state.mini_step + 1) % k, kept, new_inner)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _next_instance() -> int:
+    """Wrappers numbered in creation order since init() (the same on every rank); the runtime keeps the count."""
+    state = current().adapter_state
+    number = state["jax.optimizers"] = state.get("jax.optimizers", -1) + 1
+    return number
