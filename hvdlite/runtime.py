@@ -168,7 +168,8 @@ def shutdown() -> None:
         runtime.exception_hook.uninstall()
     for private in runtime.private_comms:
         private.Free()
-    buffers.release_cached()  # init -> shutdown -> init starts from nothing
+    runtime.adapter_state.clear()  # adapters' buffers go back to the cache first ...
+    buffers.release_cached()  # ... which is then emptied: init -> shutdown -> init starts from nothing
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
