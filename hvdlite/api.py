@@ -20,7 +20,7 @@ from .gpu.arrays import DeviceArray
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .request import Handle, MappedHandle, Request, RequestMeta
-from .runtime import current
+from .runtime import Runtime, current
 from .segments import Segments
 
 
@@ -56,10 +56,11 @@ def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
     return [r.handle for r in requests]
 
 
-def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None = None) -> Handle:
+def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None = None,
+                runtime: Runtime | None = None) -> Handle:
     """:func:`_submit` for one request (most calls), without the lists."""
     request = Request(meta, tensor, Handle(meta.name), output)
-    runtime = current()
+    runtime = runtime or current()
     runtime.engine.submit([request], wake=not getattr(runtime.caller, "waits", False))
     return request.handle
 
@@ -104,12 +105,14 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     With ``output`` (which may be ``tensor`` itself) the result is written there, in place.
     """
     resolved = resolve_op(op, average)
-    member = current().names.resolve(name, Collective.ALLREDUCE)
+    runtime = current()  # once: this is the small-tensor hot path
+    member = runtime.names.resolve(name, Collective.ALLREDUCE)
     array = _array(tensor)
     if output is not None:
         _check_outputs([output], [array], [member])
-    return _submit_one(_reduction_meta(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
-                                       postscale_factor), array, output)
+    meta = runtime.descriptions.reduction(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
+                                          postscale_factor)
+    return _submit_one(meta, array, output, runtime)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,

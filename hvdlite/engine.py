@@ -53,6 +53,9 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
         self._drive = self.drive  # one bound method for every handle
         self._drivers: set[int] = set()  # threads running cycles in drive() now
+        # One pass through the pipeline's stages: (made progress, every rank shut down). Bound once:
+        # it runs on every blocking call.
+        self._cycle = self._pipeline.cycle
 
     # ---- user-thread side -------------------------------------------------------------------
     def start(self) -> None:
@@ -154,10 +157,6 @@ class Engine:
             if progressed is None:
                 return
             idle_streak = 0 if progressed else idle_streak + 1
-
-    def _cycle(self) -> tuple[bool, bool]:
-        """One pass through the pipeline's stages: (made progress, every rank shut down)."""
-        return self._pipeline.cycle()
 
     def _turn(self) -> bool | None:
         """One cycle, on the thread holding ``_driving``: whether it made progress, or None once

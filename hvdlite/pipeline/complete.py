@@ -14,9 +14,7 @@ def complete(queue: RequestQueue, outcome: Outcome, timeline: Timeline | None) -
 
     Names are released *before* waking the waiters, so a waiter can resubmit its name at once.
     """
-    found = {response.meta.name: (result, error) for response, result, error in outcome}
-    for request in queue.release(found):
-        result, error = found[request.meta.name]
+    for request, result, error in queue.release(outcome):
         if timeline is not None:
             timeline.end(request.meta.name, time.monotonic(), {"error": str(error)} if error else None)
         if error is not None:

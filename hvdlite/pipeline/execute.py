@@ -1,7 +1,7 @@
 """Stage 5, execute: run each work item on the first data plane enabled for it.
 
-Horovod's operation manager is the model: the planes are asked in order (device tensors: the GPU
-plane, NCCL or host-staged; host tensors: the host plane over MPI and shared memory) and the
+Horovod's operation manager is the model: the planes are asked in order (host tensors: the host
+plane over MPI and shared memory; device tensors: the GPU plane, NCCL or host-staged) and the
 first whose ``enabled_for`` accepts the item runs it. An error response is delivered as the
 error it stands for, without touching any plane.
 """
@@ -28,7 +28,9 @@ class Executor:
         self.rank = rank
         self.size = size
         self.host = HostPlane(transport, rank, size)
-        self._planes: tuple[DataPlane, ...] = (DevicePlane(self, device_runner), self.host)
+        # Host first: most items are host items, and the planes accept disjoint items, so the order
+        # only decides how many are asked.
+        self._planes: tuple[DataPlane, ...] = (self.host, DevicePlane(self, device_runner))
 
     @property
     def transport(self) -> Transport:
@@ -64,6 +66,6 @@ class Executor:
             plane.finish()
 
     def close(self) -> None:
-        """Release every plane's resources (NCCL communicators, shared-memory windows)."""
-        for plane in self._planes:
+        """Release every plane's resources (NCCL communicators, then the host's shared-memory windows)."""
+        for plane in reversed(self._planes):  # the GPU plane may still use the host transport while closing
             plane.close()

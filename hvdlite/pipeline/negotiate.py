@@ -14,6 +14,7 @@ import logging
 import pickle
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from .. import errors
 from ..autotune import Params
@@ -27,8 +28,7 @@ from .coordinator import Coordinator
 log = logging.getLogger("hvdlite")
 
 
-@dataclasses.dataclass(frozen=True)
-class Agreement:
+class Agreement(NamedTuple):  # a NamedTuple: one is made every cycle, and a frozen dataclass costs ~1 us more
     """What every rank agreed in one cycle (the same on every rank)."""
 
     responses: list[Response]  # to execute now, in this order

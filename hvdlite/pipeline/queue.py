@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from .. import errors
 from ..naming import clashing_names
 from ..ops import Collective
 from ..request import Request
+from ..response import Response
 
 
 class RequestQueue:
@@ -67,16 +69,19 @@ class RequestQueue:
             self.joins += request.meta.collective is Collective.JOIN
         return arrived
 
-    def release(self, names: Iterable[str]) -> list[Request]:
-        """Remove finished requests; their names may be submitted again at once.
+    def release(self, outcome: Iterable[tuple[Response, Any, BaseException | None]]) -> list[tuple[Request, Any, Any]]:
+        """Remove the requests of ``outcome``'s responses; their names may be submitted again at once.
 
-        A name this rank never submitted (it joined, or a peer's error) is skipped.
+        Returns (request, result, error) for each; a name this rank never submitted (it joined, or
+        a peer's error) is skipped.
         """
-        done = [request for name in names if (request := self.pending.pop(name, None)) is not None]
+        pending = self.pending
+        done = [(request, result, error) for response, result, error in outcome
+                if (request := pending.pop(response.meta.name, None)) is not None]
         with self._lock:
-            for request in done:
+            for request, _, _ in done:
                 self._in_flight.discard(request.meta.name)
-        for request in done:
+        for request, _, _ in done:
             self.joins -= request.meta.collective is Collective.JOIN
         return done
 

@@ -1,0 +1,131 @@
+"""Where the time of one small blocking allreduce goes, stage by stage, against raw mpi4py.
+
+Run:  hvdliterun -np 2 python bench/small_op_breakdown.py [--bytes 4] [--calls 4000] [--reps 5]
+
+Each rep times ``--calls`` blocking ``hvdlite.allreduce`` calls on a float32 array of ``--bytes``
+bytes (Sum, one name: the response cache answers every call after the first), and the same number
+of raw mpi4py ``Allreduce`` calls, interleaved rep by rep. A second pass wraps the pipeline's stage
+entry points with timers (``perf_counter_ns``, about 0.2 us a wrapper) and reports, on rank 0,
+the mean microseconds per call spent in each:
+
+- submit: ``api.allreduce_async`` (argument checks, the remembered description, the request, queue.put)
+- negotiate: ``Negotiator.agree``, of which "waiting for peers" is the shared-memory AND's barrier
+  (or MPI's ``Iallreduce`` of the vector when shared memory is off)
+- fuse: ``fuse.plan``
+- execute: ``Executor.start`` and ``Executor.finish``, of which "MPI" is the data transport's waits
+- complete: ``complete.complete`` (names released, waiters woken); it runs inside execute, as the
+  finished item's callback, so execute's figure includes it
+- the rest of the call: the handle, ``Engine.drive``'s loop, Ctrl-C deferral, the result.
+
+The instrumented pass is slower than the plain one by the wrappers' cost; its split is what matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import hvdlite as hvd
+from hvdlite import api
+from hvdlite.pipeline import communicator, negotiate
+from hvdlite.pipeline.execute import Executor
+from hvdlite.runtime import current
+
+SPENT: dict[str, int] = defaultdict(int)
+
+
+def timed_loop(fn: Callable[[], object], calls: int, comm: MPI.Comm) -> float:
+    """Mean seconds per call on the slowest rank."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
+
+
+def wrap(owner: object, attribute: str, stage: str) -> None:
+    """Replace ``owner.attribute`` by a version that adds its time to ``SPENT[stage]``."""
+    original = getattr(owner, attribute)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            SPENT[stage] += time.perf_counter_ns() - start
+
+    setattr(owner, attribute, timed)
+
+
+def instrument() -> None:
+    """Timers on each stage's entry point, and on the two places a rank waits for its peers."""
+    wrap(api, "allreduce_async", "submit")
+    wrap(negotiate.Negotiator, "agree", "negotiate")
+    wrap(communicator.fuse, "plan", "fuse")
+    wrap(Executor, "start", "execute")
+    wrap(Executor, "finish", "execute")
+    wrap(communicator, "complete", "complete")
+    transport = current().engine.pipeline.executor.transport
+    wrap(transport, "_wait", "execute: MPI")
+    band = getattr(current().engine.pipeline.negotiator._control, "_shm", None)
+    if band is not None:
+        wrap(band._segments, "barrier", "negotiate: waiting for peers")
+    else:
+        wrap(current().engine.pipeline.negotiator._control, "_wait", "negotiate: waiting for peers")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    x = np.ones(max(1, args.bytes // 4), np.float32)
+    out = np.empty_like(x)
+    for _ in range(500):
+        hvd.allreduce(x, name="small", op=hvd.Sum)
+    ours, raw = [], []
+    for _ in range(args.reps):
+        ours.append(timed_loop(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm))
+        raw.append(timed_loop(lambda: comm.Allreduce(x, out), args.calls, comm))
+    instrument()
+    SPENT.clear()
+    total = timed_loop(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm)
+    if hvd.rank() == 0:
+        report(args, ours, raw, total)
+    hvd.shutdown()
+
+
+def report(args: argparse.Namespace, ours: list[float], raw: list[float], total: float) -> None:
+    ratio = statistics.median(ours) / statistics.median(raw)
+    print(f"{x_bytes(args.bytes)} allreduce, np={hvd.size()}, {args.reps} reps x {args.calls} calls: "
+          f"hvdlite {statistics.median(ours) * 1e6:.1f} us [{min(ours) * 1e6:.1f}-{max(ours) * 1e6:.1f}], "
+          f"raw mpi4py {statistics.median(raw) * 1e6:.1f} us [{min(raw) * 1e6:.1f}-{max(raw) * 1e6:.1f}], "
+          f"hvdlite / raw {ratio:.1f}")
+    per_call = {stage: ns / args.calls / 1e3 for stage, ns in SPENT.items()}
+    print(f"\ninstrumented pass: {total * 1e6:.1f} us a call (rank 0's split)")
+    print("| stage | us a call | share |")
+    print("|---|---|---|")
+    for stage in ("submit", "negotiate", "negotiate: waiting for peers", "fuse", "execute", "execute: MPI",
+                  "complete"):
+        print(f"| {stage} | {per_call.get(stage, 0.0):.1f} | {per_call.get(stage, 0.0) / (total * 1e6):.0%} |")
+    # complete runs inside execute (a finished item's callback): count it once
+    staged = sum(v for k, v in per_call.items() if ":" not in k) - per_call.get("complete", 0.0)
+    rest = total * 1e6 - staged
+    print(f"| rest (handle, drive loop, Ctrl-C deferral) | {rest:.1f} | {rest / (total * 1e6):.0%} |")
+
+
+def x_bytes(nbytes: int) -> str:
+    return f"{nbytes} B" if nbytes < 1024 else f"{nbytes // 1024} KB"
+
+
+if __name__ == "__main__":
+    main()
