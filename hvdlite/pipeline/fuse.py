@@ -3,7 +3,7 @@
 Measured on shared-memory MPICH: packing and unpacking copies cost more than they save for large
 tensors, while small tensors are dominated by per-message latency. So only tensors up to
 ``SMALL_TENSOR_BYTES`` (in their wire dtype) are packed, into buffers of at most the fusion
-threshold; larger tensors are reduced straight from their own buffers (the backend cuts them into
+threshold; larger tensors are reduced straight from their own buffers (the transport cuts them into
 chunks). The plan depends only on the responses, which are identical on every rank, so every
 rank builds the same plan.
 """

@@ -3,7 +3,7 @@ when the first one arrived.
 
 Setting up is collective, and safe to do inside an item: every rank plans the same items in the
 same order, so every rank reaches its first device item together. The ranks exchange one row
-each (:class:`~hvdlite.gpu.selection.RankGpu`) over the host backend and all choose the same
+each (:class:`~hvdlite.gpu.selection.RankGpu`) over the host transport and all choose the same
 plane; for NCCL, rank 0 makes the unique id and broadcasts it over MPI, and each rank builds the
 communicator on its device.
 """
@@ -77,19 +77,19 @@ class DevicePlane:
             self._runner.close()
 
 
-def exchange_unique_id(backend: Transport, rank: int) -> bytes:
-    """Rank 0's fresh NCCL unique id, on every rank (broadcast over the host backend)."""
+def exchange_unique_id(transport: Transport, rank: int) -> bytes:
+    """Rank 0's fresh NCCL unique id, on every rank (broadcast over the host transport)."""
     buffer = np.frombuffer(nccl.unique_id(), dtype=np.uint8).copy() if rank == 0 else \
         np.zeros(nccl.UNIQUE_ID_BYTES, dtype=np.uint8)
-    backend.broadcast(buffer, 0)
+    transport.broadcast(buffer, 0)
     return buffer.tobytes()
 
 
-def exchange_rows(backend: Transport, mine: selection.RankGpu, size: int) -> list[selection.RankGpu]:
+def exchange_rows(transport: Transport, mine: selection.RankGpu, size: int) -> list[selection.RankGpu]:
     """Every rank's :class:`RankGpu` row, in rank order."""
     row_bytes = selection.ROW_FIELDS * 8
     table = np.empty(size * selection.ROW_FIELDS, dtype=np.int64)
-    backend.allgatherv(mine.encode().view(np.uint8), table.view(np.uint8), [row_bytes] * size)
+    transport.allgatherv(mine.encode().view(np.uint8), table.view(np.uint8), [row_bytes] * size)
     return [selection.RankGpu.decode(row) for row in table.reshape(size, selection.ROW_FIELDS)]
 
 
@@ -130,8 +130,8 @@ class GpuRunner:
         pci = cupy.cuda.Device(device_id).pci_bus_id
         mine = selection.RankGpu(version, self._config.gpu_operations == "MPI", self._config.nccl_multi_rank_gpu,
                                  selection.gpu_key(self._host_name, pci))
-        backend = self._host.transport
-        choice = selection.choose_plane(exchange_rows(backend, mine, self._host.size))
+        transport = self._host.transport
+        choice = selection.choose_plane(exchange_rows(transport, mine, self._host.size))
         if self._host.rank == 0:
             log.info("hvdlite GPU data plane: %s (%s)", choice.plane, choice.reason)
         if choice.plane == selection.PLANE_MPI:
@@ -140,7 +140,7 @@ class GpuRunner:
             return HostStagedPlane(self._host, device_id)
         from .nccl import NcclPlane
 
-        uid = exchange_unique_id(backend, self._host.rank)
+        uid = exchange_unique_id(transport, self._host.rank)
         comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
         poll_seconds = self._config.poll_time_ms / 1000
         return NcclPlane(comm, device_id, self._config.comm_timeout, poll_seconds, self._hierarchy(device_id))

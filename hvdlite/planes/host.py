@@ -106,7 +106,7 @@ class HostPlane:
     def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request],
                    deliver: Callable[[list], None] | None = None) -> list | None:
         """Reduce one work item. Returns its results, or, given ``deliver``, passes them to it once
-        the backend finished (possibly after this returns) and returns None."""
+        the transport finished (possibly after this returns) and returns None."""
         meta = responses[0].meta
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)

@@ -49,9 +49,9 @@ class Transport(Protocol):
 
         ``finish_piece`` is applied to each finished piece of the result while it is still in
         cache: scaling there is cheaper than a second pass over the whole buffer. It must be
-        element-wise: a backend may apply it to a piece before that piece reaches ``recv``.
+        element-wise: a transport may apply it to a piece before that piece reaches ``recv``.
 
-        Without ``done`` the call returns once ``recv`` holds the result. With it, the backend may
+        Without ``done`` the call returns once ``recv`` holds the result. With it, the transport may
         return while the reduction is still in flight and call ``done()`` once it finished, from a
         later call on the same thread or from :meth:`flush`; the buffers must stay untouched until then.
         """
@@ -78,4 +78,4 @@ class Transport(Protocol):
         """Return once every rank has entered."""
 
     def close(self) -> None:
-        """Release what the backend holds beyond its communicator (collective: at shutdown, on every rank)."""
+        """Release what the transport holds beyond its communicator (collective: at shutdown, on every rank)."""

@@ -1,4 +1,4 @@
-"""MPI transport (mpi4py): the negotiation channel and the host-memory data backend.
+"""MPI transport (mpi4py): the negotiation channel and the host-memory data transport.
 
 Every call is nonblocking and polled (see :mod:`hvdlite.polling`). Negotiation waits are on
 *other ranks' user code*, so they spin briefly and then sleep. Data transfers start only after
@@ -165,7 +165,7 @@ class MpiTransport:
                  max_in_flight: int = 1, shm_min_bytes: int | None = None) -> None:
         """``shm_min_bytes``: reduce buffers of at least this size through shared memory when every
         rank runs on this host (:mod:`hvdlite.transport.shm`); None never does. Collective: every rank
-        of ``comm`` builds its backend at the same point, with the same value."""
+        of ``comm`` builds its transport at the same point, with the same value."""
         self._comm = comm
         self.chunk_bytes = chunk_bytes
         self.max_in_flight = max_in_flight
@@ -230,7 +230,7 @@ class MpiTransport:
     def _retire_oldest(self) -> None:
         piece = self._in_flight[0]
         self._wait(piece.request)
-        self._in_flight.popleft()  # only once finished: a timed-out piece stays owned by the backend
+        self._in_flight.popleft()  # only once finished: a timed-out piece stays owned by the transport
         if piece.finish is not None:
             piece.finish(piece.recv)
         if piece.done is not None:
