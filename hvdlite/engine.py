@@ -9,7 +9,7 @@ take part in peers' cycles, so a stall can be diagnosed). While requests are pen
 backing off up to the poll time when a cycle makes no progress, so a rank waiting on slower peers
 costs a few percent of a core, not a spinning one.
 
-The thread runs at a low priority (``HVDLITE_ENGINE_NICE``; see :mod:`hvdlite.priority`). A
+The thread runs at a low priority (``HVDLITE_ENGINE_NICE``; see :mod:`hvdlite.utils.priority`). A
 caller waiting on a blocking collective runs the cycles itself while the engine thread sleeps
 (:meth:`Engine.drive`, the one entry point for that).
 """
@@ -21,15 +21,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import errors, interrupts, priority
+from . import errors
 from .autotune import Params
 from .config import Config
 from .pipeline.communicator import Pipeline
 from .pipeline.execute import Executor
-from .polling import WaitTimeout
 from .request import Handle, Request
 from .timeline import Timeline
 from .transport.base import ControlChannel
+from .utils import interrupts, priority
+from .utils.polling import WaitTimeout
 
 log = logging.getLogger("hvdlite")
 
@@ -81,7 +82,7 @@ class Engine:
         are not ready, as the engine thread would; the engine thread starts no cycle meanwhile (an
         idle wake-up would otherwise take the next cycles over, at its low priority). Stops once the
         engine thread is cycling or the engine stopped, and wakes the engine thread to finish.
-        Ctrl-C is held back while a cycle runs (:func:`hvdlite.interrupts.run_deferring_sigint`).
+        Ctrl-C is held back while a cycle runs (:func:`hvdlite.utils.interrupts.run_deferring_sigint`).
         """
         idle_streak = 0
         me = threading.get_ident()

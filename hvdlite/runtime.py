@@ -15,7 +15,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import buffers, failure
 from .config import Config, load_config
 from .describe import Descriptions
 from .engine import Engine
@@ -23,6 +22,7 @@ from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
 from .timeline import Timeline
 from .topology import Topology, topology_from_hosts
+from .utils import buffers, failure
 
 log = logging.getLogger("hvdlite")
 

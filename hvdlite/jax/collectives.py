@@ -29,12 +29,12 @@ import numpy as np
 from jax.experimental import io_callback
 
 from .. import api, basics
-from ..buffers import aligned_empty
 from ..errors import UnsupportedOperationError
 from ..ops import ReduceOp
-from ..rows import scatter_rows
 from ..runtime import current
 from ..training.broadcast import broadcast_arrays
+from ..utils.buffers import aligned_empty
+from ..utils.rows import scatter_rows
 from .arrays import canonical_dtype, is_traced, to_jax, to_numpy
 
 Host = Callable[[list[np.ndarray], str | None, list[np.ndarray] | None], list[np.ndarray]]

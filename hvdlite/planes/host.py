@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .. import dtypes, errors
-from ..buffers import aligned_copy, aligned_empty, padded_count
 from ..ops import Collective, ReduceOp
 from ..pipeline.fuse import WorkItem
 from ..request import Request
 from ..response import Response
-from ..rows import scatter_rows
 from ..segments import Segments
 from ..transport.base import Transport
+from ..utils.buffers import aligned_copy, aligned_empty, padded_count
+from ..utils.rows import scatter_rows
 from .base import Outcome, succeeded
 
 

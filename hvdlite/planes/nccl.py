@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..buffers import padded_count
 from ..gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
 from ..gpu.hierarchical import HierarchicalReducer, supports
 from ..gpu.nccl import Communicator, NcclError, group
 from ..gpu.scaling import scale_in_place
 from ..ops import Collective, ReduceOp
-from ..polling import WaitTimeout, wait_until
 from ..request import Request
 from ..response import Response
-from ..rows import scatter_rows
+from ..utils.buffers import padded_count
+from ..utils.polling import WaitTimeout, wait_until
+from ..utils.rows import scatter_rows
 
 _SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
 

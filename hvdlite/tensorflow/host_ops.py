@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from .. import api, basics
 from ..ops import ReduceOp
-from ..rows import scatter_rows
 from ..training.broadcast import broadcast_arrays
+from ..utils.rows import scatter_rows
 from .tensors import graph_name, in_graph, run_on_host
 
 

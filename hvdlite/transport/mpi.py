@@ -1,6 +1,6 @@
 """MPI transport (mpi4py): the negotiation channel and the host-memory data transport.
 
-Every call is nonblocking and polled (see :mod:`hvdlite.polling`). Negotiation waits are on
+Every call is nonblocking and polled (see :mod:`hvdlite.utils.polling`). Negotiation waits are on
 *other ranks' user code*, so they spin briefly and then sleep. Data transfers start only after
 negotiation agreed that every rank is ready, so they spin longer: MPICH progresses a nonblocking
 collective only inside test calls, and sleeping between them was measured to triple the time of
@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import ReduceOp
-from ..polling import wait_until
+from ..utils.polling import wait_until
 from .shm import SharedMemoryAllreduce, SharedMemoryBand
 
 _MPI_OPS = {

@@ -4,12 +4,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite.buffers import ALIGNMENT, aligned_copy, aligned_empty, padded_count
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.pipeline.execute import Executor
 from hvdlite.pipeline.fuse import WorkItem
 from hvdlite.request import Handle, Request, RequestMeta
 from hvdlite.response import Response
+from hvdlite.utils.buffers import ALIGNMENT, aligned_copy, aligned_empty, padded_count
 
 from .fake_ranks import FakeData, World
 
@@ -77,7 +77,7 @@ def test_fused_members_of_different_dtypes_keep_their_own_dtype():
 
 
 def test_large_buffers_are_recycled_only_once_every_array_using_them_is_gone():
-    from hvdlite import buffers
+    from hvdlite.utils import buffers
 
     pool = buffers._Pool(max_bytes=8 << 20)
     first = pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8))
@@ -95,7 +95,7 @@ def test_large_buffers_are_recycled_only_once_every_array_using_them_is_gone():
 
 
 def test_the_pool_keeps_at_most_its_limit():
-    from hvdlite import buffers
+    from hvdlite.utils import buffers
 
     pool = buffers._Pool(max_bytes=3 << 20)
     arrays = [pool.lend(1 << 20, (1 << 20,), np.dtype(np.uint8)) for _ in range(5)]

@@ -4,7 +4,7 @@ import pytest
 
 from hvdlite.config import MIB, Config, load_config
 from hvdlite.errors import ConfigError
-from hvdlite.polling import WaitTimeout, wait_until
+from hvdlite.utils.polling import WaitTimeout, wait_until
 
 
 def test_defaults_without_variables():

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-from hvdlite import interrupts
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.request import Handle, Request, RequestMeta
+from hvdlite.utils import interrupts
 
 from .fake_ranks import start_engines, stop_engines
 

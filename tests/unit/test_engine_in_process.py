@@ -7,8 +7,8 @@ import pytest
 
 from hvdlite import errors
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.polling import WaitTimeout
 from hvdlite.request import Handle, Request, RequestMeta
+from hvdlite.utils.polling import WaitTimeout
 
 from .fake_ranks import FakeControl, FakeData, start_engines, stop_engines
 

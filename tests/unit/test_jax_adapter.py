@@ -7,8 +7,8 @@ import optax
 import pytest
 
 import hvdlite.jax as hvd
-from hvdlite.buffers import aligned_empty
 from hvdlite.jax import arrays, collectives
+from hvdlite.utils.buffers import aligned_empty
 
 
 @pytest.mark.parametrize("n, size", [(10, 3), (9, 3), (2, 4), (0, 2), (7, 1)])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdlite.rows import scatter_rows
+from hvdlite.utils.rows import scatter_rows
 
 
 @pytest.mark.parametrize("rows,size,want", [(6, 3, [2, 2, 2]), (7, 3, [3, 2, 2]), (8, 3, [3, 3, 2]), (1, 3, [1, 0, 0]),

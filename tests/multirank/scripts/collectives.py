@@ -282,8 +282,8 @@ def main():
     hvd.shutdown()
     assert not hvd.is_initialized()
     # shutdown leaves nothing behind: no exception hook, no cached buffers
-    from hvdlite import buffers
     from hvdlite.runtime import current
+    from hvdlite.utils import buffers
 
     assert sys.excepthook is hook_before, "shutdown left hvdlite's exception hook installed"
     assert buffers._pool.cached_bytes == 0, "shutdown kept cached buffers"
