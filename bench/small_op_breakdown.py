@@ -26,9 +26,9 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
 import numpy as np
+from allreduce_vs_mpi4py import timed
 from mpi4py import MPI
 
 import hvdlite as hvd
@@ -38,15 +38,6 @@ from hvdlite.pipeline.execute import Executor
 from hvdlite.runtime import current
 
 SPENT: dict[str, int] = defaultdict(int)
-
-
-def timed_loop(fn: Callable[[], object], calls: int, comm: MPI.Comm) -> float:
-    """Mean seconds per call on the slowest rank."""
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
 
 
 def wrap(owner: object, attribute: str, stage: str) -> None:
@@ -94,11 +85,11 @@ def main() -> None:
         hvd.allreduce(x, name="small", op=hvd.Sum)
     ours, raw = [], []
     for _ in range(args.reps):
-        ours.append(timed_loop(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm))
-        raw.append(timed_loop(lambda: comm.Allreduce(x, out), args.calls, comm))
+        ours.append(timed(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm))
+        raw.append(timed(lambda: comm.Allreduce(x, out), args.calls, comm))
     instrument()
     SPENT.clear()
-    total = timed_loop(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm)
+    total = timed(lambda: hvd.allreduce(x, name="small", op=hvd.Sum), args.calls, comm)
     if hvd.rank() == 0:
         report(args, ours, raw, total)
     hvd.shutdown()
