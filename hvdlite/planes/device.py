@@ -23,10 +23,10 @@ from ..gpu.arrays import device_count
 from ..pipeline.fuse import WorkItem
 from ..request import Request
 from ..transport.base import Transport
+from .base import Outcome, succeeded
 
 if TYPE_CHECKING:
     from ..pipeline.execute import Executor
-    from .base import Outcome
 
 log = logging.getLogger("hvdlite")
 
@@ -64,8 +64,6 @@ class DevicePlane:
         return self._runner.run(item, local)
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
-        from .base import succeeded
-
         self._executor.host.flush()  # device work never overtakes host reductions still in flight
         on_done(succeeded(item.responses, self.run(item, local)))
 

@@ -48,9 +48,14 @@ _OPS = rules.GradientOps(
 )
 
 
-def _row_count(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s first dimension as the 1-element tensor the allgather gradient rule takes."""
-    return torch.tensor([tensor.shape[0] if tensor.dim() else 0], dtype=torch.int64)
+def _rows(tensor: torch.Tensor) -> int:
+    return tensor.shape[0] if tensor.dim() else 0
+
+
+def _row_count(rows: int) -> torch.Tensor:
+    """A row count as the 1-element tensor the allgather gradient rule takes (built in backward only:
+    a forward without backward should not pay for it)."""
+    return torch.tensor([rows], dtype=torch.int64)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -81,23 +86,24 @@ class _GroupedAllreduce(torch.autograd.Function):
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.rows = _row_count(tensor)
+        ctx.rows = _rows(tensor)
         return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return rules.allgather_grad(_OPS, grad, ctx.rows), None
+        return rules.allgather_grad(_OPS, grad, _row_count(ctx.rows)), None
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.rows = [_row_count(t) for t in tensors]
+        ctx.rows = [_rows(t) for t in tensors]
         return tuple(synchronize(h) for h in api.blocking(lambda: async_ops.grouped_allgather_async(tensors, name)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None, *(rules.allgather_grad(_OPS, g, rows) for g, rows in zip(grads, ctx.rows, strict=True)))
+        return (None, *(rules.allgather_grad(_OPS, g, _row_count(rows))
+                        for g, rows in zip(grads, ctx.rows, strict=True)))
 
 
 class _Broadcast(torch.autograd.Function):
