@@ -2,8 +2,10 @@
 
 Run:  hvdliterun -np 2 python bench/allreduce_vs_mpi4py.py [--update-readme]
 
-Prints four tables on rank 0 (median and min-max over reps; each rep is the slowest rank's mean):
+Prints five tables on rank 0 (median and min-max over reps; each rep is the slowest rank's mean):
 
+0. Small allreduces (4 B, 64 B, 1 KB float32, one name each, so the response cache answers):
+   blocking ``allreduce`` and ``allreduce_async`` + ``synchronize`` against mpi4py ``Allreduce``.
 1. Size sweep, 4 B ... 64 MB float32: hvdlite ``allreduce`` vs mpi4py ``Allreduce`` (the same
    input and a separate output), with algbw (bytes / time) and busbw as nccl-tests defines it for
    allreduce (algbw x 2(n-1)/n), and the ratio hvdlite / mpi4py.
@@ -35,7 +37,7 @@ import hvdlite as hvd
 from hvdlite.runtime import current
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-SECTIONS = ("sweep", "mix", "waiting", "memory")
+SECTIONS = ("small", "sweep", "mix", "waiting", "memory")
 
 
 def label(nbytes: int) -> str:
@@ -89,6 +91,42 @@ def size_sweep(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[int, float], 
         lines.append(f"| {label(nbytes)} | {spread(raw)} | {spread(ours)} | {ratios[nbytes]:.2f} | {algbw:.2f} | "
                      f"{algbw * 2 * (size - 1) / size:.2f} |")
     return lines, ratios, latency
+
+
+SMALL_SIZES = [4, 64, 1 << 10]
+LATENCY_TARGET = {2: 10.0, 3: 6.0}  # issue #20: small allreduces within this many times raw mpi4py
+
+
+def small_latency(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[tuple[int, str], float]]:
+    """Small allreduces, blocking and ``allreduce_async`` + ``synchronize``, against raw mpi4py:
+    the table, and hvdlite / mpi4py per (size, form). Each name repeats, so the cache answers."""
+    lines = ["| size | mpi4py us | hvdlite blocking us | / mpi4py | hvdlite async us | / mpi4py |",
+             "|---|---|---|---|---|---|"]
+    ratios = {}
+    for nbytes in SMALL_SIZES:
+        x = np.ones(nbytes // 4, dtype=np.float32)
+        out = np.empty_like(x)
+        times: dict[str, list[float]] = {"raw": [], "blocking": [], "async": []}
+        for _ in range(reps):  # interleaved, so drifting load affects all three alike
+            times["raw"].append(timed(lambda x=x, out=out: comm.Allreduce(x, out), 2000, comm))
+            times["blocking"].append(timed(lambda x=x: hvd.allreduce(x, op=hvd.Sum, name="small"), 2000, comm))
+            times["async"].append(timed(
+                lambda x=x: hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name="small.async")), 2000, comm))
+        raw = statistics.median(times["raw"])
+        for form in ("blocking", "async"):
+            ratios[nbytes, form] = statistics.median(times[form]) / raw
+        lines.append(f"| {label(nbytes)} | {spread(times['raw'])} | {spread(times['blocking'])} | "
+                     f"{ratios[nbytes, 'blocking']:.1f} | {spread(times['async'])} | {ratios[nbytes, 'async']:.1f} |")
+    return lines, ratios
+
+
+def latency_targets(size: int, ratios: dict[tuple[int, str], float]) -> list[tuple[str, bool, str]]:
+    """The issue's small-allreduce targets at this rank count (none where it sets none)."""
+    limit = LATENCY_TARGET.get(size)
+    if limit is None:
+        return []
+    return [(f"allreduce {label(nbytes)} {form} <= {limit:g}x mpi4py", ratios[nbytes, form] <= limit,
+             f"{ratios[nbytes, form]:.1f}x") for nbytes in (4, 1 << 10) for form in ("blocking", "async")]
 
 
 def tensor_mix(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[str, float]]:
@@ -172,19 +210,21 @@ def main() -> None:
     hvd.init()
     comm = MPI.COMM_WORLD
     if set(sections) != set(SECTIONS):
-        tables = {"sweep": lambda: size_sweep(comm, args.reps)[0], "mix": lambda: tensor_mix(comm, args.reps)[0],
+        tables = {"small": lambda: small_latency(comm, args.reps)[0],
+                  "sweep": lambda: size_sweep(comm, args.reps)[0], "mix": lambda: tensor_mix(comm, args.reps)[0],
                   "waiting": lambda: waiting_cpu(comm)[0], "memory": lambda: memory(comm)[0]}
         text = "\n\n".join("\n".join(tables[name]()) for name in sections)
         if comm.Get_rank() == 0:
             print(text, flush=True)
         hvd.shutdown()
         return
+    small, small_ratios = small_latency(comm, args.reps)
     sweep, ratios, latency = size_sweep(comm, args.reps)
     mix, mix_ratios = tensor_mix(comm, args.reps)
     waiting, worst_cpu = waiting_cpu(comm)
     mem, growth, left = memory(comm)
     if comm.Get_rank() == 0:
-        targets = [
+        targets = latency_targets(comm.Get_size(), small_ratios) + [
             ("allreduce 4 B <= 100 us", latency <= 100e-6, f"{latency * 1e6:.1f} us"),
             ("allreduce 1 MB <= 1.3x mpi4py", ratios[1 << 20] <= 1.3, f"{ratios[1 << 20]:.2f}x"),
             ("allreduce 64 MB <= 1.0x mpi4py", ratios[64 << 20] <= 1.0, f"{ratios[64 << 20]:.2f}x"),
@@ -196,10 +236,12 @@ def main() -> None:
         library = MPI.Get_library_version().splitlines()[0].strip()
         header = [f"np={comm.Get_size()}, {library}, {os.cpu_count()} cores, {args.reps} reps, median [min-max] "
                   "of per-rep values (each the slowest rank's mean)", ""]
-        text = "\n".join(header + sweep + [""] + mix + [""] + waiting + mem + [""] +
-                         (["| target (np=2) | measured | met |", "|---|---|---|"] +
+        if comm.Get_size() != 2:  # the other targets are set for np=2 only
+            targets = latency_targets(comm.Get_size(), small_ratios)
+        text = "\n".join(header + small + [""] + sweep + [""] + mix + [""] + waiting + mem + [""] +
+                         ([f"| target (np={comm.Get_size()}) | measured | met |", "|---|---|---|"] +
                           [f"| {name} | {value} | {'yes' if ok else 'NO'} |" for name, ok, value in targets]
-                          if comm.Get_size() == 2 else ["The targets are set for np=2; other sizes are reported only."]))
+                          if targets else ["No targets are set for this rank count; reported only."]))
         print(text, flush=True)
         if args.update_readme:
             replace_block(f"allreduce_vs_mpi4py np={comm.Get_size()}", text)

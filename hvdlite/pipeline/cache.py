@@ -33,6 +33,7 @@ ROUND_DUE = 4  # the coordinator has waiting names and wants a round for its sta
 TUNE = 8  # rank 0 has new autotuned settings to publish in a round
 # Bits of the AND-section flags word.
 SHUTDOWN = 1  # every rank asked to shut down
+CARRIED = 2  # every rank's tensor rides with the vector (a lone small allreduce; see negotiate.agree_lone)
 
 
 class Lookup(enum.Enum):

@@ -22,7 +22,7 @@ from ..config import Config
 from ..request import Request
 from ..response import RankMessage, Response, RoundResult
 from ..transport.base import ControlChannel
-from .cache import FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, Lookup, ResponseCache, decode, encode
+from .cache import CARRIED, FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleState, Lookup, ResponseCache, decode, encode
 from .coordinator import Coordinator
 
 log = logging.getLogger("hvdlite")
@@ -53,6 +53,10 @@ class Negotiator:
         self._last_round = time.monotonic()
         self._next_stall_check = 0.0  # monotonic time of the next look for requests stalled behind the cache
         self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
+        # The lone-request vector of each cache bit, and back: it depends only on the bit and the
+        # cache's width, which never changes, so entries outlive evictions and flushes.
+        self._lone_vectors: dict[tuple[int, bool], bytes] = {}  # (bit, carried) -> vector
+        self._lone_bits: dict[bytes, int] = {}
 
     def publish(self, params: Params) -> None:
         """On rank 0: every rank switches to ``params`` after the next round (autotune, benchmarks)."""
@@ -68,7 +72,56 @@ class Negotiator:
         flush = flush or self._stalled_locally(pending)
         or_flags = (FLUSH if flush else 0) | self._round_due() | (TUNE if self._to_publish is not None else 0)
         state = self._cache.cycle_state(pending.values(), flush, or_flags, SHUTDOWN if shutdown else 0)
-        verdict = decode(self._control.band(encode(state, self._cache.words)), self._cache.words)
+        return self._settle(self._control.band(encode(state, self._cache.words)), pending, shutdown)
+
+    def lone_vector(self, request: Request, carried: int = 0) -> bytes | None:
+        """This rank's cycle vector when ``request``, its only pending request, is answered by the
+        cache and nothing else needs saying (no flag, no invalid entry); None otherwise.
+
+        The steady state of a blocking call. The vector depends only on the cache bit, so it is
+        built once per bit; :meth:`agree_lone` then needs no encoding or decoding when every rank
+        sent the same vector (they all want exactly this request, and nothing else). ``carried``:
+        the length of the tensor bytes this rank sends with the vector, if the channel
+        :meth:`carries` them.
+        """
+        if (request.sent_to_coordinator or self._to_publish is not None or self._round_due()
+                or (self._config.stall_check and time.monotonic() >= self._next_stall_check)):
+            return None
+        found, bit = self._cache.lookup(request.meta)
+        if found is not Lookup.HIT:
+            return None
+        key = (bit, carried > 0)
+        vector = self._lone_vectors.get(key)
+        if vector is None:
+            state = CycleState(and_flags=CARRIED if carried else 0, hits=frozenset((bit,)))
+            vector = self._lone_vectors[key] = encode(state, self._cache.words)
+            self._lone_bits[vector] = bit
+        return vector
+
+    def carries(self, nbytes: int) -> bool:
+        """True if a lone request's ``nbytes`` of tensor can ride with the cycle's vector."""
+        return self._control.carries(16 + 16 * self._cache.words, nbytes)
+
+    def agree_lone(self, vector: bytes, pending: Mapping[str, Request],
+                   payload: memoryview | None = None) -> tuple[Agreement, list[memoryview] | None]:
+        """The cycle's agreement when this rank contributes ``vector`` from :meth:`lone_vector`.
+
+        With ``payload`` (the tensor's bytes; the vector then says so), also every rank's
+        payload in rank order, if every rank sent the very same vector: each rank can then reduce
+        the tensor itself, with no data transfer. Otherwise None, and the agreed responses run as
+        in any cycle.
+        """
+        if payload is None:
+            reduced, payloads = self._control.band(vector), None
+        else:
+            reduced, payloads = self._control.band_carrying(vector, payload)
+        if reduced == vector:  # every rank sent this very vector: the one cached request, no flags
+            return Agreement([self._cache.get(self._lone_bits[vector])], None, False), payloads
+        return self._settle(reduced, pending, shutdown=False), None
+
+    def _settle(self, reduced: bytes | bytearray, pending: Mapping[str, Request], shutdown: bool) -> Agreement:
+        """Read the reduced vector: the cache's hits, then a coordinator round if any rank asked for one."""
+        verdict = decode(reduced, self._cache.words)
         responses: list[Response] = []
         if verdict.or_flags & FLUSH:
             self._cache = ResponseCache(self._cache.capacity)  # identical on every rank

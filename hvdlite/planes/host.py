@@ -27,9 +27,17 @@ from ..request import Request
 from ..response import Response
 from ..segments import Segments
 from ..transport.base import Transport
+from ..transport.shm import UFUNCS
 from ..utils.buffers import aligned_copy, aligned_empty, padded_count
 from ..utils.rows import scatter_rows
 from .base import Outcome, succeeded
+
+# Up to this size a lone allreduce rides with the negotiation's vector (shared memory, one host)
+# and each rank reduces every rank's copy itself, instead of a second round through MPI. Measured
+# (float32, blocking, the same calls carried / through MPI): np=2 1 KB 16.9 / 22.1 us, 4 KB 18.0 /
+# 23.3, 16 KB 17.1 / 35.0, 32 KB 18.4 / 29.8; np=3 4 KB 59.6 / 83.4, 16 KB 58.9 / 123.5, 32 KB
+# 63.1 / 104.0. From 32 KiB the shared-memory allreduce (HVDLITE_SHM_MIN_BYTES) takes over.
+CARRY_MAX_BYTES = 32 * 1024
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -62,6 +70,37 @@ class HostPlane:
             on_done(succeeded(responses, self.dispatch(responses, local)))
             return
         self._allreduce(responses, local, lambda results: on_done(succeeded(responses, results)))
+
+    def carriable(self, request: Request) -> memoryview | None:
+        """The bytes of ``request``'s tensor if it is a small allreduce that can ride with the
+        negotiation's vector and be reduced by every rank itself (:meth:`reduce_carried`), else None.
+
+        Only what every rank decides alike: the description (identical on every rank once the
+        cache answers it) and whether the tensor is an array; the vector says which ranks carry.
+        """
+        meta, tensor = request.meta, request.tensor
+        if (self.size == 1 or meta.collective is not Collective.ALLREDUCE or meta.device != "cpu" or meta.prescale != 1.0
+                or not isinstance(tensor, np.ndarray) or tensor.dtype != dtypes.wire_dtype(meta.dtype)
+                or not 0 < tensor.nbytes <= CARRY_MAX_BYTES):
+            return None
+        return memoryview(np.ascontiguousarray(tensor)).cast("B")
+
+    def reduce_carried(self, response: Response, request: Request, payloads: list[memoryview]) -> np.ndarray:
+        """Reduce every rank's carried bytes of ``request``'s tensor, in rank order: every rank
+        computes the same values, bit for bit."""
+        meta = response.meta
+        wire = request.tensor.dtype
+        output = request.output
+        result = aligned_empty(response.count, wire).reshape(meta.shape) if output is None else output
+        flat = result.reshape(-1)
+        ufunc = UFUNCS[dtypes.wire_op(meta.dtype, meta.op)]
+        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        if wire.kind == "f":  # overflow to inf (and inf - inf) is a result, as in MPI, not a warning
+            with np.errstate(over="ignore", invalid="ignore"):
+                _reduce_in_order(ufunc, flat, payloads, scale)
+        else:
+            _reduce_in_order(ufunc, flat, payloads, scale)
+        return result
 
     def flush(self) -> None:
         """Finish every host reduction still in flight (delivering their outcomes)."""
@@ -273,6 +312,16 @@ def _pieces(segments: Segments, rank: int) -> list[np.ndarray]:
     except errors.HvdliteError as exc:
         raise RuntimeError(f"rank {rank} cannot read the pieces of {segments.name!r} for a reduction its peers "
                            f"have started: {exc}") from exc
+
+
+def _reduce_in_order(ufunc: np.ufunc, out: np.ndarray, payloads: list[memoryview],
+                     scale: Callable[[np.ndarray], None] | None) -> None:
+    """``out`` = every payload reduced with ``ufunc`` in rank order, then scaled."""
+    out[...] = np.frombuffer(payloads[0], out.dtype)
+    for payload in payloads[1:]:
+        ufunc(out, np.frombuffer(payload, out.dtype), out=out)
+    if scale is not None:
+        scale(out)
 
 
 def _nothing() -> None:

@@ -23,6 +23,15 @@ class ControlChannel(Protocol):
     def band(self, vector: bytes) -> bytes | bytearray:
         """Bitwise-AND all-reduce of a byte string (every rank's has the same length)."""
 
+    def carries(self, vector_bytes: int, payload_bytes: int) -> bool:
+        """True if :meth:`band_carrying` can carry a payload of ``payload_bytes`` (the same on every rank)."""
+
+    def band_carrying(self, vector: bytes, payload: memoryview) -> tuple[bytes, list[memoryview]]:
+        """:meth:`band`, also handing every rank's ``payload`` (of one length) to every rank, in rank order.
+
+        Small tensors ride the negotiation this way (see :meth:`hvdlite.pipeline.negotiate.Negotiator.agree_lone`).
+        """
+
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:
         """Every rank's payload on rank 0 (``None`` elsewhere)."""
 

@@ -121,6 +121,14 @@ class MpiControlChannel:
         self._wait(self._comm.Iallreduce([vector, MPI.BYTE], [result, MPI.BYTE], MPI.BAND))
         return result
 
+    def carries(self, vector_bytes: int, payload_bytes: int) -> bool:
+        """True if :meth:`band_carrying` can carry a payload this long (the same on every rank)."""
+        return self._shm is not None and self._shm.carries(vector_bytes, payload_bytes)
+
+    def band_carrying(self, vector: bytes, payload: memoryview) -> tuple[bytes, list[memoryview]]:
+        """:meth:`band`, with every rank's ``payload`` handed to every rank (only if :meth:`carries`)."""
+        return self._shm.band_carrying(vector, payload)
+
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:
         sizes = np.zeros(self.size, dtype=np.int64)
         self._wait(self._comm.Igather(np.array([len(payload)], dtype=np.int64), sizes, root=0))

@@ -47,7 +47,7 @@ from ..ops import ReduceOp
 SLOT_BYTES = 2 * 1024 * 1024
 _ALIGN = 64  # part boundaries on cache lines
 _HEADER = 64  # a segment's barrier generation, alone on its cache line
-_UFUNCS = {
+UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.AVERAGE: np.add,  # the division is the post-scale
     ReduceOp.MIN: np.minimum,
@@ -148,7 +148,7 @@ class SharedMemoryAllreduce:
 
     def handles(self, recv: np.ndarray, op: ReduceOp) -> bool:
         """True if this reducer should run the allreduce of ``recv`` (large enough, a known op)."""
-        return recv.nbytes >= self.min_bytes and op in _UFUNCS
+        return recv.nbytes >= self.min_bytes and op in UFUNCS
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: ReduceOp,
                   finish_part: Callable[[np.ndarray], None] | None = None) -> None:
@@ -156,7 +156,7 @@ class SharedMemoryAllreduce:
 
         ``finish_part`` (element-wise, e.g. the post-scale) runs once per element, on its owner.
         """
-        ufunc = _UFUNCS[op]
+        ufunc = UFUNCS[op]
         step = SLOT_BYTES // recv.itemsize
         # Overflow to inf is a result here, as in MPI, not a warning.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -230,6 +230,25 @@ class SharedMemoryBand:
         for slot in slots:
             result &= int.from_bytes(slot[:width], "little")
         return (result & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
+
+    def band_carrying(self, vector: bytes, payload: memoryview) -> tuple[bytes, list[memoryview]]:
+        """:meth:`band`, with ``payload`` written beside the vector: returns the AND and every
+        rank's payload, in rank order (views valid until this rank's next call but one).
+
+        Every rank must pass a payload of the same length, and read a peer's only if every rank
+        said it carries one (the negotiation's vector says so): a rank that did not carry left
+        stale bytes there.
+        """
+        slots = self._slots[self._next_slot]
+        width = len(vector)
+        start = -(-width // _ALIGN) * _ALIGN
+        end = start + len(payload)
+        slots[self._segments.rank][start:end] = payload
+        return self.band(vector), [slot[start:end] for slot in slots]
+
+    def carries(self, vector_bytes: int, payload_bytes: int) -> bool:
+        """True if a vector and a payload of these lengths fit in a slot."""
+        return -(-vector_bytes // _ALIGN) * _ALIGN + payload_bytes <= self._segments.slot_bytes
 
     def close(self) -> None:
         """Free the shared window (collective: every rank calls it)."""

@@ -21,8 +21,11 @@ _NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.m
 
 
 class World:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, carry: bool = False) -> None:
         self.size = size
+        self.carry = carry  # whether the control channel carries small tensors with its vector
+        self.carried = 0  # cycles in which rank 0 sent its tensor with the vector
+        self.transfers = 0  # allreduces through the data transport (counted by rank 0)
         self._barrier = threading.Barrier(size, timeout=20)
         self._slots: list = [None] * size
         self.rounds = 0  # coordinator rounds (gathers) seen by rank 0
@@ -40,7 +43,23 @@ class FakeControl:
         self.world, self.rank, self.size = world, rank, world.size
 
     def band(self, vector):
-        return band(self.world.exchange(self.rank, bytes(vector)))
+        return self._band(vector, None)[0]
+
+    def carries(self, vector_bytes, payload_bytes):
+        return self.world.carry
+
+    def band_carrying(self, vector, payload):
+        return self._band(vector, bytes(payload))
+
+    def _band(self, vector, payload):
+        """One exchange, as shared memory does it: a rank that carries nothing leaves stale bytes
+        (here 0xff) where its payload would be."""
+        values = self.world.exchange(self.rank, (bytes(vector), payload))
+        if payload is not None and self.rank == 0:
+            self.world.carried += 1
+        width = len(payload) if payload is not None else 0
+        stale = b"\xff" * width
+        return band([v for v, _ in values]), [memoryview(p if p is not None else stale) for _, p in values]
 
     def gather_to_root(self, payload):
         values = self.world.exchange(self.rank, payload)
@@ -71,8 +90,11 @@ class FakeData:
 
     def allreduce(self, send, recv, op, finish_piece=None, done=None):
         source = recv if send is None else send
+        if self.rank == 0:
+            self.world.transfers += 1
         values = self.world.exchange(self.rank, source.copy())
-        recv[...] = _NUMPY_OPS[op].reduce(np.stack(values), axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):  # as MPI: inf is a result, not a warning
+            recv[...] = _NUMPY_OPS[op].reduce(np.stack(values), axis=0)
         if finish_piece is not None:
             finish_piece(recv)
         if done is not None:
@@ -101,9 +123,11 @@ def _no_abort(code: int) -> None:
     raise AssertionError(f"the engine failed and asked to abort the job with code {code}")
 
 
-def start_engines(size: int, control=FakeControl, data=FakeData, **config) -> tuple[World, list[Engine]]:
-    """``size`` engines on fakes; ``control`` / ``data`` are the fake classes (subclass them to inject faults)."""
-    world = World(size)
+def start_engines(size: int, control=FakeControl, data=FakeData, carry: bool = False,
+                  **config) -> tuple[World, list[Engine]]:
+    """``size`` engines on fakes; ``control`` / ``data`` are the fake classes (subclass them to inject
+    faults); ``carry``: the control channel carries small tensors (as shared memory does)."""
+    world = World(size, carry)
     settings = Config(**{"idle_cycle_seconds": 0.05, "poll_time_ms": 0.5, **config})
     engines = [Engine(settings, control(world, r), Executor(data(world, r), r, size), abort=_no_abort)
                for r in range(size)]
