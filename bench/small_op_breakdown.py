@@ -6,15 +6,17 @@ Each rep times ``--calls`` blocking ``hvdlite.allreduce`` calls on a float32 arr
 bytes (Sum, one name: the response cache answers every call after the first), and the same number
 of raw mpi4py ``Allreduce`` calls, interleaved rep by rep. A second pass wraps the pipeline's stage
 entry points with timers (``perf_counter_ns``, about 0.2 us a wrapper) and reports, on rank 0,
-the mean microseconds per call spent in each:
+the mean microseconds per call spent in each, exclusive of the timed calls inside it (the rows add
+up to the call):
 
 - submit: ``api.allreduce_async`` (argument checks, the remembered description, the request, queue.put)
-- negotiate: ``Negotiator.agree``, of which "waiting for peers" is the shared-memory AND's barrier
-  (or MPI's ``Iallreduce`` of the vector when shared memory is off)
+- negotiate: ``Negotiator.agree`` / ``lone_vector`` / ``agree_lone`` (a lone cached request's shorter
+  cycle), less "waiting for peers": the shared-memory AND's barrier (or MPI's ``Iallreduce`` of the
+  vector when shared memory is off), which a small tensor rides along
 - fuse: ``fuse.plan``
-- execute: ``Executor.start`` and ``Executor.finish``, of which "MPI" is the data transport's waits
-- complete: ``complete.complete`` (names released, waiters woken); it runs inside execute, as the
-  finished item's callback, so execute's figure includes it
+- execute: ``Executor.start`` / ``run`` / ``finish`` and the host plane's ``carriable`` /
+  ``reduce_carried``, less "MPI": the data transport's waits
+- complete: ``complete.complete`` (names released, waiters woken)
 - the rest of the call: the handle, ``Engine.drive``'s loop, Ctrl-C deferral, the result.
 
 The instrumented pass is slower than the plain one by the wrappers' cost; its split is what matters.
@@ -35,32 +37,42 @@ import hvdlite as hvd
 from hvdlite import api
 from hvdlite.pipeline import communicator, negotiate
 from hvdlite.pipeline.execute import Executor
+from hvdlite.planes.host import HostPlane
 from hvdlite.runtime import current
 
 SPENT: dict[str, int] = defaultdict(int)
+_NESTED: list[int] = []  # for each timed call in progress, the time of the timed calls inside it
 
 
 def wrap(owner: object, attribute: str, stage: str) -> None:
-    """Replace ``owner.attribute`` by a version that adds its time to ``SPENT[stage]``."""
+    """Replace ``owner.attribute`` by a version that adds its own time (less that of timed calls
+    inside it) to ``SPENT[stage]``: every stage's figure is exclusive, and they add up."""
     original = getattr(owner, attribute)
 
     def timed(*args, **kwargs):
         start = time.perf_counter_ns()
+        _NESTED.append(0)
         try:
             return original(*args, **kwargs)
         finally:
-            SPENT[stage] += time.perf_counter_ns() - start
+            elapsed = time.perf_counter_ns() - start
+            SPENT[stage] += elapsed - _NESTED.pop()
+            if _NESTED:
+                _NESTED[-1] += elapsed
 
     setattr(owner, attribute, timed)
 
 
 def instrument() -> None:
-    """Timers on each stage's entry point, and on the two places a rank waits for its peers."""
+    """Timers on each stage's entry points, and on the two places a rank waits for its peers."""
     wrap(api, "allreduce_async", "submit")
-    wrap(negotiate.Negotiator, "agree", "negotiate")
+    for name in ("agree", "lone_vector", "agree_lone"):
+        wrap(negotiate.Negotiator, name, "negotiate")
     wrap(communicator.fuse, "plan", "fuse")
-    wrap(Executor, "start", "execute")
-    wrap(Executor, "finish", "execute")
+    for name in ("start", "run", "finish"):
+        wrap(Executor, name, "execute")
+    wrap(HostPlane, "carriable", "execute")
+    wrap(HostPlane, "reduce_carried", "execute")
     wrap(communicator, "complete", "complete")
     transport = current().engine.pipeline.executor.transport
     wrap(transport, "_wait", "execute: MPI")
@@ -108,9 +120,7 @@ def report(args: argparse.Namespace, ours: list[float], raw: list[float], total:
     for stage in ("submit", "negotiate", "negotiate: waiting for peers", "fuse", "execute", "execute: MPI",
                   "complete"):
         print(f"| {stage} | {per_call.get(stage, 0.0):.1f} | {per_call.get(stage, 0.0) / (total * 1e6):.0%} |")
-    # complete runs inside execute (a finished item's callback): count it once
-    staged = sum(v for k, v in per_call.items() if ":" not in k) - per_call.get("complete", 0.0)
-    rest = total * 1e6 - staged
+    rest = total * 1e6 - sum(per_call.values())
     print(f"| rest (handle, drive loop, Ctrl-C deferral) | {rest:.1f} | {rest / (total * 1e6):.0%} |")
 
 

@@ -56,6 +56,7 @@ class Engine:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hvdlite-engine", daemon=True)
         self._drive = self.drive  # one bound method for every handle
+        self._sigint = interrupts.SigintGuard()  # holds Ctrl-C back while a caller's thread runs a cycle
         self._drivers: set[int] = set()  # threads running cycles in drive() now
         self._dozing = False  # the engine thread looks for work every _DOZE_SECONDS: submit need not wake it
         self._active_at = 0.0  # monotonic time this rank last had work (the thread dozes a while after)
@@ -89,7 +90,7 @@ class Engine:
         are not ready, as the engine thread would; the engine thread starts no cycle meanwhile (an
         idle wake-up would otherwise take the next cycles over, at its low priority). Stops once the
         engine thread is cycling or the engine stopped, and wakes the engine thread to finish.
-        Ctrl-C is held back while a cycle runs (:func:`hvdlite.utils.interrupts.run_deferring_sigint`).
+        Ctrl-C is held back while a cycle runs (:class:`hvdlite.utils.interrupts.SigintGuard`).
         """
         idle_streak = 0
         me = threading.get_ident()
@@ -101,7 +102,7 @@ class Engine:
                 if not self._driving.acquire(blocking=False):
                     break
                 try:
-                    progressed = interrupts.run_deferring_sigint(self._turn)
+                    progressed = self._sigint.run(self._turn)
                 finally:
                     self._driving.release()
                 if progressed is None:
@@ -117,6 +118,7 @@ class Engine:
         self._queue.close()
         self._wake.set()
         self._thread.join(timeout)
+        self._sigint.uninstall()
 
     @property
     def fatal(self) -> errors.HvdliteError | None:

@@ -57,6 +57,7 @@ class Negotiator:
         # cache's width, which never changes, so entries outlive evictions and flushes.
         self._lone_vectors: dict[tuple[int, bool], bytes] = {}  # (bit, carried) -> vector
         self._lone_bits: dict[bytes, int] = {}
+        self._carries: dict[int, bool] = {}  # payload length -> whether the control channel carries it
 
     def publish(self, params: Params) -> None:
         """On rank 0: every rank switches to ``params`` after the next round (autotune, benchmarks)."""
@@ -100,7 +101,10 @@ class Negotiator:
 
     def carries(self, nbytes: int) -> bool:
         """True if a lone request's ``nbytes`` of tensor can ride with the cycle's vector."""
-        return self._control.carries(16 + 16 * self._cache.words, nbytes)
+        answer = self._carries.get(nbytes)
+        if answer is None:  # fixed for the channel's life: asked once per size
+            answer = self._carries[nbytes] = self._control.carries(16 + 16 * self._cache.words, nbytes)
+        return answer
 
     def agree_lone(self, vector: bytes, pending: Mapping[str, Request],
                    payload: memoryview | None = None) -> tuple[Agreement, list[memoryview] | None]:

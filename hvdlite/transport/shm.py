@@ -226,10 +226,7 @@ class SharedMemoryBand:
         width = len(vector)
         slots[self._segments.rank][:width] = vector
         self._segments.barrier()
-        result = -1
-        for slot in slots:
-            result &= int.from_bytes(slot[:width], "little")
-        return (result & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
+        return _and(slots, width)
 
     def band_carrying(self, vector: bytes, payload: memoryview) -> tuple[bytes, list[memoryview]]:
         """:meth:`band`, with ``payload`` written beside the vector: returns the AND and every
@@ -240,11 +237,18 @@ class SharedMemoryBand:
         stale bytes there.
         """
         slots = self._slots[self._next_slot]
+        self._next_slot ^= 1
         width = len(vector)
         start = -(-width // _ALIGN) * _ALIGN
         end = start + len(payload)
-        slots[self._segments.rank][start:end] = payload
-        return self.band(vector), [slot[start:end] for slot in slots]
+        own = slots[self._segments.rank]
+        own[:width] = vector
+        own[start:end] = payload
+        self._segments.barrier()
+        payloads = [slot[start:end] for slot in slots]
+        if all(slot[:width] == vector for slot in slots):  # the steady state: no AND to compute
+            return vector, payloads
+        return _and(slots, width), payloads
 
     def carries(self, vector_bytes: int, payload_bytes: int) -> bool:
         """True if a vector and a payload of these lengths fit in a slot."""
@@ -254,6 +258,14 @@ class SharedMemoryBand:
         """Free the shared window (collective: every rank calls it)."""
         self._slots = []  # the views go before the window they look into
         self._segments.close()
+
+
+def _and(slots: list[memoryview], width: int) -> bytes:
+    """The bitwise AND of the first ``width`` bytes of every slot."""
+    result = -1
+    for slot in slots:
+        result &= int.from_bytes(slot[:width], "little")
+    return (result & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
 
 
 def _part_bounds(count: int, parts: int, itemsize: int) -> list[int]:

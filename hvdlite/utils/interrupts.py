@@ -6,6 +6,12 @@ waiting, so while a caller runs a cycle (see :meth:`hvdlite.engine.Engine.drive`
 SIGINT is recorded and handed to the previous handler once the cycle is over; a cycle is bounded
 by the communication timeout. A second SIGINT within the same cycle is handed over at once (the
 user insists): the engine then ends the job, as for any failure in the middle of a cycle.
+
+The guard's handler stays installed between cycles, where it hands every SIGINT straight to the
+handler it replaced: swapping handlers around each cycle took two ``sigaction`` calls per blocking
+collective, measured as about 12 % of a 4 B allreduce at np=3 on two cores (59 us against 52 us).
+If the program installs its own handler later, the guard wraps that one at the next cycle.
+:meth:`SigintGuard.uninstall` (at shutdown) puts the replaced handler back.
 """
 
 from __future__ import annotations
@@ -14,30 +20,50 @@ import _signal  # the C functions behind ``signal``: its wrappers convert to enu
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def run_deferring_sigint(fn: Callable[[], T]) -> T:
-    """Call ``fn``; a SIGINT arriving meanwhile reaches its handler when ``fn`` returns."""
-    if threading.current_thread() is not threading.main_thread():
-        return fn()  # Python runs signal handlers in the main thread only: nothing to hold back here
-    previous = _signal.getsignal(_signal.SIGINT)
-    if not callable(previous):  # SIG_IGN or SIG_DFL: no Python-level handler would run anyway
-        return fn()
-    held: list[tuple[int, FrameType | None]] = []
+class SigintGuard:
+    """Runs cycles with SIGINT held back; one per engine."""
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if held:
-            previous(signum, frame)
-        held.append((signum, frame))
+    def __init__(self) -> None:
+        self._handler = self._on_sigint  # one bound method, so the installed handler can be recognised
+        self._previous: Callable[[int, FrameType | None], Any] | None = None
+        self._in_cycle = False
+        self._held: list[tuple[int, FrameType | None]] = []
 
-    _signal.signal(_signal.SIGINT, hold)
-    try:
-        result = fn()
-    finally:
-        _signal.signal(_signal.SIGINT, previous)
-    if held:
-        previous(*held[0])
-    return result
+    def run(self, fn: Callable[[], T]) -> T:
+        """Call ``fn``; a SIGINT arriving meanwhile reaches its handler when ``fn`` returns."""
+        if threading.current_thread() is not threading.main_thread():
+            return fn()  # Python runs signal handlers in the main thread only: nothing to hold back here
+        installed = _signal.getsignal(_signal.SIGINT)
+        if installed is not self._handler:
+            if not callable(installed):  # SIG_IGN or SIG_DFL: no Python-level handler would run anyway
+                return fn()
+            self._previous = installed
+            _signal.signal(_signal.SIGINT, self._handler)
+        self._in_cycle = True
+        try:
+            result = fn()
+        finally:
+            self._in_cycle = False
+        if self._held:
+            signum, frame = self._held[0]
+            self._held.clear()
+            self._previous(signum, frame)
+        return result
+
+    def uninstall(self) -> None:
+        """Put back the handler the guard replaced (from the main thread; elsewhere it cannot be)."""
+        if (threading.current_thread() is threading.main_thread()
+                and _signal.getsignal(_signal.SIGINT) is self._handler):
+            _signal.signal(_signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if not self._in_cycle or self._held:  # between cycles, or a second Ctrl-C: at once
+            self._held.clear()
+            self._previous(signum, frame)
+            return
+        self._held.append((signum, frame))

@@ -114,35 +114,60 @@ def test_a_caller_that_cannot_drive_hands_over_to_the_engine_thread():
 
 def test_sigint_during_a_driven_cycle_arrives_after_it():
     events = []
+    guard = interrupts.SigintGuard()
 
     def cycle():
         signal.raise_signal(signal.SIGINT)
         events.append("cycle finished")
         return 7
 
-    with pytest.raises(KeyboardInterrupt):
-        interrupts.run_deferring_sigint(cycle)
-    assert events == ["cycle finished"]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            guard.run(cycle)
+        assert events == ["cycle finished"]
+        assert guard.run(lambda: 8) == 8  # nothing left held from the previous cycle
+    finally:
+        guard.uninstall()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_second_sigint_interrupts_at_once():
     events = []
+    guard = interrupts.SigintGuard()
 
     def cycle():
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)
         events.append("not reached")
 
-    with pytest.raises(KeyboardInterrupt):
-        interrupts.run_deferring_sigint(cycle)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            guard.run(cycle)
+    finally:
+        guard.uninstall()
     assert events == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_between_cycles_sigint_reaches_the_program_at_once_and_a_new_handler_is_respected():
+    guard = interrupts.SigintGuard()
+    seen = []
+    try:
+        guard.run(lambda: None)  # the guard stays installed after a cycle ...
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # ... and passes a SIGINT between cycles on at once
+        signal.signal(signal.SIGINT, lambda signum, frame: seen.append("program's own handler"))
+        guard.run(lambda: signal.raise_signal(signal.SIGINT) or seen.append("cycle finished"))
+        assert seen == ["cycle finished", "program's own handler"]  # held back, then the program's handler
+        guard.uninstall()
+        assert signal.getsignal(signal.SIGINT) is not guard._handler  # the program's handler is back
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def test_off_the_main_thread_nothing_is_held_back():
     results = []
-    thread = threading.Thread(target=lambda: results.append(interrupts.run_deferring_sigint(lambda: 5)))
+    thread = threading.Thread(target=lambda: results.append(interrupts.SigintGuard().run(lambda: 5)))
     thread.start()
     thread.join(5)
     assert results == [5]
