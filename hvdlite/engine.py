@@ -35,7 +35,10 @@ from .utils.polling import WaitTimeout
 log = logging.getLogger("hvdlite")
 
 _DOZE_SECONDS = 0.001  # while dozing, how often the engine thread looks for work
-_DOZE_FOR = 0.2  # how long after the last work it dozes, before it sleeps until woken
+# How long after the last work it dozes, before it sleeps until woken. Measured on the torch training
+# step (np=2): with 0.2 s, 88.2 ms against 86.5-86.8 before dozing (about 90 wake-ups a step, each
+# taking the GIL from the training thread); with 10 ms, 83.7-86.6 against 86.5-87.3.
+_DOZE_FOR = 0.01
 
 
 class Engine:
