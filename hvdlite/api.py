@@ -14,11 +14,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
+from .communicators import Communicator
 from .describe import describe_reduction, device_of
 from .errors import UnsupportedOperationError
 from .gpu.arrays import DeviceArray
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
+from .process_sets import ProcessSet
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import Runtime, current
 from .segments import Segments
@@ -46,22 +48,25 @@ def blocking(start: Callable[[], _T]) -> _T:
         caller.waits = False
 
 
-def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]],
+def _target(process_set: ProcessSet | None, collective: Collective, name: str | None) -> Communicator:
+    """The communicator a collective on ``process_set`` runs on (a clear error if it cannot run here)."""
+    return current().communicators.of(process_set, collective, name)
+
+
+def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]], target: Communicator,
             outputs: Sequence[np.ndarray | None] | None = None) -> list[Handle]:
     outputs = outputs if outputs is not None else [None] * len(pairs)
     requests = [Request(meta, tensor, Handle(meta.name), output)
                 for (meta, tensor), output in zip(pairs, outputs, strict=True)]
-    runtime = current()
-    runtime.engine.submit(requests, wake=not getattr(runtime.caller, "waits", False))
+    target.engine.submit(requests, wake=not getattr(current().caller, "waits", False))
     return [r.handle for r in requests]
 
 
-def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None = None,
-                runtime: Runtime | None = None) -> Handle:
+def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None,
+                runtime: Runtime, target: Communicator) -> Handle:
     """:func:`_submit` for one request (most calls), without the lists."""
     request = Request(meta, tensor, Handle(meta.name), output)
-    runtime = runtime or current()
-    runtime.engine.submit([request], wake=not getattr(runtime.caller, "waits", False))
+    target.engine.submit([request], wake=not getattr(runtime.caller, "waits", False))
     return request.handle
 
 
@@ -99,26 +104,30 @@ def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, nam
 # ---- allreduce -----------------------------------------------------------------------------------
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    output: np.ndarray | None = None) -> Handle:
-    """Start reducing ``tensor`` across ranks (default op: Average). Returns a handle.
+                    output: np.ndarray | None = None, process_set: ProcessSet | None = None) -> Handle:
+    """Start reducing ``tensor`` across the ranks of ``process_set`` (default: every rank; default
+    op: Average). Returns a handle.
 
     With ``output`` (which may be ``tensor`` itself) the result is written there, in place.
     """
     resolved = resolve_op(op, average)
     runtime = current()  # once: this is the small-tensor hot path
-    member = runtime.names.resolve(name, Collective.ALLREDUCE)
+    target = runtime.communicators.of(process_set, Collective.ALLREDUCE, name)
+    member = target.names.resolve(name, Collective.ALLREDUCE)
     array = _array(tensor)
     if output is not None:
         _check_outputs([output], [array], [member])
     meta = runtime.descriptions.reduction(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
                                           postscale_factor)
-    return _submit_one(meta, array, output, runtime)
+    return _submit_one(meta, array, output, runtime, target)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
-    """Reduce ``tensor`` across ranks and return the result (a new array)."""
-    return synchronize(blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor)))
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet | None = None) -> np.ndarray:
+    """Reduce ``tensor`` across the ranks of ``process_set`` and return the result (a new array)."""
+    return synchronize(blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                                        process_set=process_set)))
 
 
 def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, prescale_factor: float = 1.0,
@@ -132,7 +141,7 @@ def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, 
                               postscale_factor)
 
 
-def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
+def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray, process_set: ProcessSet | None = None) -> Handle:
     """Start reducing ``array`` in place, as described by ``meta`` from :func:`prepare_allreduce`.
 
     ``array`` must have the prepared shape and dtype (checked: two comparisons, not the full checks).
@@ -144,7 +153,7 @@ def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray) -> Handle:
     if isinstance(array, np.ndarray) and not (array.flags.c_contiguous and array.flags.writeable):
         raise UnsupportedOperationError(f"tensor {meta.name!r} must be C-contiguous and writable to reduce in place")
     request = Request(meta, array, Handle(meta.name), array)
-    current().engine.submit([request])
+    _target(process_set, Collective.ALLREDUCE, meta.name).engine.submit([request])
     return request.handle
 
 
@@ -156,7 +165,7 @@ def prepare_segmented_allreduce(name: str, dtype: np.dtype, size: int, op: Reduc
     return _reduction_meta(Collective.ALLREDUCE, described, name, resolve_op(op), prescale_factor, postscale_factor)
 
 
-def allreduce_segments_async(meta: RequestMeta, segments: Segments) -> Handle:
+def allreduce_segments_async(meta: RequestMeta, segments: Segments, process_set: ProcessSet | None = None) -> Handle:
     """Start reducing ``segments`` in place, as one tensor described by ``meta``.
 
     The pieces are resolved on the engine thread; the handle's result is ``segments``.
@@ -165,40 +174,43 @@ def allreduce_segments_async(meta: RequestMeta, segments: Segments) -> Handle:
         raise UnsupportedOperationError(
             f"tensor {meta.name!r} was prepared as {meta.dtype}{list(meta.shape)}, got {segments!r}")
     request = Request(meta, segments, Handle(meta.name), segments)
-    current().engine.submit([request])
+    _target(process_set, Collective.ALLREDUCE, meta.name).engine.submit([request])
     return request.handle
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: ReduceOp | None = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0, outputs: Sequence[np.ndarray] | None = None,
-                            ) -> list[Handle]:
+                            process_set: ProcessSet | None = None) -> list[Handle]:
     """Start reducing several tensors as one group (negotiated together, fused where possible).
 
     ``outputs``, if given, are arrays (one per tensor, possibly the tensors themselves) that
     receive the results in place.
     """
     resolved = resolve_op(op, average)
-    base = current().names.resolve(name, Collective.ALLREDUCE)
-    names = group_member_names(base, len(tensors))
+    target = _target(process_set, Collective.ALLREDUCE, name)
+    names = group_member_names(target.names.resolve(name, Collective.ALLREDUCE), len(tensors))
     arrays = [_array(t) for t in tensors]
     _check_outputs(outputs, arrays, names)
     return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
-                    for a, n in zip(arrays, names, strict=True)], outputs)
+                    for a, n in zip(arrays, names, strict=True)], target, outputs)
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: ReduceOp | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list[np.ndarray]:
+                      postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> list[np.ndarray]:
     """Reduce several tensors as one group and return the results in order."""
-    handles = blocking(lambda: grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor))
+    handles = blocking(lambda: grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                       process_set=process_set))
     return [synchronize(h) for h in handles]
 
 
 # ---- allgather -----------------------------------------------------------------------------------
-def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _single: bool = False) -> list[Handle]:
+def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _single: bool = False,
+                            process_set: ProcessSet | None = None) -> list[Handle]:
     """Start gathering several tensors; each may have a different first dimension on each rank."""
-    base = current().names.resolve(name, Collective.ALLGATHER)
+    target = _target(process_set, Collective.ALLGATHER, name)
+    base = target.names.resolve(name, Collective.ALLGATHER)
     names = [base] if _single else group_member_names(base, len(tensors))
     pairs = []
     for tensor, member in zip(tensors, names, strict=True):
@@ -207,50 +219,67 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _si
             raise UnsupportedOperationError(f"allgather of tensor {member!r} needs at least one dimension, got a scalar")
         pairs.append((RequestMeta(member, Collective.ALLGATHER, dtypes.dtype_name(array, member), tuple(array.shape),
                                   device=device_of(array)), array))
-    return _submit(pairs)
+    return _submit(pairs, target)
 
 
-def allgather_async(tensor: Any, name: str | None = None) -> Handle:
-    return grouped_allgather_async([tensor], name, _single=True)[0]
+def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
+    return grouped_allgather_async([tensor], name, _single=True, process_set=process_set)[0]
 
 
-def allgather(tensor: Any, name: str | None = None) -> np.ndarray:
+def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
-    return synchronize(blocking(lambda: allgather_async(tensor, name)))
+    return synchronize(blocking(lambda: allgather_async(tensor, name, process_set)))
 
 
-def grouped_allgather(tensors: Sequence[Any], name: str | None = None) -> list[np.ndarray]:
-    return [synchronize(h) for h in blocking(lambda: grouped_allgather_async(tensors, name))]
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    return [synchronize(h) for h in blocking(lambda: grouped_allgather_async(tensors, name, process_set=process_set))]
 
 
 # ---- broadcast -----------------------------------------------------------------------------------
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
-                    output: np.ndarray | None = None) -> Handle:
-    """Start copying ``root_rank``'s ``tensor`` to every rank (into ``output`` if given, in place)."""
-    runtime = current()
-    size = runtime.topology.size
-    member = runtime.names.resolve(name, Collective.BROADCAST)
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
-        raise UnsupportedOperationError(f"broadcast of tensor {member!r}: root_rank={root_rank!r} is not in [0, {size})")
+                    output: np.ndarray | None = None, process_set: ProcessSet | None = None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank (into ``output`` if given, in place).
+
+    ``root_rank`` is a rank of the job; with a ``process_set``, one of the set's members.
+    """
+    target = _target(process_set, Collective.BROADCAST, name)
+    member = target.names.resolve(name, Collective.BROADCAST)
+    root = root_in(target, root_rank, f"broadcast of tensor {member!r}")
     array = _array(tensor)
     meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), tuple(array.shape),
-                       root_rank=int(root_rank), device=device_of(array))
+                       root_rank=root, device=device_of(array))
     outputs = None if output is None else [output]
     _check_outputs(outputs, [array], [member])
-    return _submit([(meta, array)], outputs)[0]
+    return _submit([(meta, array)], target, outputs)[0]
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+def root_in(target: Communicator, root_rank: Any, what: str) -> int:
+    """``root_rank`` (a rank of the job) as a rank of ``target``'s communicator, checked."""
+    ranks = target.process_set.ranks
+    if not isinstance(root_rank, (int, np.integer)) or int(root_rank) not in ranks:
+        where = f"[0, {target.size})" if target.process_set.process_set_id == 0 else \
+            f"process set {target.process_set.process_set_id}'s ranks {ranks}"
+        raise UnsupportedOperationError(f"{what}: root_rank={root_rank!r} is not in {where}")
+    return ranks.index(int(root_rank))
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet | None = None) -> np.ndarray:
     """Return ``root_rank``'s ``tensor`` on every rank (a new array)."""
-    return synchronize(blocking(lambda: broadcast_async(tensor, root_rank, name)))
+    return synchronize(blocking(lambda: broadcast_async(tensor, root_rank, name, process_set=process_set)))
 
 
 # ---- alltoall ------------------------------------------------------------------------------------
-def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> Handle:
-    """Start sending ``splits[r]`` first-dimension slices to rank r (equal parts if ``splits`` is None)."""
-    runtime = current()
-    size = runtime.topology.size
-    member = runtime.names.resolve(name, Collective.ALLTOALL)
+def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None,
+                   process_set: ProcessSet | None = None) -> Handle:
+    """Start sending ``splits[r]`` first-dimension slices to rank r (equal parts if ``splits`` is None).
+
+    With a ``process_set``, r counts the set's members in order.
+    """
+    target = _target(process_set, Collective.ALLTOALL, name)
+    size = target.size
+    member = target.names.resolve(name, Collective.ALLTOALL)
     array = _array(tensor)
     if array.ndim == 0:
         raise UnsupportedOperationError(f"alltoall of tensor {member!r} needs at least one dimension")
@@ -268,21 +297,23 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
                 f"summing to the first dimension {rows}")
     meta = RequestMeta(member, Collective.ALLTOALL, dtypes.dtype_name(array, member), tuple(array.shape),
                        splits=tuple(split_list), device=device_of(array))
-    return _submit([(meta, array)])[0]
+    return _submit([(meta, array)], target)[0]
 
 
-def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None,
+             process_set: ProcessSet | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Scatter slices of ``tensor`` to every rank; returns (received data, rows received per rank)."""
-    return synchronize(blocking(lambda: alltoall_async(tensor, splits, name)))
+    return synchronize(blocking(lambda: alltoall_async(tensor, splits, name, process_set)))
 
 
 # ---- reducescatter -------------------------------------------------------------------------------
 def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                _single: bool = False) -> list[Handle]:
+                                _single: bool = False, process_set: ProcessSet | None = None) -> list[Handle]:
     """Start reducing each tensor and leaving rank r its r-th block of rows."""
     resolved = resolve_op(op)
-    base = current().names.resolve(name, Collective.REDUCESCATTER)
+    target = _target(process_set, Collective.REDUCESCATTER, name)
+    base = target.names.resolve(name, Collective.REDUCESCATTER)
     names = [base] if _single else group_member_names(base, len(tensors))
     if resolved not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise UnsupportedOperationError(f"reducescatter of {base!r} supports Sum and Average, not {resolved.name}")
@@ -293,40 +324,48 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = No
             raise UnsupportedOperationError(f"reducescatter of tensor {member!r} needs at least one dimension")
         meta = _reduction_meta(Collective.REDUCESCATTER, array, member, resolved, prescale_factor, postscale_factor)
         pairs.append((meta, array))
-    return _submit(pairs)
+    return _submit(pairs, target)
 
 
 def reducescatter_async(tensor: Any, op: ReduceOp | None = None, name: str | None = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    return grouped_reducescatter_async([tensor], op, name, prescale_factor, postscale_factor, _single=True)[0]
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet | None = None) -> Handle:
+    return grouped_reducescatter_async([tensor], op, name, prescale_factor, postscale_factor, _single=True,
+                                       process_set=process_set)[0]
 
 
 def reducescatter(tensor: Any, op: ReduceOp | None = None, name: str | None = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``tensor`` and return this rank's block of rows (first ranks get one extra row)."""
-    return synchronize(blocking(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor)))
+    return synchronize(blocking(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                                            process_set)))
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[np.ndarray]:
-    handles = blocking(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor))
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    handles = blocking(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
+                                                           process_set=process_set))
     return [synchronize(h) for h in handles]
 
 
 # ---- barrier, join, handles ----------------------------------------------------------------------
-def barrier() -> None:
-    """Return once every rank has called ``barrier()``."""
-    name = current().names.next(Collective.BARRIER)
-    synchronize(blocking(lambda: _submit([(RequestMeta(name, Collective.BARRIER), None)]))[0])
+def barrier(process_set: ProcessSet | None = None) -> None:
+    """Return once every rank (of ``process_set``) has called ``barrier()``."""
+    target = _target(process_set, Collective.BARRIER, None)
+    name = target.names.next(Collective.BARRIER)
+    synchronize(blocking(lambda: _submit([(RequestMeta(name, Collective.BARRIER), None)], target))[0])
 
 
-def join() -> int:
+def join(process_set: ProcessSet | None = None) -> int:
     """Declare this rank out of data. Until every rank joins, others' allreduces count it as zeros.
 
-    Returns the rank that joined last.
+    Returns the rank that joined last (a rank of the job).
     """
-    current()
-    return synchronize(_submit([(RequestMeta("join", Collective.JOIN), None)])[0])
+    target = _target(process_set, Collective.JOIN, "join")
+    last = synchronize(_submit([(RequestMeta("join", Collective.JOIN), None)], target)[0])
+    return target.process_set.ranks[last]
 
 
 def poll(handle: Handle | MappedHandle) -> bool:

@@ -29,12 +29,14 @@ from .errors import (
     HvdliteError,
     HvdliteShutdownError,
     NotInitializedError,
+    ProcessSetError,
     StallError,
     TensorMismatchError,
     UnsupportedOperationError,
 )
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import init, shutdown, start_timeline, stop_timeline
 
 __all__ = [
@@ -43,5 +45,6 @@ __all__ = [
     "gloo_enabled", "gloo_built", "broadcast_object", "allgather_object", "ReduceOp", "Average", "Sum",
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
     "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
-    "HvdliteShutdownError", "HorovodInternalError", "CommTimeoutError",
+    "HvdliteShutdownError", "HorovodInternalError", "CommTimeoutError", "ProcessSetError", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set",
 ]

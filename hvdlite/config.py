@@ -118,6 +118,7 @@ class Config:
     verbose: bool = False
     gpu_operations: str = "NCCL"
     hierarchical_allreduce: bool = False
+    dynamic_process_sets: bool = False
     nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
 
     @property
@@ -261,6 +262,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", _flag,
             "GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast",
             _switch("--hierarchical-allreduce")),
+    Setting("HVDLITE_DYNAMIC_PROCESS_SETS", "dynamic_process_sets", _flag,
+            "1: process sets may be added and removed after init (hvd.add_process_set, remove_process_set), "
+            "as with init(process_sets='dynamic')", _switch("--process-sets-dynamic")),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
 # The settings hvdliterun has a flag for: its parser and the ranks' environment are both built from these.

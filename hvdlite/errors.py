@@ -31,6 +31,11 @@ class UnsupportedOperationError(HvdliteError, ValueError):
     """The operation, dtype, or argument combination is not supported."""
 
 
+class ProcessSetError(HvdliteError, ValueError):
+    """A process set is unknown, removed, badly formed, not the same on every rank, or does not
+    include the rank that used it."""
+
+
 class StallError(HvdliteError):
     """Ranks waited on tensors that other ranks never submitted, past the shutdown deadline."""
 

@@ -1,25 +1,100 @@
-"""Process sets. Only the global set (every rank of the job) exists in this release."""
+"""Process sets: subsets of the job's ranks that run collectives among themselves (Horovod >= 0.23).
+
+A set is registered on every rank at once, by ``hvd.init(process_sets=[...])`` or, after
+``hvd.init(process_sets="dynamic")``, by :func:`add_process_set`; registration gives it an id (the
+global set, every rank of the job, is 0). Each registered set runs on its own MPI communicator with
+its own engine (queue, negotiation, response cache, fusion and shared-memory plane; see
+:mod:`hvdlite.communicators`), so collectives on disjoint sets run at the same time and never wait
+for a rank outside their set. Ranks are always the job's (global) ranks; a set orders its members
+by global rank, and ``ps.rank()`` is this rank's place in that order.
+"""
 
 from __future__ import annotations
 
-from .errors import UnsupportedOperationError
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import ProcessSetError, UnsupportedOperationError
 
 
 class ProcessSet:
-    """A set of ranks a collective runs on; ``ranks=None`` means every rank."""
+    """A set of the job's ranks, from a list of ranks or an mpi4py communicator (its ranks in the job).
 
-    def __init__(self, ranks: list[int] | None = None) -> None:
+    Pass it to ``init(process_sets=[...])`` or :func:`add_process_set` to register it, then as
+    ``process_set=`` to any collective. Before registration ``size()``, ``rank()`` and
+    ``included()`` return None, as Horovod's do.
+    """
+
+    def __init__(self, ranks_or_comm: Iterable[int] | Any) -> None:
+        self.process_set_id: int | None = None
+        self.mpi_comm: Any = None
+        self.ranks: list[int] | None = None
+        if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator: its ranks are known at registration
+            self.mpi_comm = ranks_or_comm
+            return
+        ranks = list(ranks_or_comm)
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)]
+        if bad:
+            raise ProcessSetError(f"a process set's ranks must be ints, got {bad!r} in {ranks!r}")
+        self.ranks = sorted(ranks)
+        self._rank: int | None = None  # this process's place among the ranks, once registered
+
+    def size(self) -> int | None:
+        """How many ranks the set has (None before registration)."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self) -> int | None:
+        """This process's rank within the set, -1 if it is not a member (None before registration)."""
+        return None if self.process_set_id is None else self._rank
+
+    def included(self) -> bool | None:
+        """True if this process is a member (None before registration)."""
+        return None if self.process_set_id is None else self._rank >= 0
+
+    def _registered(self, process_set_id: int, ranks: list[int], own_rank: int) -> None:
+        """Called by the registry on every rank once the set is registered (``own_rank``: global)."""
+        self.process_set_id = process_set_id
         self.ranks = ranks
+        self._rank = ranks.index(own_rank) if own_rank in ranks else -1
+
+    def _removed(self) -> None:
+        self.process_set_id = None
+        self._rank = None
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({self.ranks})"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
+
+    __str__ = __repr__
 
 
-global_process_set = ProcessSet()
+global_process_set = ProcessSet([])  # id 0 and every rank of the job, from init() to shutdown()
 
 
 def require_global(process_set: ProcessSet | None, where: str) -> None:
-    """Reject any process set but the global one, naming the call."""
+    """Reject any set but the global one, for the framework functions that do not take sets yet."""
     if process_set is not None and process_set is not global_process_set:
         raise UnsupportedOperationError(
-            f"{where}: only the global process set is supported in this release, got {process_set!r}")
+            f"{where}: only the global process set is supported by this function so far, got {process_set!r}")
+
+
+def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
+    """Register a new process set (every rank of the job calls it, with the same ranks); returns it.
+
+    Needs ``init(process_sets="dynamic")`` (or ``HVDLITE_DYNAMIC_PROCESS_SETS=1``).
+    """
+    from .runtime import current
+
+    chosen = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    current().communicators.add(chosen, dynamic=True)
+    return chosen
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister ``process_set`` (every rank calls it); its collectives must be finished. Returns True.
+
+    Needs ``init(process_sets="dynamic")``; the global set cannot be removed.
+    """
+    from .runtime import current
+
+    current().communicators.remove(process_set)
+    return True

@@ -15,11 +15,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .communicators import Communicators
 from .config import Config, load_config
 from .describe import Descriptions
 from .engine import Engine
 from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
+from .process_sets import ProcessSet
 from .timeline import Timeline
 from .topology import Topology, topology_from_hosts
 from .utils import buffers, failure
@@ -32,16 +34,17 @@ class Runtime:
     """Everything hvdlite holds between ``init()`` and ``shutdown()``; nothing outlives it.
 
     One :class:`Engine` cycles one communicator's :class:`~hvdlite.pipeline.communicator.Pipeline`
-    (its own queue, negotiation, response cache and fusion); process sets and a rebuilt elastic
-    world add pipelines of their own.
+    (its own queue, negotiation, response cache and fusion); :attr:`communicators` holds the global
+    one and one per process set this rank is in (a rebuilt elastic world will replace them).
     """
 
     config: Config
     topology: Topology
-    engine: Engine
-    names: NameGenerator
+    engine: Engine  # the global set's (every rank of the job)
+    names: NameGenerator  # the global set's generated names
     comm: Any  # the mpi4py communicator the job runs on
     private_comms: tuple[Any, ...]
+    communicators: Communicators  # the global one and every process set this rank is in
     descriptions: Descriptions = dataclasses.field(default_factory=Descriptions)  # checked reduction descriptions
     caller: threading.local = dataclasses.field(default_factory=threading.local)  # .waits: see api.blocking
     exception_hook: failure.AbortOnUncaught | None = None  # ends the job when a rank dies of an exception
@@ -90,10 +93,12 @@ def _configure_logging(config: Config, rank: int) -> None:
         logger.propagate = False
 
 
-def init(comm: Any = None) -> None:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Start hvdlite on ``comm`` (default COMM_WORLD; or an mpi4py communicator, or a list of ranks).
 
-    Calling it again while initialized does nothing, as in Horovod.
+    ``process_sets``: the :class:`~hvdlite.process_sets.ProcessSet` objects to register now (the
+    same on every rank), or ``"dynamic"`` to allow :func:`~hvdlite.process_sets.add_process_set`
+    and ``remove_process_set`` later. Calling it again while initialized does nothing, as in Horovod.
     """
     global _runtime, _atexit_registered
     if _runtime is not None:
@@ -101,27 +106,21 @@ def init(comm: Any = None) -> None:
     config = load_config()
     from mpi4py import MPI
 
-    from .pipeline.execute import Executor
-    from .transport.mpi import MpiControlChannel, MpiTransport
-
     base = _resolve_comm(MPI, comm)
     rank = base.Get_rank()
     _configure_logging(config, rank)
     hosts = base.allgather(MPI.Get_processor_name())
     topology = topology_from_hosts(hosts, rank)
-    control, data = base.Dup(), base.Dup()
-    poll_seconds = config.poll_time_ms / 1000
-    engine = Engine(
-        config,
-        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm),
-        Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
-                                config.shm_min_bytes if config.shm else None),
-                 rank, topology.size,
-                 device_runner=_device_runner(config, data, hosts, topology.local_rank)),
-        abort=failure.abort_job,
-    )
-    engine.start()
-    _runtime = Runtime(config, topology, engine, NameGenerator(), base, (control, data))
+
+    def make_engine(set_comm: Any, ranks: list[int]) -> tuple[Engine, tuple[Any, ...]]:
+        return _start_engine(config, set_comm, [hosts[r] for r in ranks], topology.local_rank)
+
+    engine, private = make_engine(base, list(range(topology.size)))
+    dynamic = process_sets == "dynamic" or config.dynamic_process_sets
+    communicators = Communicators(base, engine, make_engine, dynamic)
+    _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators)
+    for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
+        communicators.add(process_set, dynamic=False)
     if config.timeline:
         start_timeline(config.timeline, config.timeline_mark_cycles)
     if config.run_dir:
@@ -131,6 +130,26 @@ def init(comm: Any = None) -> None:
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
+
+
+def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int) -> tuple[Engine, tuple[Any, ...]]:
+    """A started engine on private duplicates of ``comm`` (collective over ``comm``), and those duplicates."""
+    from .pipeline.execute import Executor
+    from .transport.mpi import MpiControlChannel, MpiTransport
+
+    control, data = comm.Dup(), comm.Dup()
+    poll_seconds = config.poll_time_ms / 1000
+    engine = Engine(
+        config,
+        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm),
+        Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
+                                config.shm_min_bytes if config.shm else None),
+                 comm.Get_rank(), comm.Get_size(),
+                 device_runner=_device_runner(config, data, hosts, local_rank)),
+        abort=failure.abort_job,
+    )
+    engine.start()
+    return engine, (control, data)
 
 
 def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank: int):
@@ -157,6 +176,7 @@ def shutdown() -> None:
     runtime = _runtime
     if runtime is None:
         return
+    runtime.communicators.close()  # the process sets' engines first, in the same order on every rank
     runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
     _close_timeline(runtime.engine)
     if isinstance(runtime.engine.fatal, CommTimeoutError):

@@ -19,7 +19,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
-from ..process_sets import ProcessSet, global_process_set
 from .collectives import (
     allgather,
     allreduce,
@@ -49,6 +48,5 @@ __all__ = [
     *_common_names, "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "DistributedGradientTape", "DistributedOptimizer", "Compression", "Compressor", "ProcessSet",
-    "global_process_set",
+    "DistributedGradientTape", "DistributedOptimizer", "Compression", "Compressor",
 ]

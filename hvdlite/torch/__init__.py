@@ -16,7 +16,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
-from ..process_sets import ProcessSet, global_process_set
 from .async_ops import (
     Handle,
     allgather_async,
@@ -59,5 +58,4 @@ __all__ = [
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
     "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor",
-    "ProcessSet", "global_process_set",
 ]

@@ -15,7 +15,7 @@ import torch
 
 from .. import api
 from ..ops import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..process_sets import ProcessSet, global_process_set
 from ..request import MappedHandle
 from .tensors import from_numpy, is_aliased, to_numpy
 
@@ -43,9 +43,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> list[Handle]:
     """Start reducing ``tensors`` as one group; each handle yields a new tensor."""
-    require_global(process_set, "grouped_allreduce_async")
     arrays = [to_numpy(t, name) for t in tensors]
-    handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor)
+    handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                          process_set=process_set)
     return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
 
 
@@ -53,10 +53,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> list[Handle]:
     """Start reducing ``tensors`` in place, as one group; each handle yields its tensor, updated."""
-    require_global(process_set, "grouped_allreduce_async_")
     arrays = [to_numpy(t, name) for t in tensors]
     handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                          outputs=arrays)
+                                          outputs=arrays, process_set=process_set)
     return [MappedHandle(h, _copy_back(t)) for h, t in zip(handles, tensors, strict=True)]
 
 
@@ -64,8 +63,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` across ranks (default Average); the handle yields a new tensor."""
-    require_global(process_set, "allreduce_async")
-    handle = api.allreduce_async(to_numpy(tensor, name), average, name, op, prescale_factor, postscale_factor)
+    handle = api.allreduce_async(to_numpy(tensor, name), average, name, op, prescale_factor, postscale_factor,
+                                 process_set=process_set)
     return MappedHandle(handle, _new_tensor(tensor))
 
 
@@ -73,9 +72,9 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; a contiguous CPU tensor is reduced in its own memory."""
-    require_global(process_set, "allreduce_async_")
     array = to_numpy(tensor, name)
-    handle = api.allreduce_async(array, average, name, op, prescale_factor, postscale_factor, output=array)
+    handle = api.allreduce_async(array, average, name, op, prescale_factor, postscale_factor, output=array,
+                                 process_set=process_set)
     return MappedHandle(handle, _copy_back(tensor))
 
 
@@ -99,31 +98,29 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 # ---- allgather, broadcast, alltoall, reducescatter -----------------------------------------------
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> list[Handle]:
-    require_global(process_set, "grouped_allgather_async")
-    handles = api.grouped_allgather_async([to_numpy(t, name) for t in tensors], name)
+    handles = api.grouped_allgather_async([to_numpy(t, name) for t in tensors], name, process_set=process_set)
     return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start concatenating every rank's ``tensor`` along dimension 0."""
-    require_global(process_set, "allgather_async")
-    return MappedHandle(api.allgather_async(to_numpy(tensor, name), name), _new_tensor(tensor))
+    return MappedHandle(api.allgather_async(to_numpy(tensor, name), name, process_set), _new_tensor(tensor))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start copying ``root_rank``'s ``tensor`` to every rank; the handle yields a new tensor."""
-    require_global(process_set, "broadcast_async")
-    return MappedHandle(api.broadcast_async(to_numpy(tensor, name), root_rank, name), _new_tensor(tensor))
+    return MappedHandle(api.broadcast_async(to_numpy(tensor, name), root_rank, name, process_set=process_set),
+                        _new_tensor(tensor))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start overwriting ``tensor`` with ``root_rank``'s, in place."""
-    require_global(process_set, "broadcast_async_")
     array = to_numpy(tensor, name)
-    return MappedHandle(api.broadcast_async(array, root_rank, name, output=array), _copy_back(tensor))
+    return MappedHandle(api.broadcast_async(array, root_rank, name, output=array, process_set=process_set),
+                        _copy_back(tensor))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -135,7 +132,6 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start an alltoall; the handle yields (received tensor, rows received from each rank)."""
-    require_global(process_set, "alltoall_async")
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
 
@@ -143,15 +139,15 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
         data, received = result
         return from_numpy(data, tensor), torch.from_numpy(received.astype(np.int32))
 
-    return MappedHandle(api.alltoall_async(to_numpy(tensor, name), splits, name), convert)
+    return MappedHandle(api.alltoall_async(to_numpy(tensor, name), splits, name, process_set), convert)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 process_set: ProcessSet = global_process_set) -> list[Handle]:
-    require_global(process_set, "grouped_reducescatter_async")
     arrays = [to_numpy(t, name) for t in tensors]
-    handles = api.grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor)
+    handles = api.grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor,
+                                              process_set=process_set)
     return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
 
 
@@ -159,8 +155,8 @@ def reducescatter_async(tensor: torch.Tensor, op: ReduceOp | None = None, name: 
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                         process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` and keeping this rank's block of rows."""
-    require_global(process_set, "reducescatter_async")
-    handle = api.reducescatter_async(to_numpy(tensor, name), op, name, prescale_factor, postscale_factor)
+    handle = api.reducescatter_async(to_numpy(tensor, name), op, name, prescale_factor, postscale_factor,
+                                     process_set)
     return MappedHandle(handle, _new_tensor(tensor))
 
 
@@ -176,14 +172,13 @@ def synchronize(handle: Handle) -> Any:
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Return once every rank has called ``barrier()``."""
-    require_global(process_set, "barrier")
-    api.barrier()
+    """Return once every rank (of ``process_set``) has called ``barrier()``."""
+    api.barrier(process_set)
 
 
-def join(device: int = -1) -> int:
+def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
     """Declare this rank out of data (``device`` is accepted for Horovod compatibility); returns the last rank to join."""
-    return api.join()
+    return api.join(process_set)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ import torch
 
 from .. import api, dtypes
 from ..ops import ReduceOp
+from ..process_sets import ProcessSet
 from ..request import Handle, RequestMeta
 from ..segments import Segments
 from . import tensors
@@ -58,7 +59,7 @@ def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap
     return buckets
 
 
-def start_bucket(bucket: Bucket) -> tuple[Handle, Callable[[], None]]:
+def start_bucket(bucket: Bucket, process_set: ProcessSet | None = None) -> tuple[Handle, Callable[[], None]]:
     """Submit ``bucket``; returns its handle and what to run after waiting for it."""
     params = bucket.params
     # Gradients that were not dense and contiguous after all (a user assigned .grad): reduced as a
@@ -77,7 +78,7 @@ def start_bucket(bucket: Bucket) -> tuple[Handle, Callable[[], None]]:
         return arrays
 
     segments = Segments(bucket.meta.name, dtypes.SUPPORTED[bucket.meta.dtype], bucket.meta.shape[0], resolve)
-    handle = api.allreduce_segments_async(bucket.meta, segments)
+    handle = api.allreduce_segments_async(bucket.meta, segments, process_set)
 
     def after_wait() -> None:
         for param, grad, reduced in copies:

@@ -6,6 +6,8 @@ Each ``autograd.Function`` runs its collective forward and hands backward to the
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,31 +16,36 @@ import torch
 from .. import api
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp, resolve_op
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..process_sets import ProcessSet, global_process_set
 from ..training import gradients as rules
 from . import async_ops
 from .async_ops import synchronize
 
 
-def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float) -> list[torch.Tensor]:
+def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float,
+               process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Blocking allreduce of one tensor, or of several as one group."""
     if len(tensors) == 1:
         return [synchronize(api.blocking(
-            lambda: async_ops.allreduce_async(tensors[0], None, None, op, prescale, postscale)))]
-    handles = api.blocking(lambda: async_ops.grouped_allreduce_async(tensors, None, None, op, prescale, postscale))
+            lambda: async_ops.allreduce_async(tensors[0], None, None, op, prescale, postscale, process_set)))]
+    handles = api.blocking(
+        lambda: async_ops.grouped_allreduce_async(tensors, None, None, op, prescale, postscale, process_set))
     return [synchronize(h) for h in handles]
 
 
-def _allgather(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _allgather(tensors: list[torch.Tensor], process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Blocking allgather of one tensor, or of several as one group."""
     if len(tensors) == 1:
-        return [synchronize(api.blocking(lambda: async_ops.allgather_async(tensors[0].contiguous())))]
-    handles = api.blocking(lambda: async_ops.grouped_allgather_async([t.contiguous() for t in tensors]))
+        return [synchronize(api.blocking(lambda: async_ops.allgather_async(tensors[0].contiguous(), None,
+                                                                             process_set)))]
+    handles = api.blocking(lambda: async_ops.grouped_allgather_async([t.contiguous() for t in tensors], None,
+                                                                     process_set))
     return [synchronize(h) for h in handles]
 
 
-def _alltoall(tensor: torch.Tensor, splits: torch.Tensor) -> torch.Tensor:
-    return synchronize(api.blocking(lambda: async_ops.alltoall_async(tensor.contiguous(), splits)))[0]
+def _alltoall(tensor: torch.Tensor, splits: torch.Tensor, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(api.blocking(lambda: async_ops.alltoall_async(tensor.contiguous(), splits, None,
+                                                                     process_set)))[0]
 
 
 _OPS = rules.GradientOps(
@@ -46,6 +53,16 @@ _OPS = rules.GradientOps(
     scale=lambda tensor, factor: tensor * factor, total=lambda counts: int(counts.sum()),
     rows=lambda tensor, start, stop: tensor.narrow(0, start, stop - start),
 )
+
+
+def _ops(process_set: ProcessSet) -> rules.GradientOps:
+    """The gradient rules' torch operations, on ``process_set``'s ranks."""
+    if process_set is None or process_set is global_process_set:
+        return _OPS
+    return dataclasses.replace(
+        _OPS, allreduce=functools.partial(_allreduce, process_set=process_set),
+        allgather=functools.partial(_allgather, process_set=process_set),
+        alltoall=functools.partial(_alltoall, process_set=process_set), rank=process_set.rank, size=process_set.size)
 
 
 def _rows(tensor: torch.Tensor) -> int:
@@ -61,85 +78,93 @@ def _row_count(rows: int) -> torch.Tensor:
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
-                postscale: float) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale)
-        return synchronize(api.blocking(lambda: async_ops.allreduce_async(tensor, None, name, op, prescale, postscale)))
+                postscale: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.args, ctx.process_set = (op, prescale, postscale), process_set
+        return synchronize(api.blocking(
+            lambda: async_ops.allreduce_async(tensor, None, name, op, prescale, postscale, process_set)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return rules.allreduce_grads(_OPS, [grad], *ctx.args)[0], None, None, None, None
+        return rules.allreduce_grads(_ops(ctx.process_set), [grad], *ctx.args)[0], None, None, None, None, None
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
-                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.args = (op, prescale, postscale)
-        handles = api.blocking(lambda: async_ops.grouped_allreduce_async(tensors, None, name, op, prescale, postscale))
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args, ctx.process_set = (op, prescale, postscale), process_set
+        handles = api.blocking(
+            lambda: async_ops.grouped_allreduce_async(tensors, None, name, op, prescale, postscale, process_set))
         return tuple(synchronize(h) for h in handles)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None, None, None, None, *rules.allreduce_grads(_OPS, grads, *ctx.args))
+        return (None, None, None, None, None, *rules.allreduce_grads(_ops(ctx.process_set), grads, *ctx.args))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.rows = _rows(tensor)
-        return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name)))
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        ctx.rows, ctx.process_set = _rows(tensor), process_set
+        return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name, process_set)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return rules.allgather_grad(_OPS, grad, _row_count(ctx.rows)), None
+        return rules.allgather_grad(_ops(ctx.process_set), grad, _row_count(ctx.rows)), None, None
 
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.rows = [_rows(t) for t in tensors]
-        return tuple(synchronize(h) for h in api.blocking(lambda: async_ops.grouped_allgather_async(tensors, name)))
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows, ctx.process_set = [_rows(t) for t in tensors], process_set
+        return tuple(synchronize(h) for h in api.blocking(
+            lambda: async_ops.grouped_allgather_async(tensors, name, process_set)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None, *(rules.allgather_grad(_OPS, g, _row_count(rows))
-                        for g, rows in zip(grads, ctx.rows, strict=True)))
+        ops = _ops(ctx.process_set)
+        return (None, None, *(rules.allgather_grad(ops, g, _row_count(rows))
+                              for g, rows in zip(grads, ctx.rows, strict=True)))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return synchronize(api.blocking(lambda: async_ops.broadcast_async(tensor, root_rank, name)))
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(api.blocking(lambda: async_ops.broadcast_async(tensor, root_rank, name, process_set)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return rules.broadcast_grad(_OPS, grad, ctx.root_rank), None, None
+        return rules.broadcast_grad(_ops(ctx.process_set), grad, ctx.root_rank), None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = synchronize(api.blocking(lambda: async_ops.alltoall_async(tensor, splits, name)))
-        ctx.received = received
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = synchronize(api.blocking(
+            lambda: async_ops.alltoall_async(tensor, splits, name, process_set)))
+        ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _unused: Any) -> tuple:
-        return rules.alltoall_grad(_OPS, grad, ctx.received), None, None
+        return rules.alltoall_grad(_ops(ctx.process_set), grad, ctx.received), None, None, None
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
-                postscale: float) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale)
-        return synchronize(api.blocking(lambda: async_ops.reducescatter_async(tensor, op, name, prescale, postscale)))
+                postscale: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.args, ctx.process_set = (op, prescale, postscale), process_set
+        return synchronize(api.blocking(
+            lambda: async_ops.reducescatter_async(tensor, op, name, prescale, postscale, process_set)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return rules.reducescatter_grads(_OPS, [grad], *ctx.args)[0], None, None, None, None
+        return rules.reducescatter_grads(_ops(ctx.process_set), [grad], *ctx.args)[0], None, None, None, None, None
 
 
 # ---- public blocking forms -----------------------------------------------------------------------
@@ -148,10 +173,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` across ranks (default Average) and return a new tensor. Differentiable."""
-    require_global(process_set, "allreduce")
     resolved = resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
@@ -160,40 +184,36 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce several tensors as one group (fused where possible) and return new tensors. Differentiable."""
-    require_global(process_set, "grouped_allreduce")
     resolved = resolve_op(op, average)
     pairs = [compression.compress(t) for t in tensors]
-    reduced = _GroupedAllreduce.apply(name, resolved, prescale_factor, postscale_factor, *(t for t, _ in pairs))
+    reduced = _GroupedAllreduce.apply(name, resolved, prescale_factor, postscale_factor, process_set,
+                                      *(t for t, _ in pairs))
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs, strict=True)]
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dimension 0 (sizes may differ). Differentiable."""
-    require_global(process_set, "allgather")
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Allgather several tensors as one group. Differentiable."""
-    require_global(process_set, "grouped_allgather")
-    return list(_GroupedAllgather.apply(name, *tensors))
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return ``root_rank``'s ``tensor`` on every rank, as a new tensor. Differentiable."""
-    require_global(process_set, "broadcast")
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send ``splits[r]`` rows of ``tensor`` to rank r. Returns the received tensor, and with ``splits``
     also the rows received from each rank. Differentiable."""
-    require_global(process_set, "alltoall")
-    output, received = _Alltoall.apply(tensor, splits, name)
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -201,8 +221,7 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp | None = None, name: str | 
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                   process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` (Sum or Average) and return this rank's block of rows. Differentiable."""
-    require_global(process_set, "reducescatter")
-    return _Reducescatter.apply(tensor, name, resolve_op(op), prescale_factor, postscale_factor)
+    return _Reducescatter.apply(tensor, name, resolve_op(op), prescale_factor, postscale_factor, process_set)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,

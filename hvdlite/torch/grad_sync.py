@@ -9,6 +9,7 @@ buckets instead (one request per bucket, see :mod:`hvdlite.torch.buckets`).
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable
 
@@ -17,6 +18,7 @@ import torch
 from .. import api
 from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp
+from ..process_sets import ProcessSet, global_process_set
 from ..request import Handle, MappedHandle, RequestMeta
 from ..training.sparse import allreduce_sparse
 from . import async_ops, tensors
@@ -82,8 +84,9 @@ class GradientSubmitter:
 
     def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor], op: ReduceOp,
                  scales: tuple[float, float], groups: int | list[list[torch.Tensor]] | None, sparse_as_dense: bool,
-                 bucket_bytes: int = 0) -> None:
+                 bucket_bytes: int = 0, process_set: ProcessSet = global_process_set) -> None:
         self._names = names
+        self._process_set = process_set  # whose ranks average the gradients
         self._compression = compression
         self._op = op
         self._scale = scales  # (prescale, postscale), from hvdlite.training.options.predivide_scales
@@ -152,7 +155,7 @@ class GradientSubmitter:
         self._in_place_cpu.clear()
 
     def _start_bucket(self, bucket: Bucket) -> Finisher:
-        handle, after_wait = start_bucket(bucket)
+        handle, after_wait = start_bucket(bucket, self._process_set)
         self._last_handle = handle
 
         def finish() -> None:
@@ -175,7 +178,8 @@ class GradientSubmitter:
             return self._start_in_place(param, grad)
         sent, ctx = self._compression.compress(grad)
         handle = async_ops.allreduce_async_(sent, name=self._names[param], op=self._op,
-                                            prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+                                            prescale_factor=self._scale[0], postscale_factor=self._scale[1],
+                                            process_set=self._process_set)
         self._last_handle = handle
 
         def finish() -> None:
@@ -195,7 +199,7 @@ class GradientSubmitter:
                 array, self._names[param], self._op, self._scale[0], self._scale[1])
         if self._buckets is None and meta.device == "cpu":
             self._in_place_cpu.add(param)
-        handle = self._last_handle = api.allreduce_prepared_async(meta, array)
+        handle = self._last_handle = api.allreduce_prepared_async(meta, array, self._process_set)
         return handle.wait
 
     def _start_group(self, index: int) -> Finisher:
@@ -203,7 +207,7 @@ class GradientSubmitter:
         pairs = [self._compression.compress(g) for g in grads]
         handles = async_ops.grouped_allreduce_async_(
             [sent for sent, _ in pairs], name=f"grad.group.{index}", op=self._op,
-            prescale_factor=self._scale[0], postscale_factor=self._scale[1])
+            prescale_factor=self._scale[0], postscale_factor=self._scale[1], process_set=self._process_set)
         self._last_handle = handles[-1]
 
         def finish() -> None:
@@ -217,8 +221,10 @@ class GradientSubmitter:
         """Sparse gradients are allgathered (indices and values) and summed by coalescing, as in Horovod."""
         grad = param.grad.coalesce()
         # Indices are (ndim, nnz): transposed, so that gathering concatenates the entries.
+        process_set = self._process_set
         wait = allreduce_sparse(grad.values().contiguous(), grad.indices().t().contiguous(), self._names[param],
-                                self._op, *self._scale, _start_gather, operator.mul)
+                                self._op, *self._scale, functools.partial(_start_gather, process_set=process_set),
+                                operator.mul, size=process_set.size())
 
         def finish() -> None:
             values, indices = wait()
@@ -226,9 +232,9 @@ class GradientSubmitter:
         return finish
 
 
-def _start_gather(values: torch.Tensor, indices: torch.Tensor,
-                  name: str | None) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+def _start_gather(values: torch.Tensor, indices: torch.Tensor, name: str | None,
+                  process_set: ProcessSet = global_process_set) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """Start allgathering a sparse gradient's rows; returns the wait for both."""
-    gathered_indices = async_ops.allgather_async(indices, name=f"{name}.indices")
-    gathered_values = async_ops.allgather_async(values, name=f"{name}.values")
+    gathered_indices = async_ops.allgather_async(indices, name=f"{name}.indices", process_set=process_set)
+    gathered_values = async_ops.allgather_async(values, name=f"{name}.values", process_set=process_set)
     return lambda: (gathered_values.wait(), gathered_indices.wait())

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ..compression import Compressor, NoneCompressor
-from ..ops import Average, ReduceOp
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..ops import Average, Collective, ReduceOp
+from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
 from ..training.options import check_passes, predivide_scales
 from .grad_sync import GradientSubmitter, name_parameters
@@ -110,24 +110,26 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
 
-    Each gradient's allreduce starts as soon as backward has produced it (after
+    With ``process_set``, gradients are averaged over that set's ranks only. Each gradient's
+    allreduce starts as soon as backward has produced it (after
     ``backward_passes_per_step`` local accumulations); ``step()`` waits for them. ``groups`` (an
     int, or lists of parameters) reduces gradients in groups that are negotiated together.
     ``gradient_predivide_factor`` splits the averaging into a division before the sum and the rest
     after it (only with ``op=Average``). Sparse gradients are allgathered, or densified with
     ``sparse_as_dense``.
     """
-    require_global(process_set, "DistributedOptimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if getattr(optimizer, "_hvdlite_reducer", None) is not None:
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
+    # A rank outside the set, or a set that is not registered: an error now, not at the first gradient.
+    current().communicators.of(process_set, Collective.ALLREDUCE, "DistributedOptimizer's gradients")
     names = name_parameters(optimizer, named_parameters)
     submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
-                                  current().config.bucket_bytes)
+                                  current().config.bucket_bytes, process_set)
     reducer = GradientReducer(optimizer, names, submitter, passes)
     optimizer._hvdlite_reducer = reducer
     optimizer.synchronize = reducer.synchronize

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .. import basics, objects
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..process_sets import ProcessSet, global_process_set
 from . import async_ops
 
 
@@ -20,13 +20,13 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
     ``params`` is a ``state_dict()`` (parameters and buffers) or ``named_parameters()``. All
     broadcasts start before any is waited for, so they overlap.
     """
-    require_global(process_set, "broadcast_parameters")
     items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
     handles = []
     for name, tensor in items:
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor")
-        handles.append(async_ops.broadcast_async_(tensor.data, root_rank, name=f"broadcast.param.{name}"))
+        handles.append(async_ops.broadcast_async_(tensor.data, root_rank, name=f"broadcast.param.{name}",
+                                                  process_set=process_set))
     for handle in handles:
         async_ops.synchronize(handle)
 
@@ -58,7 +58,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     have yet, and scalar hyperparameters such as the learning rate) travels as one object; its
     tensors travel as tensor broadcasts, then every rank loads the result.
     """
-    require_global(process_set, "broadcast_optimizer_state")
     is_root = basics.rank() == root_rank
     tensors: list[torch.Tensor] = []  # the same order on every rank: the structure's traversal order
 
@@ -71,10 +70,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         return tensors[-1]
 
     structure = _replace(optimizer.state_dict(), torch.Tensor, send) if is_root else None
-    structure = objects.broadcast_object(structure, root_rank, name="broadcast.optimizer_state.structure")
+    structure = objects.broadcast_object(structure, root_rank, name="broadcast.optimizer_state.structure",
+                                         process_set=process_set)
     if not is_root:
         received = _replace(structure, _TensorSlot, receive)
-    handles = [async_ops.broadcast_async_(t, root_rank, name=f"broadcast.optimizer_state.{i}")
+    handles = [async_ops.broadcast_async_(t, root_rank, name=f"broadcast.optimizer_state.{i}", process_set=process_set)
                for i, t in enumerate(tensors)]
     for handle in handles:
         async_ops.synchronize(handle)

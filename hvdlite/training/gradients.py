@@ -34,6 +34,9 @@ class GradientOps:
     scale: Callable[[Any, float], Any]  # tensor times a Python float, in the tensor's dtype
     total: Callable[[Any], Any]  # the sum of a 1-D integer tensor, as a row index
     rows: Callable[[Any, Any, Any], Any]  # (tensor, start, stop) -> tensor[start:stop]
+    # This rank's place among the collective's ranks, and how many they are (a process set's, or the job's).
+    rank: Callable[[], int] = lambda: basics.rank()  # noqa: E731 - looked up at call time
+    size: Callable[[], int] = lambda: basics.size()  # noqa: E731
 
 
 def allreduce_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
@@ -46,14 +49,14 @@ def allgather_grad(ops: GradientOps, grad: Any, rows: Any) -> Any:
     """Gradient of an allgather whose input on this rank had ``rows`` rows (a 1-element integer tensor)."""
     (summed,) = ops.allreduce([grad], ReduceOp.SUM, 1.0, 1.0)
     (every,) = ops.allgather([rows])  # ranks may have gathered different row counts: find where ours start
-    start = ops.total(every[: basics.rank()])
+    start = ops.total(every[: ops.rank()])
     return ops.rows(summed, start, start + ops.total(rows))
 
 
 def broadcast_grad(ops: GradientOps, grad: Any, root_rank: int) -> Any:
     """Gradient of a broadcast from ``root_rank``: only the root's input reaches the outputs."""
     (averaged,) = ops.allreduce([grad], ReduceOp.AVERAGE, 1.0, 1.0)
-    return averaged if basics.rank() == root_rank else ops.zeros_like(averaged)
+    return averaged if basics.rank() == root_rank else ops.zeros_like(averaged)  # root_rank: a rank of the job
 
 
 def alltoall_grad(ops: GradientOps, grad: Any, received: Any) -> Any:
@@ -64,6 +67,6 @@ def alltoall_grad(ops: GradientOps, grad: Any, received: Any) -> Any:
 def reducescatter_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
                         postscale: float) -> list[Any]:
     """Gradients of a reducescatter (or a group of them) with these arguments."""
-    factor = reduction_scale(op, prescale, postscale, basics.size())
+    factor = reduction_scale(op, prescale, postscale, ops.size())
     gathered = ops.allgather(list(grads))
     return gathered if factor == 1.0 else [ops.scale(g, factor) for g in gathered]

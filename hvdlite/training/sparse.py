@@ -28,16 +28,17 @@ def check_sparse_op(op: ReduceOp, what: str) -> None:
 
 def allreduce_sparse(values: Any, indices: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
                      gather: Gather, scale: Callable[[Any, float], Any],
-                     what: str | None = None) -> Callable[[], tuple[Any, Any]]:
+                     what: str | None = None, size: int | None = None) -> Callable[[], tuple[Any, Any]]:
     """Start reducing a sparse tensor given as rows; returns a function that gives every rank's rows.
 
     ``gather`` starts the framework's allgather of the rows, ``scale`` multiplies values by a
-    float. ``what`` names the call in errors (by default, from ``name``).
+    float. ``what`` names the call in errors (by default, from ``name``). ``size``: how many ranks
+    take part (a process set's; default every rank of the job).
     """
     if what is None:
         what = f"allreduce of sparse tensor {name!r}" if name else "allreduce of a sparse tensor"
     check_sparse_op(op, what)
-    factor = reduction_scale(op, prescale, postscale, basics.size())
+    factor = reduction_scale(op, prescale, postscale, basics.size() if size is None else size)
     wait = gather(values, indices, name)
 
     def finish() -> tuple[Any, Any]:

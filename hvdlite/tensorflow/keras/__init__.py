@@ -16,7 +16,6 @@ from ...common import *  # noqa: F403 - the names every adapter shares
 from ...common import __all__ as _common_names
 from ...compression import Compressor, NoneCompressor
 from ...ops import ReduceOp
-from ...process_sets import ProcessSet, global_process_set
 from .. import collectives
 from ..compression import Compression
 from . import callbacks
@@ -49,5 +48,5 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = Non
 
 __all__ = [
     *_common_names, "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
-    "broadcast", "reducescatter", "callbacks", "Compression", "ProcessSet", "global_process_set",
+    "broadcast", "reducescatter", "callbacks", "Compression",
 ]

@@ -1,0 +1,176 @@
+"""The communicators this rank runs: the global one, and one per registered process set it is in.
+
+Each :class:`Communicator` is an MPI communicator of its own with an :class:`~hvdlite.engine.Engine`
+(queue, negotiation, response cache, fusion, shared-memory plane) and its own generated names, so
+sets never share a cycle, a cache bit or an unnamed-collective counter. Registering and removing a
+set is collective over the whole job: every rank calls it with the same set, checked here, and
+only the set's members build (or tear down) its engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .engine import Engine
+from .errors import ProcessSetError
+from .naming import NameGenerator
+from .ops import Collective
+from .process_sets import ProcessSet, global_process_set
+
+log = logging.getLogger("hvdlite")
+
+# Builds the engine of a communicator: (communicator, its members' global ranks) -> (the engine,
+# started; the private communicators it runs on, to free once it stopped).
+EngineFactory = Callable[[Any, list[int]], tuple[Engine, tuple[Any, ...]]]
+
+
+@dataclasses.dataclass
+class Communicator:
+    """This rank's part in one process set."""
+
+    process_set: ProcessSet
+    engine: Engine
+    names: NameGenerator
+    rank: int  # this rank's place in the set
+    size: int
+    comms: tuple[Any, ...] = ()  # the set's communicators, freed once its engine stopped (none for the global one)
+
+    def describe(self) -> str:
+        """How errors name the set."""
+        return f"process set {self.process_set.process_set_id} {self.process_set.ranks}"
+
+
+class Communicators:
+    """The global communicator and the process sets this rank is in, by set id."""
+
+    def __init__(self, world: Any, engine: Engine, make_engine: EngineFactory, dynamic: bool) -> None:
+        """``world``: the job's communicator (registration collectives go over a duplicate of it)."""
+        self._registry = world.Dup()  # set registration's own collectives, apart from the engines'
+        self._rank, self._size = world.Get_rank(), world.Get_size()
+        self._make_engine = make_engine
+        self.dynamic = dynamic
+        global_process_set._registered(0, list(range(self._size)), self._rank)
+        self.global_ = Communicator(global_process_set, engine, NameGenerator(), self._rank, self._size)
+        self._members: dict[int, Communicator] = {0: self.global_}
+        self._sets: dict[int, ProcessSet] = {0: global_process_set}  # every registered set, member or not
+        self._next_id = 1
+
+    def of(self, process_set: ProcessSet | None, collective: Collective, name: str | None) -> Communicator:
+        """The communicator a ``collective`` of tensor ``name`` on ``process_set`` runs on; a clear
+        error if it cannot run here."""
+        if process_set is None or process_set is global_process_set:
+            return self.global_
+        member = self._members.get(getattr(process_set, "process_set_id", None))
+        if member is not None and member.process_set is process_set:
+            return member
+        what = f"{collective.name.lower()} of {'an unnamed tensor' if name is None else repr(name)}"
+        if not isinstance(process_set, ProcessSet):
+            raise ProcessSetError(f"{what}: process_set must be a hvd.ProcessSet, got {process_set!r}")
+        if self._sets.get(process_set.process_set_id) is not process_set:
+            raise ProcessSetError(f"{what}: {process_set!r} is not registered (never added, or removed); register "
+                                  "it with hvd.init(process_sets=[...]) or hvd.add_process_set()")
+        raise ProcessSetError(f"{what}: rank {self._rank} is not in process set {process_set.process_set_id} "
+                              f"{process_set.ranks}, so it cannot take part in its collectives")
+
+    @property
+    def sets(self) -> list[ProcessSet]:
+        """Every registered set, the global one first."""
+        return [self._sets[i] for i in sorted(self._sets)]
+
+    def add(self, process_set: ProcessSet, dynamic: bool) -> None:
+        """Register ``process_set`` (collective over the job; ``dynamic``: after init)."""
+        if dynamic and not self.dynamic:
+            raise ProcessSetError("add_process_set needs hvd.init(process_sets='dynamic') "
+                                  "(or HVDLITE_DYNAMIC_PROCESS_SETS=1, hvdliterun --process-sets-dynamic)")
+        ranks = self._agreed_ranks(process_set)
+        process_set_id = self._next_id
+        self._next_id += 1
+        comm = self._registry.Split(0 if self._rank in ranks else _undefined(), self._rank)
+        process_set._registered(process_set_id, ranks, self._rank)
+        self._sets[process_set_id] = process_set
+        if self._rank in ranks:
+            engine, private = self._make_engine(comm, ranks)
+            self._members[process_set_id] = Communicator(process_set, engine, NameGenerator(),
+                                                         ranks.index(self._rank), len(ranks), (*private, comm))
+        log.debug("registered %s", process_set)
+
+    def remove(self, process_set: ProcessSet) -> None:
+        """Unregister ``process_set`` (collective over the job); members stop its engine first."""
+        if not self.dynamic:
+            raise ProcessSetError("remove_process_set needs hvd.init(process_sets='dynamic') "
+                                  "(or HVDLITE_DYNAMIC_PROCESS_SETS=1, hvdliterun --process-sets-dynamic)")
+        process_set_id = process_set.process_set_id
+        ids = self._registry.allgather(process_set_id)  # every check after it: a bad call fails on every rank
+        if len(set(ids)) != 1:
+            raise ProcessSetError(f"ranks removed different process sets: {_per_rank(ids)}")
+        if process_set is global_process_set:
+            raise ProcessSetError("the global process set cannot be removed")
+        if self._sets.get(process_set_id) is not process_set:
+            raise ProcessSetError(f"{process_set!r} is not registered (never added, or removed already)")
+        member = self._members.pop(process_set_id, None)
+        if member is not None:
+            _stop(member)
+        del self._sets[process_set_id]
+        process_set._removed()
+
+    def close(self) -> None:
+        """Stop every set's engine but the global one's (collective: every rank shuts down)."""
+        for process_set_id in sorted(self._members, reverse=True):
+            if process_set_id:
+                _stop(self._members.pop(process_set_id))
+        for process_set in self._sets.values():
+            process_set._removed()
+        self._sets = {}
+        self._registry.Free()
+
+    def _agreed_ranks(self, process_set: ProcessSet) -> list[int]:
+        """The set's ranks, checked to be the same on every rank, in range, unique and not yet registered.
+
+        Every check comes after the collective exchange, so a bad set fails on every rank alike.
+        """
+        ranks = process_set.ranks if process_set.mpi_comm is None else _world_ranks(process_set.mpi_comm, self._registry)
+        every = self._registry.allgather((ranks, process_set.process_set_id))
+        if any(other[0] != ranks for other in every):
+            raise ProcessSetError(f"ranks asked for different process sets: {_per_rank([e[0] for e in every])}")
+        registered = [r for r, (_, known) in enumerate(every) if known is not None]
+        if registered:
+            raise ProcessSetError(f"process set {ranks} is registered already (on rank(s) {registered})")
+        bad = [r for r in ranks if not 0 <= r < self._size]
+        if bad or not ranks:
+            raise ProcessSetError(f"process set {ranks}: ranks {bad} are outside the job's 0..{self._size - 1}"
+                                  if bad else "a process set needs at least one rank")
+        if len(set(ranks)) != len(ranks):
+            raise ProcessSetError(f"process set {ranks} names a rank more than once")
+        for known in self._sets.values():
+            if known.ranks == ranks:
+                raise ProcessSetError(f"process set {ranks} exists already as id {known.process_set_id}")
+        return ranks
+
+
+def _undefined() -> int:
+    from mpi4py import MPI
+
+    return MPI.UNDEFINED
+
+
+def _world_ranks(comm: Any, job: Any) -> list[int]:
+    """The job ranks of ``comm``'s members (``comm`` exists only on its members: others pass COMM_NULL)."""
+    from mpi4py import MPI
+
+    mine = [] if comm == MPI.COMM_NULL else comm.Get_group().Translate_ranks(
+        list(range(comm.Get_size())), job.Get_group())
+    return sorted({r for ranks in job.allgather(mine) for r in ranks})
+
+
+def _per_rank(values: list) -> str:
+    return ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+
+
+def _stop(member: Communicator) -> None:
+    """Shut a set's engine down (collective over the set) and free its communicators."""
+    member.engine.shutdown()
+    for comm in member.comms:
+        comm.Free()

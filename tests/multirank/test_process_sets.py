@@ -1,0 +1,56 @@
+"""Process sets with real ranks at np=3 and np=4 (oversubscribed): every collective on overlapping and
+disjoint sets, static and dynamic registration, bad sets failing on every rank, and a set that never
+waits for a rank outside it."""
+
+import re
+
+import pytest
+
+from .harness import run_script
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("case", ["static", "dynamic"])
+@pytest.mark.parametrize("np", [3, 4])
+def test_every_collective_on_overlapping_and_disjoint_sets(np, case):
+    result = run_script("process_sets.py", np, case, timeout=180)
+    for rank in range(np):
+        assert f"ok {case}" in result.lines(rank), result.output
+
+
+def test_a_rank_outside_a_set_gets_an_error_at_once():
+    result = run_script("process_sets.py", 3, "static", timeout=180)
+    # np=3 sets: [0, 2] (id 1), [0, 1] (id 2), [1] (id 3)
+    assert any("rank 1 is not in process set 1 [0, 2]" in line for line in result.lines(1)), result.output
+    assert any("rank 2 is not in process set 2 [0, 1]" in line for line in result.lines(2)), result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_bad_sets_fail_on_every_rank_and_the_job_goes_on(np):
+    result = run_script("process_sets.py", np, "bad_sets", timeout=120)
+    for rank in range(np):
+        lines = result.lines(rank)
+        assert "ok bad_sets" in lines, result.output
+        assert sum(line.startswith("caught ProcessSetError") for line in lines) >= 7, result.output
+
+
+def test_adding_a_set_without_dynamic_mode_is_refused():
+    result = run_script("process_sets.py", 2, "not_dynamic", timeout=60)
+    for rank in range(2):
+        assert "ok not_dynamic" in result.lines(rank), result.output
+
+
+def test_a_set_keeps_reducing_while_a_rank_outside_it_sleeps():
+    result = run_script("process_sets.py", 3, "concurrent", timeout=120)
+    for rank in (0, 1):
+        seconds = [float(m.group(1)) for line in result.lines(rank) if (m := re.match(r"pair seconds (\S+)", line))]
+        # 200 small allreduces take well under a second here; rank 2 sleeps 6 s. Waiting for it would show.
+        assert seconds and seconds[0] < 4.0, result.output
+
+
+@pytest.mark.parametrize("np", [3, 4])
+def test_torch_trains_two_data_parallel_sets_like_one_process_each(np):
+    result = run_script("torch_process_sets.py", np, timeout=240)
+    for rank in range(np):
+        assert "ok torch process sets" in result.lines(rank), result.output
