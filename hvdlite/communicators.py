@@ -56,7 +56,6 @@ class Communicators:
         self.global_ = Communicator(global_process_set, engine, NameGenerator(), self._rank, self._size)
         self._members: dict[int, Communicator] = {0: self.global_}
         self._sets: dict[int, ProcessSet] = {0: global_process_set}  # every registered set, member or not
-        self._next_id = 1
 
     def of(self, process_set: ProcessSet | None, collective: Collective, name: str | None) -> Communicator:
         """The communicator a ``collective`` of tensor ``name`` on ``process_set`` runs on; a clear
@@ -86,8 +85,7 @@ class Communicators:
             raise ProcessSetError("add_process_set needs hvd.init(process_sets='dynamic') "
                                   "(or HVDLITE_DYNAMIC_PROCESS_SETS=1, hvdliterun --process-sets-dynamic)")
         ranks = self._agreed_ranks(process_set)
-        process_set_id = self._next_id
-        self._next_id += 1
+        process_set_id = min(set(range(1, len(self._sets) + 1)) - set(self._sets))  # a freed id is reused, as in Horovod
         comm = self._registry.Split(0 if self._rank in ranks else _undefined(), self._rank)
         process_set._registered(process_set_id, ranks, self._rank)
         self._sets[process_set_id] = process_set
@@ -97,8 +95,10 @@ class Communicators:
                                                          ranks.index(self._rank), len(ranks), (*private, comm))
         log.debug("registered %s", process_set)
 
-    def remove(self, process_set: ProcessSet) -> None:
-        """Unregister ``process_set`` (collective over the job); members stop its engine first."""
+    def remove(self, process_set: ProcessSet) -> bool:
+        """Unregister ``process_set`` (collective over the job); members stop its engine first.
+
+        False for the global set and for one that is not registered (nothing happens then)."""
         if not self.dynamic:
             raise ProcessSetError("remove_process_set needs hvd.init(process_sets='dynamic') "
                                   "(or HVDLITE_DYNAMIC_PROCESS_SETS=1, hvdliterun --process-sets-dynamic)")
@@ -106,15 +106,14 @@ class Communicators:
         ids = self._registry.allgather(process_set_id)  # every check after it: a bad call fails on every rank
         if len(set(ids)) != 1:
             raise ProcessSetError(f"ranks removed different process sets: {_per_rank(ids)}")
-        if process_set is global_process_set:
-            raise ProcessSetError("the global process set cannot be removed")
-        if self._sets.get(process_set_id) is not process_set:
-            raise ProcessSetError(f"{process_set!r} is not registered (never added, or removed already)")
+        if process_set is global_process_set or self._sets.get(process_set_id) is not process_set:
+            return False
         member = self._members.pop(process_set_id, None)
         if member is not None:
             _stop(member)
         del self._sets[process_set_id]
         process_set._removed()
+        return True
 
     def close(self) -> None:
         """Stop every set's engine but the global one's (collective: every rank shuts down)."""

@@ -44,8 +44,12 @@ class ProcessSet:
         return None if self.process_set_id is None else len(self.ranks)
 
     def rank(self) -> int | None:
-        """This process's rank within the set, -1 if it is not a member (None before registration)."""
-        return None if self.process_set_id is None else self._rank
+        """This process's rank within the set (None before registration; an error on a non-member)."""
+        if self.process_set_id is None:
+            return None
+        if self._rank < 0:
+            raise ProcessSetError(f"this process is not part of process set {self.process_set_id} {self.ranks}")
+        return self._rank
 
     def included(self) -> bool | None:
         """True if this process is a member (None before registration)."""
@@ -90,11 +94,11 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister ``process_set`` (every rank calls it); its collectives must be finished. Returns True.
+    """Unregister ``process_set`` (every rank calls it); its collectives must be finished.
 
-    Needs ``init(process_sets="dynamic")``; the global set cannot be removed.
+    Returns False, as Horovod's does, for the global set and for a set that is not registered.
+    Needs ``init(process_sets="dynamic")``. The set can be registered again later.
     """
     from .runtime import current
 
-    current().communicators.remove(process_set)
-    return True
+    return current().communicators.remove(process_set)

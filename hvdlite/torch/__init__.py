@@ -49,6 +49,7 @@ from .differentiable import (
     reducescatter,
 )
 from .optimizer import DistributedOptimizer
+from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
 
 __all__ = [
@@ -57,5 +58,5 @@ __all__ = [
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
-    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor",
+    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "sparse_allreduce", "sparse_allreduce_async",
 ]

@@ -9,7 +9,6 @@ buckets instead (one request per bucket, see :mod:`hvdlite.torch.buckets`).
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable, Iterable
 
@@ -21,7 +20,7 @@ from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..request import Handle, MappedHandle, RequestMeta
 from ..training.sparse import allreduce_sparse
-from . import async_ops, tensors
+from . import async_ops, sparse, tensors
 from .buckets import Bucket, plan_buckets, start_bucket
 
 Finisher = Callable[[], None]
@@ -223,18 +222,10 @@ class GradientSubmitter:
         # Indices are (ndim, nnz): transposed, so that gathering concatenates the entries.
         process_set = self._process_set
         wait = allreduce_sparse(grad.values().contiguous(), grad.indices().t().contiguous(), self._names[param],
-                                self._op, *self._scale, functools.partial(_start_gather, process_set=process_set),
-                                operator.mul, size=process_set.size())
+                                self._op, *self._scale, sparse.gather_waiter(process_set), operator.mul,
+                                size=process_set.size())
 
         def finish() -> None:
             values, indices = wait()
             param.grad = torch.sparse_coo_tensor(indices.t(), values, grad.shape, check_invariants=True).coalesce()
         return finish
-
-
-def _start_gather(values: torch.Tensor, indices: torch.Tensor, name: str | None,
-                  process_set: ProcessSet = global_process_set) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """Start allgathering a sparse gradient's rows; returns the wait for both."""
-    gathered_indices = async_ops.allgather_async(indices, name=f"{name}.indices", process_set=process_set)
-    gathered_values = async_ops.allgather_async(values, name=f"{name}.values", process_set=process_set)
-    return lambda: (gathered_values.wait(), gathered_indices.wait())

@@ -102,6 +102,15 @@ class GradientReducer:
             self._delay[param] = passes
 
 
+def _member_of(process_set: ProcessSet | None) -> bool:
+    """Whether this rank is in ``process_set``; an error for anything but a registered set."""
+    if process_set is None or process_set is global_process_set:
+        return True
+    if not isinstance(process_set, ProcessSet) or process_set.included() is None:
+        current().communicators.of(process_set, Collective.ALLREDUCE, "DistributedOptimizer's gradients")  # raises
+    return process_set.included()
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = NoneCompressor, backward_passes_per_step: int = 1,
@@ -110,7 +119,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
 
-    With ``process_set``, gradients are averaged over that set's ranks only. Each gradient's
+    With ``process_set``, gradients are averaged over that set's ranks only (on a rank outside
+    the set the optimizer stays local, as Horovod's). Each gradient's
     allreduce starts as soon as backward has produced it (after
     ``backward_passes_per_step`` local accumulations); ``step()`` waits for them. ``groups`` (an
     int, or lists of parameters) reduces gradients in groups that are negotiated together.
@@ -124,14 +134,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
-    # A rank outside the set, or a set that is not registered: an error now, not at the first gradient.
-    current().communicators.of(process_set, Collective.ALLREDUCE, "DistributedOptimizer's gradients")
+    member = _member_of(process_set)
     names = name_parameters(optimizer, named_parameters)
     submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
                                   current().config.bucket_bytes, process_set)
-    reducer = GradientReducer(optimizer, names, submitter, passes)
+    # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
+    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes)
     optimizer._hvdlite_reducer = reducer
+    # Horovod's attribute (parameter -> its name in named_parameters); Horovod's helpers and user code read it.
+    optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}
     optimizer.synchronize = reducer.synchronize
     optimizer.skip_synchronize = reducer.skip_synchronize
     optimizer.zero_grad = reducer.zero_grad

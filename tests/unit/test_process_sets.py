@@ -74,7 +74,9 @@ def test_a_member_gets_an_engine_and_ids_count_up():
     sets.add(inside, dynamic=True)
     sets.add(outside, dynamic=True)
     assert (inside.process_set_id, inside.rank(), inside.size(), inside.included()) == (1, 0, 2, True)
-    assert (outside.process_set_id, outside.rank(), outside.included()) == (2, -1, False)
+    assert (outside.process_set_id, outside.size(), outside.included()) == (2, 1, False)
+    with pytest.raises(ProcessSetError, match=r"not part of process set 2 \[0\]"):
+        outside.rank()
     assert [ranks for _, ranks in engines] == [[1, 2]]  # no engine for a set this rank is not in
     assert sets.of(inside, Collective.ALLREDUCE, "x").engine is engines[0][0]
     assert sets.of(None, Collective.ALLREDUCE, "x") is sets.of(global_process_set, Collective.ALLREDUCE, "x")
@@ -88,12 +90,14 @@ def test_removal_stops_the_engine_and_the_set_is_unknown_afterwards():
     sets, engines = make()
     ps = ProcessSet([0, 1])
     sets.add(ps, dynamic=True)
-    sets.remove(ps)
+    assert sets.remove(ps) is True
     assert engines[0][0].stopped and ps.process_set_id is None
     with pytest.raises(ProcessSetError, match="is not registered"):
         sets.of(ps, Collective.BROADCAST, None)
-    with pytest.raises(ProcessSetError, match="global process set cannot be removed"):
-        sets.remove(global_process_set)
+    assert sets.remove(ps) is False and sets.remove(global_process_set) is False  # as Horovod's
+    again = ProcessSet([0, 1])
+    sets.add(again, dynamic=True)
+    assert again.process_set_id == 1  # the freed id is reused
 
 
 @pytest.mark.parametrize(("ranks", "message"), [

@@ -172,6 +172,26 @@ def case_state(rank, size):
     assert len(state) == 4 and float(state[0]["step"]) == 1.0
     sums = hvd.allgather_object([float(s["exp_avg_sq"].sum()) for s in state.values()])
     assert all(s == sums[0] for s in sums), sums
+    # Parameters without a gradient (unused in forward, or frozen): what exists is broadcast, as in Horovod.
+    for make in (lambda ps: torch.optim.SGD(ps, lr=0.1 * (rank + 1), momentum=0.9),
+                 lambda ps: torch.optim.Adam(ps, lr=0.1 * (rank + 1))):
+        partly = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 1), "unused": torch.nn.Linear(3, 1),
+                                      "frozen": torch.nn.Linear(3, 1)})
+        partly["frozen"].requires_grad_(False)
+        wrapped = hvd.DistributedOptimizer(make(partly.parameters()), named_parameters=partly.named_parameters())
+        hvd.broadcast_optimizer_state(wrapped, root_rank=0)  # before any step: no state anywhere yet
+        wrapped.zero_grad()
+        partly["used"](torch.ones(2, 3)).sum().backward()
+        wrapped.step()
+        hvd.broadcast_optimizer_state(wrapped, root_rank=0)
+        assert wrapped.param_groups[0]["lr"] == 0.1, wrapped.param_groups[0]["lr"]
+    # Horovod's optimizer attribute, with and without named_parameters.
+    plain = hvd.DistributedOptimizer(torch.optim.SGD(small_model().parameters(), lr=0.1))
+    assert sorted(plain._parameter_names.values()) == [f"noname.{i}" for i in range(4)], plain._parameter_names
+    named_model = small_model()
+    named = hvd.DistributedOptimizer(torch.optim.SGD(named_model.parameters(), lr=0.1),
+                                     named_parameters=named_model.named_parameters())
+    assert named._parameter_names == {p: n for n, p in named_model.named_parameters()}, named._parameter_names
     print("ok state", flush=True)
 
 
@@ -194,6 +214,20 @@ def case_sparse(rank, size):
     for mode, got in zip(("allgather", "dense"), results, strict=False):
         diff = (got - results[2]).abs().max().item()
         assert diff < 1e-6, f"sparse gradients ({mode}) differ from single process by {diff}"
+    # Horovod's sparse_allreduce(_async): every rank's entries, averaged (or summed); the handle is also callable.
+    sparse = torch.sparse_coo_tensor(torch.tensor([[rank % 4, 3]]), torch.tensor([1.0 + rank, 10.0]), (5,))
+    expected = torch.zeros(5)
+    for r in range(size):
+        expected[r % 4] += 1.0 + r
+    expected[3] += 10.0 * size
+    summed = hvd.sparse_allreduce(sparse, name="sp.sum", op=hvd.Sum)
+    assert summed.is_sparse and torch.allclose(summed.to_dense(), expected), summed
+    handle = hvd.sparse_allreduce_async(sparse, name="sp.avg")
+    averaged = handle()
+    assert torch.allclose(averaged.to_dense(), expected / size) and hvd.poll(handle)
+    assert torch.allclose(hvd.synchronize(hvd.sparse_allreduce_async(sparse)).to_dense(), expected / size)
+    expect_error(hvd.UnsupportedOperationError, "takes a sparse COO tensor",
+                 lambda: hvd.sparse_allreduce(torch.ones(2), name="sp.dense"), "dense input")
     # Gathered rows can only be summed: Max is refused on every rank, before anything is sent.
     emb = torch.nn.Embedding(10, 3, sparse=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters(),

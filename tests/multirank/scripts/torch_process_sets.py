@@ -90,6 +90,13 @@ def main() -> None:
         raise AssertionError("a collective on a set this rank is not in must fail")
     except hvd.ProcessSetError as exc:
         assert f"rank {rank} is not in process set {other.process_set_id}" in str(exc), exc
+    # As in Horovod, an optimizer for a set this rank is not in stays local: it steps without any collective.
+    local = torch.nn.Linear(2, 1)
+    before = local.weight.detach().clone()
+    outsider = hvd.DistributedOptimizer(torch.optim.SGD(local.parameters(), lr=1.0), process_set=other)
+    local(torch.ones(1, 2)).sum().backward()
+    outsider.step()
+    assert torch.allclose(local.weight, before - 1.0)
     hvd.barrier(process_set=mine)
     assert hvd.allgather_object(mine.process_set_id) == [1 + r % 2 for r in range(size)]  # the global set still works
     hvd.shutdown()
