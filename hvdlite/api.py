@@ -14,21 +14,24 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dtypes
+from .arguments import (
+    allgather_pairs,
+    alltoall_meta,
+    as_array,
+    broadcast_meta,
+    check_outputs,
+    reducescatter_pairs,
+    reduction_meta,
+)
 from .communicators import Communicator
 from .describe import describe_reduction, device_of
 from .errors import UnsupportedOperationError
-from .gpu.arrays import DeviceArray
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .process_sets import ProcessSet
 from .request import Handle, MappedHandle, Request, RequestMeta
 from .runtime import Runtime, current
 from .segments import Segments
-
-
-def _array(tensor: Any) -> np.ndarray | DeviceArray:
-    return tensor if isinstance(tensor, (np.ndarray, DeviceArray)) else np.asarray(tensor)
-
 
 _T = TypeVar("_T")
 
@@ -53,6 +56,13 @@ def _target(process_set: ProcessSet | None, collective: Collective, name: str | 
     return current().communicators.of(process_set, collective, name)
 
 
+def _give_back(target: Communicator, name: str | None, collective: Collective) -> None:
+    """After a call failed on this rank before reaching its peers: give back the name it generated,
+    so that this rank's later unnamed collectives keep the same names as its peers'."""
+    if name is None:
+        target.names.undo(collective)
+
+
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]], target: Communicator,
             outputs: Sequence[np.ndarray | None] | None = None) -> list[Handle]:
     outputs = outputs if outputs is not None else [None] * len(pairs)
@@ -70,37 +80,6 @@ def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray
     return request.handle
 
 
-def _check_outputs(outputs: Sequence[np.ndarray] | None, arrays: list[np.ndarray], names: list[str]) -> None:
-    """An output array receives the result in place: it must match its input and be writable."""
-    if outputs is None:
-        return
-    if len(outputs) != len(arrays):
-        raise ValueError(f"{len(outputs)} output arrays given for {len(arrays)} tensors")
-    for out, array, name in zip(outputs, arrays, names, strict=True):
-        if type(out) is not type(array) or out.shape != array.shape or out.dtype != array.dtype:
-            raise UnsupportedOperationError(
-                f"output for tensor {name!r} must be an array of shape {array.shape} and dtype {array.dtype} "
-                f"in the same memory ({device_of(array)}) as the tensor")
-        if isinstance(out, DeviceArray):
-            if out is not array and out.overlaps(array):
-                raise UnsupportedOperationError(
-                    f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
-            continue
-        if not (out.flags.c_contiguous and out.flags.writeable):
-            raise UnsupportedOperationError(f"output for tensor {name!r} must be C-contiguous and writable")
-        if out is not array and np.may_share_memory(out, array):
-            # In place means the very same array object; a different view of the same memory would
-            # hand MPI overlapping send and receive buffers.
-            raise UnsupportedOperationError(
-                f"output for tensor {name!r} overlaps its input; pass the input array itself for in place")
-
-
-def _reduction_meta(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
-                    prescale: float, postscale: float) -> RequestMeta:
-    """The checked description of a reduction, remembered by the runtime (the same call repeats every step)."""
-    return current().descriptions.reduction(collective, array, name, op, prescale, postscale)
-
-
 # ---- allreduce -----------------------------------------------------------------------------------
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -114,12 +93,16 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     runtime = current()  # once: this is the small-tensor hot path
     target = runtime.communicators.of(process_set, Collective.ALLREDUCE, name)
     member = target.names.resolve(name, Collective.ALLREDUCE)
-    array = _array(tensor)
-    if output is not None:
-        _check_outputs([output], [array], [member])
-    meta = runtime.descriptions.reduction(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
-                                          postscale_factor)
-    return _submit_one(meta, array, output, runtime, target)
+    try:
+        array = as_array(tensor)
+        if output is not None:
+            check_outputs([output], [array], [member])
+        meta = runtime.descriptions.reduction(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
+                                              postscale_factor)
+        return _submit_one(meta, array, output, runtime, target)
+    except BaseException:
+        _give_back(target, name, Collective.ALLREDUCE)
+        raise
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
@@ -137,7 +120,7 @@ def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, 
     For callers that reduce the same named tensor every step (an optimizer's gradients): the
     argument checks and the description are built once instead of per step.
     """
-    return describe_reduction(Collective.ALLREDUCE, _array(array), name, resolve_op(op), prescale_factor,
+    return describe_reduction(Collective.ALLREDUCE, as_array(array), name, resolve_op(op), prescale_factor,
                               postscale_factor)
 
 
@@ -162,7 +145,7 @@ def prepare_segmented_allreduce(name: str, dtype: np.dtype, size: int, op: Reduc
     """Describe an in-place allreduce of ``size`` elements of ``dtype`` held in pieces
     (:class:`~hvdlite.segments.Segments`), for :func:`allreduce_segments_async`."""
     described = np.broadcast_to(np.zeros((), dtype), (size,))  # shape and dtype only: nothing allocated
-    return _reduction_meta(Collective.ALLREDUCE, described, name, resolve_op(op), prescale_factor, postscale_factor)
+    return reduction_meta(Collective.ALLREDUCE, described, name, resolve_op(op), prescale_factor, postscale_factor)
 
 
 def allreduce_segments_async(meta: RequestMeta, segments: Segments, process_set: ProcessSet | None = None) -> Handle:
@@ -190,10 +173,14 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     resolved = resolve_op(op, average)
     target = _target(process_set, Collective.ALLREDUCE, name)
     names = group_member_names(target.names.resolve(name, Collective.ALLREDUCE), len(tensors))
-    arrays = [_array(t) for t in tensors]
-    _check_outputs(outputs, arrays, names)
-    return _submit([(_reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
-                    for a, n in zip(arrays, names, strict=True)], target, outputs)
+    try:
+        arrays = [as_array(t) for t in tensors]
+        check_outputs(outputs, arrays, names)
+        return _submit([(reduction_meta(Collective.ALLREDUCE, a, n, resolved, prescale_factor, postscale_factor), a)
+                        for a, n in zip(arrays, names, strict=True)], target, outputs)
+    except BaseException:
+        _give_back(target, name, Collective.ALLREDUCE)
+        raise
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
@@ -211,15 +198,11 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _si
     """Start gathering several tensors; each may have a different first dimension on each rank."""
     target = _target(process_set, Collective.ALLGATHER, name)
     base = target.names.resolve(name, Collective.ALLGATHER)
-    names = [base] if _single else group_member_names(base, len(tensors))
-    pairs = []
-    for tensor, member in zip(tensors, names, strict=True):
-        array = _array(tensor)
-        if array.ndim == 0:
-            raise UnsupportedOperationError(f"allgather of tensor {member!r} needs at least one dimension, got a scalar")
-        pairs.append((RequestMeta(member, Collective.ALLGATHER, dtypes.dtype_name(array, member), tuple(array.shape),
-                                  device=device_of(array)), array))
-    return _submit(pairs, target)
+    try:
+        return _submit(allgather_pairs(tensors, [base] if _single else group_member_names(base, len(tensors))), target)
+    except BaseException:
+        _give_back(target, name, Collective.ALLGATHER)
+        raise
 
 
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
@@ -245,23 +228,14 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
     """
     target = _target(process_set, Collective.BROADCAST, name)
     member = target.names.resolve(name, Collective.BROADCAST)
-    root = root_in(target, root_rank, f"broadcast of tensor {member!r}")
-    array = _array(tensor)
-    meta = RequestMeta(member, Collective.BROADCAST, dtypes.dtype_name(array, member), tuple(array.shape),
-                       root_rank=root, device=device_of(array))
-    outputs = None if output is None else [output]
-    _check_outputs(outputs, [array], [member])
-    return _submit([(meta, array)], target, outputs)[0]
-
-
-def root_in(target: Communicator, root_rank: Any, what: str) -> int:
-    """``root_rank`` (a rank of the job) as a rank of ``target``'s communicator, checked."""
-    ranks = target.process_set.ranks
-    if not isinstance(root_rank, (int, np.integer)) or int(root_rank) not in ranks:
-        where = f"[0, {target.size})" if target.process_set.process_set_id == 0 else \
-            f"process set {target.process_set.process_set_id}'s ranks {ranks}"
-        raise UnsupportedOperationError(f"{what}: root_rank={root_rank!r} is not in {where}")
-    return ranks.index(int(root_rank))
+    try:
+        array = as_array(tensor)
+        outputs = None if output is None else [output]
+        check_outputs(outputs, [array], [member])
+        return _submit([(broadcast_meta(target, array, root_rank, member), array)], target, outputs)[0]
+    except BaseException:
+        _give_back(target, name, Collective.BROADCAST)
+        raise
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
@@ -278,26 +252,13 @@ def alltoall_async(tensor: Any, splits: Sequence[int] | None = None, name: str |
     With a ``process_set``, r counts the set's members in order.
     """
     target = _target(process_set, Collective.ALLTOALL, name)
-    size = target.size
     member = target.names.resolve(name, Collective.ALLTOALL)
-    array = _array(tensor)
-    if array.ndim == 0:
-        raise UnsupportedOperationError(f"alltoall of tensor {member!r} needs at least one dimension")
-    rows = array.shape[0]
-    if splits is None:
-        if rows % size:
-            raise UnsupportedOperationError(
-                f"alltoall of tensor {member!r}: first dimension {rows} does not divide by {size} ranks; pass splits")
-        split_list = [rows // size] * size
-    else:
-        split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
-        if len(split_list) != size or min(split_list) < 0 or sum(split_list) != rows:
-            raise UnsupportedOperationError(
-                f"alltoall of tensor {member!r}: splits {split_list} must be {size} non-negative counts "
-                f"summing to the first dimension {rows}")
-    meta = RequestMeta(member, Collective.ALLTOALL, dtypes.dtype_name(array, member), tuple(array.shape),
-                       splits=tuple(split_list), device=device_of(array))
-    return _submit([(meta, array)], target)[0]
+    try:
+        array = as_array(tensor)
+        return _submit([(alltoall_meta(target.size, array, splits, member), array)], target)[0]
+    except BaseException:
+        _give_back(target, name, Collective.ALLTOALL)
+        raise
 
 
 def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None = None,
@@ -315,16 +276,11 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = No
     target = _target(process_set, Collective.REDUCESCATTER, name)
     base = target.names.resolve(name, Collective.REDUCESCATTER)
     names = [base] if _single else group_member_names(base, len(tensors))
-    if resolved not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise UnsupportedOperationError(f"reducescatter of {base!r} supports Sum and Average, not {resolved.name}")
-    pairs = []
-    for tensor, member in zip(tensors, names, strict=True):
-        array = _array(tensor)
-        if array.ndim == 0:
-            raise UnsupportedOperationError(f"reducescatter of tensor {member!r} needs at least one dimension")
-        meta = _reduction_meta(Collective.REDUCESCATTER, array, member, resolved, prescale_factor, postscale_factor)
-        pairs.append((meta, array))
-    return _submit(pairs, target)
+    try:
+        return _submit(reducescatter_pairs(tensors, names, base, resolved, prescale_factor, postscale_factor), target)
+    except BaseException:
+        _give_back(target, name, Collective.REDUCESCATTER)
+        raise
 
 
 def reducescatter_async(tensor: Any, op: ReduceOp | None = None, name: str | None = None,

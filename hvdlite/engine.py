@@ -238,7 +238,10 @@ class Engine:
         queue = self._queue
         self._dozing = True
         try:
-            while now < until and not queue.closed and (self._drivers or not queue.has_work):
+            # Work younger than a doze is left to its caller a little longer: one that waits at
+            # once is about to run the cycle itself, and taking it over would cost a hand-off.
+            while now < until and not queue.closed and (
+                    self._drivers or not queue.has_work or queue.arrived_since(now - _DOZE_SECONDS)):
                 self._wake.wait(_DOZE_SECONDS)
                 now = time.monotonic()
         finally:

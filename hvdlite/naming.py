@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import re
+from collections.abc import Iterable, Mapping
 
 from .ops import Collective
 
@@ -20,6 +22,11 @@ class NameGenerator:
         self._counters[collective] += 1
         return f"{collective.name.lower()}.noname.{self._counters[collective]}"
 
+    def undo(self, collective: Collective) -> None:
+        """Give back the last generated name of ``collective``: the call that took it failed on this
+        rank before reaching its peers, so they must not see the sequence shifted."""
+        self._counters[collective] -= 1
+
     def resolve(self, name: str | None, collective: Collective) -> str:
         """``name`` if given (must be a non-empty str), else the next generated name."""
         if name is None:
@@ -27,6 +34,41 @@ class NameGenerator:
         if not isinstance(name, str) or not name:
             raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
         return name
+
+
+_GENERATED = re.compile(r"([a-z]+)\.noname\.(\d+)")
+
+
+def diverged_generated_names(pending: Mapping[str, Iterable[int]]) -> list[tuple[list[str], str]]:
+    """Generated names that can never complete, because ranks are at different points of the sequence.
+
+    ``pending``: name -> the ranks that submitted it, for the names waiting for other ranks. Each
+    rank's oldest generated name of a collective is where that rank is in the sequence; two ranks
+    at different points means one skipped or added an unnamed collective (for instance one that
+    failed on that rank alone), and every later generated name is shifted. Returns, per collective
+    with such a divergence, the names to fail and the message saying so.
+    """
+    oldest: dict[str, dict[int, tuple[int, str]]] = {}  # collective -> rank -> (number, name)
+    for name, ranks in pending.items():
+        match = _GENERATED.match(name)
+        if match is None:
+            continue
+        kind, number = match.group(1), int(match.group(2))
+        for rank in ranks:
+            current = oldest.setdefault(kind, {}).get(rank)
+            if current is None or (number, name) < current:
+                oldest[kind][rank] = (number, name)
+    diverged = []
+    for kind, by_rank in sorted(oldest.items()):
+        if len({number for number, _ in by_rank.values()}) < 2:
+            continue
+        at = ", ".join(f"rank {rank} at {kind} #{number} ({name!r})" for rank, (number, name) in sorted(by_rank.items()))
+        message = (f"ranks called different sequences of unnamed {kind} collectives: {at}. A rank that skipped or "
+                   f"added an unnamed {kind} (one that failed on that rank alone, or a branch on the rank) shifts "
+                   "every later generated name; give these collectives names (name=...)")
+        names = sorted(name for name in pending if (m := _GENERATED.match(name)) and m.group(1) == kind)
+        diverged.append((names, message))
+    return diverged
 
 
 def group_member_names(base: str, count: int) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from ..naming import diverged_generated_names
 from ..ops import Collective
 from ..request import RequestMeta
 from ..response import RankMessage, Response, RoundResult
@@ -103,6 +104,10 @@ class Coordinator:
             response = self._decide(name)
             if response is not None:
                 responses.append(response)
+                self._forget(name)
+        for names, message in diverged_generated_names(self._table):
+            for name in names:
+                responses.append(_error(self._table[name][min(self._table[name])], message, "TensorMismatchError"))
                 self._forget(name)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))

@@ -55,6 +55,11 @@ class RequestQueue:
     def has_work(self) -> bool:
         return bool(self.pending or self._incoming)
 
+    def arrived_since(self, moment: float) -> bool:
+        """True if the oldest request not yet taken by a cycle was submitted after ``moment``."""
+        incoming = self._incoming
+        return bool(incoming) and incoming[0].submitted_at > moment
+
     @property
     def in_flight(self) -> int:
         """How many requests are queued or running (benchmarks check that none are left)."""

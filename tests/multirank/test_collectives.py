@@ -26,6 +26,17 @@ def test_join_counts_joined_ranks_as_zeros(np):
         assert f"join returned {np - 1}" in result.lines(rank)
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_under_join_every_other_collective_fails_at_once_on_every_waiting_rank(np):
+    result = run_script("failures.py", np, "join_others", timeout=90)
+    for rank in range(np - 1):
+        caught = [x for x in result.lines(rank) if x.startswith("caught UnsupportedOperationError")]
+        assert len(caught) == 4, result.output
+    returned = {x for rank in range(np) for x in result.lines(rank) if x.startswith("join returned")}
+    # every rank names the same last joiner, one of those that were still reducing
+    assert len(returned) == 1 and int(returned.pop().split()[-1]) in range(np - 1), result.output
+
+
 def test_init_on_a_subset_of_ranks():
     result = run_script("failures.py", 3, "subset")
     assert any("caught HvdliteError: rank 2 called init(comm=[0, 1])" in line for line in result.lines(2)), result.output

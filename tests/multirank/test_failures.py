@@ -50,6 +50,13 @@ def test_stall_warns_then_fails_every_rank(case, np):
     assert result.seconds < 30
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_unnamed_collectives_keep_one_sequence_and_divergence_is_an_immediate_error(np):
+    result = run_script("failures.py", np, "unnamed_sequence", timeout=60)
+    for rank in range(np):
+        assert "unnamed sequence ok" in result.lines(rank), result.output
+
+
 def test_peer_shutdown_fails_waiting_rank_at_once():
     result = run_script("failures.py", 2, "shutdown_peer", timeout=30)
     assert ("caught HvdliteShutdownError: tensor 'after.peer.shutdown' can never complete: rank(s) [1] "

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite import api, dtypes, errors
+from hvdlite import api, arguments, dtypes, errors
 from hvdlite.config import load_config
 from hvdlite.gpu import nccl, scaling, selection
 from hvdlite.gpu.arrays import DEVICE, DeviceArray
@@ -205,11 +205,11 @@ def test_a_device_array_is_described_with_its_device() -> None:
 def test_device_outputs_must_be_device_arrays_that_do_not_overlap_the_input() -> None:
     array = DeviceArray(0x1000, (4,), np.float32, 0, owner=None)
     with pytest.raises(errors.UnsupportedOperationError, match=r"same memory \(cuda\)"):
-        api._check_outputs([np.zeros(4, np.float32)], [array], ["t"])
+        arguments.check_outputs([np.zeros(4, np.float32)], [array], ["t"])
     with pytest.raises(errors.UnsupportedOperationError, match="overlaps its input"):
-        api._check_outputs([DeviceArray(0x1008, (4,), np.float32, 0, owner=None)], [array], ["t"])
-    api._check_outputs([array], [array], ["t"])  # in place: the very same array
-    api._check_outputs([DeviceArray(0x1010, (4,), np.float32, 0, owner=None)], [array], ["t"])
+        arguments.check_outputs([DeviceArray(0x1008, (4,), np.float32, 0, owner=None)], [array], ["t"])
+    arguments.check_outputs([array], [array], ["t"])  # in place: the very same array
+    arguments.check_outputs([DeviceArray(0x1010, (4,), np.float32, 0, owner=None)], [array], ["t"])
 
 
 def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_path() -> None:

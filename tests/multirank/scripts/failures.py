@@ -93,6 +93,40 @@ def killed(rank):
     hvd.allreduce(np.ones(2), name="never")
 
 
+def unnamed_sequence(rank):
+    """A call that fails on one rank only gives its generated name back; ranks that are nevertheless at
+    different points of the unnamed sequence get an immediate error saying so, not a hang."""
+    size = hvd.size()
+    if rank == 0:  # a scalar cannot be gathered: an error here, before any peer is involved
+        expect(hvd.UnsupportedOperationError, lambda: hvd.allgather(np.float64(1.0)))
+    assert hvd.allgather(np.full(1, float(rank))).tolist() == [float(r) for r in range(size)]
+    start = time.monotonic()
+    # As if the ranks had called different numbers of unnamed allgathers before: #7 on rank 0, #8 on rank 1...
+    error = expect(hvd.TensorMismatchError, lambda: hvd.allgather(np.ones(1), name=f"allgather.noname.{7 + rank}"))
+    assert "ranks called different sequences of unnamed allgather collectives: rank 0 at allgather #7" in str(error)
+    assert time.monotonic() - start < 20, "the divergence was not reported at once"
+    assert hvd.allgather(np.ones(1)).tolist() == [1.0] * size  # the sequence still agrees afterwards
+    print("unnamed sequence ok", flush=True)
+
+
+def join_others(rank):
+    """While a rank has joined, every collective but allreduce fails at once on the others, naming it."""
+    size = hvd.size()
+    if rank == size - 1:
+        print(f"join returned {hvd.join()}", flush=True)
+        return
+    start = time.monotonic()
+    for what, call in [("allgather", lambda: hvd.allgather(np.ones((1, 2)), name="j.ag")),
+                       ("broadcast", lambda: hvd.broadcast(np.ones(2), 0, name="j.bc")),
+                       ("alltoall", lambda: hvd.alltoall(np.ones(size), name="j.a2a")),
+                       ("reducescatter", lambda: hvd.reducescatter(np.ones((size, 1)), name="j.rs"))]:
+        error = expect(hvd.UnsupportedOperationError, call)
+        assert f"{what} of tensor 'j." in str(error) and f"rank(s) [{size - 1}] have called join()" in str(error)
+    assert time.monotonic() - start < 20, "the errors were not immediate"
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="j.ar").tolist() == [size - 1]  # the joined rank adds zeros
+    print(f"join returned {hvd.join()}", flush=True)
+
+
 def join(rank):
     """Rank r has r + 2 batches; ranks out of data join, the rest keep reducing with zeros for them."""
     size = hvd.size()
