@@ -180,7 +180,7 @@ class HostPlane:
                     buffer[start : start + tensor.size] = tensor
                 buffer[start + tensor.size : end] = 0  # padding: reduced along, never read
             if meta.prescale != 1.0:
-                buffer *= meta.prescale
+                scale_in_place(buffer, meta.prescale)
             send = None
 
         def results() -> list:
@@ -249,12 +249,13 @@ class HostPlane:
     def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
         if op is not ReduceOp.AVERAGE:
-            return None if postscale == 1.0 else (lambda piece: np.multiply(piece, postscale, out=piece))
+            return None if postscale == 1.0 else (lambda piece: scale_in_place(piece, postscale))
         if dtypes.is_floating(dtype):
             factor = postscale / self.size
             return lambda piece: np.multiply(piece, factor, out=piece)
         # integer average truncates toward zero, like a C cast of the float result
-        return lambda piece: np.copyto(piece, np.trunc(piece / self.size), casting="unsafe")
+        size = self.size
+        return lambda piece: np.copyto(piece, np.trunc(piece * postscale / size), casting="unsafe")
 
     def _allgather(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
@@ -293,7 +294,7 @@ class HostPlane:
         row = math.prod(meta.shape[1:])
         send = np.ascontiguousarray(request.tensor).reshape(-1).astype(wire, copy=meta.prescale != 1.0)
         if meta.prescale != 1.0:
-            send *= meta.prescale
+            scale_in_place(send, meta.prescale)
         recv = aligned_empty(rows[self.rank] * row, wire)
         self.transport.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
         scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
@@ -312,6 +313,11 @@ def _pieces(segments: Segments, rank: int) -> list[np.ndarray]:
     except errors.HvdliteError as exc:
         raise RuntimeError(f"rank {rank} cannot read the pieces of {segments.name!r} for a reduction its peers "
                            f"have started: {exc}") from exc
+
+
+def scale_in_place(array: np.ndarray, factor: float) -> None:
+    """``array`` times ``factor``; an integer array in float64, truncated back toward zero (as Horovod)."""
+    np.multiply(array, factor, out=array, casting="unsafe")
 
 
 def _reduce_in_order(ufunc: np.ufunc, out: np.ndarray, payloads: list[memoryview],

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from hvdlite.errors import UnsupportedOperationError
 from hvdlite.naming import NameGenerator, clashing_names, group_member_names
 from hvdlite.ops import Collective, ReduceOp, resolve_op
 
@@ -60,3 +61,14 @@ def test_dtype_names_come_from_the_table_and_reject_byte_swapped_arrays():
     assert dtypes.wire_dtype("bfloat16") == np.float32 and dtypes.WIRE_NAME["bool"] == "uint8"
     with pytest.raises(UnsupportedOperationError, match="'swapped' has dtype >f4 in non-native byte order"):
         dtypes.dtype_name(np.zeros(2, ">f4"), "swapped")
+
+
+def test_integer_scale_factors_are_accepted_on_the_host_and_refused_on_a_gpu_or_for_bool():
+    from hvdlite import dtypes
+
+    dtypes.check_reduction("int32", ReduceOp.SUM, 0.5, 2.0, "t")  # scaled as Horovod does, on the host
+    with pytest.raises(UnsupportedOperationError, match="'t': prescale_factor/postscale_factor need a floating-point "
+                                                        "tensor on a GPU, got int32"):
+        dtypes.check_reduction("int32", ReduceOp.SUM, 0.5, 1.0, "t", device="cuda")
+    with pytest.raises(UnsupportedOperationError, match="got bool"):
+        dtypes.check_reduction("bool", ReduceOp.SUM, 1.0, 2.0, "t")

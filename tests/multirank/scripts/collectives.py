@@ -162,6 +162,18 @@ def test_allreduce(rank, size):
     inputs = [data(r, (4,), np.float32) for r in range(size)]
     got = N(hvd.allreduce(T(inputs[rank]), op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="ar.scaled"))
     check(got, reduce_expected(inputs, hvd.Sum, np.float32, size, 0.5, 3.0), "scaled allreduce", 1e-5)
+    # Integer tensors are scaled as in Horovod: each value times the factor, truncated toward zero,
+    # before the reduction (prescale) and after it (postscale); Average divides after the postscale.
+    ints = [np.array([3, -3, 7, 1], np.int32) + r for r in range(size)]
+    for op in (hvd.Sum, hvd.Average):
+        pre = [np.trunc(x * 0.5) for x in ints]
+        total = np.sum(pre, axis=0) * 3.0 / (size if op == hvd.Average else 1)
+        got = N(hvd.allreduce(T(ints[rank]), op=op, prescale_factor=0.5, postscale_factor=3.0, name=f"ar.int.{op.name}"))
+        check(got, np.trunc(total).astype(np.int32), f"scaled int32 {op.name}")
+    rows = [np.arange(2 * size, dtype=np.int64).reshape(size, 2) * (r + 1) for r in range(size)]
+    got = N(hvd.reducescatter(T(rows[rank]), op=hvd.Sum, prescale_factor=1.5, name="rs.int.scaled"))
+    want = np.sum([np.trunc(x * 1.5) for x in rows], axis=0).astype(np.int64)[rank : rank + 1]
+    check(got, want, "scaled int64 reducescatter")
     got = N(hvd.allreduce(T(inputs[rank]), average=False, name="ar.average_false"))
     check(got, reduce_expected(inputs, hvd.Sum, np.float32, size), "average=False", 1e-5)
     # a scalar and an empty tensor
