@@ -167,6 +167,20 @@ class _Reducescatter(torch.autograd.Function):
         return rules.reducescatter_grads(_ops(ctx.process_set), [grad], *ctx.args)[0], None, None, None, None, None
 
 
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
+                process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.args, ctx.process_set = (op, prescale, postscale), process_set
+        handles = api.blocking(lambda: async_ops.grouped_reducescatter_async(tensors, op, name, prescale, postscale,
+                                                                             process_set))
+        return tuple(synchronize(h) for h in handles)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        return (None, None, None, None, None, *rules.reducescatter_grads(_ops(ctx.process_set), grads, *ctx.args))
+
+
 # ---- public blocking forms -----------------------------------------------------------------------
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               compression: type[Compressor] = NoneCompressor, op: ReduceOp | None = None,
@@ -227,7 +241,6 @@ def reducescatter(tensor: torch.Tensor, op: ReduceOp | None = None, name: str | 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Reducescatter several tensors as one group (not differentiable, as in Horovod)."""
-    handles = api.blocking(lambda: async_ops.grouped_reducescatter_async(tensors, op, name, prescale_factor,
-                                                                         postscale_factor, process_set))
-    return [synchronize(h) for h in handles]
+    """Reducescatter several tensors as one group (Sum or Average). Differentiable."""
+    return list(_GroupedReducescatter.apply(name, resolve_op(op), prescale_factor, postscale_factor, process_set,
+                                            *tensors))

@@ -1,11 +1,16 @@
-"""The gradient of each collective, as in Horovod, for any framework's autograd.
+"""The gradient of each collective, exactly as Horovod computes it, for any framework's autograd.
 
 - allreduce: an allreduce of the gradient with the same op and scale factors;
-- allgather: this rank's rows of the gradient summed over ranks;
+- allgather: this rank's rows of the gradient **averaged** over ranks (Horovod's choice; the
+  mathematical gradient is their sum, ``size`` times larger);
 - broadcast: the averaged gradient on the root rank, zeros elsewhere;
 - alltoall: the gradient sent back along the rows each rank sent here;
-- reducescatter: every rank's gradient block gathered, scaled as the reduction was (so divided by
-  the number of ranks for Average).
+- reducescatter: every rank's gradient block gathered, times ``size`` for Sum and as is for
+  Average, times the scale factors (Horovod's choice again: ``size`` times the mathematical gradient,
+  which is the gathered blocks for Sum and the gathered blocks divided by ``size`` for Average).
+
+Horovod's users train with these (for instance models that allgather embeddings); a script moved
+to hvdlite keeps its gradients, and so its learning rates, unchanged.
 
 An adapter's autograd hook (a ``torch.autograd.Function``, a ``tf.custom_gradient``) calls these
 with a :class:`GradientOps` holding blocking collectives and a few tensor operations on its own
@@ -20,7 +25,6 @@ from typing import Any
 
 from .. import basics
 from ..ops import ReduceOp
-from .options import reduction_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +51,10 @@ def allreduce_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, presca
 
 def allgather_grad(ops: GradientOps, grad: Any, rows: Any) -> Any:
     """Gradient of an allgather whose input on this rank had ``rows`` rows (a 1-element integer tensor)."""
-    (summed,) = ops.allreduce([grad], ReduceOp.SUM, 1.0, 1.0)
+    (averaged,) = ops.allreduce([grad], ReduceOp.AVERAGE, 1.0, 1.0)
     (every,) = ops.allgather([rows])  # ranks may have gathered different row counts: find where ours start
     start = ops.total(every[: ops.rank()])
-    return ops.rows(summed, start, start + ops.total(rows))
+    return ops.rows(averaged, start, start + ops.total(rows))
 
 
 def broadcast_grad(ops: GradientOps, grad: Any, root_rank: int) -> Any:
@@ -67,6 +71,6 @@ def alltoall_grad(ops: GradientOps, grad: Any, received: Any) -> Any:
 def reducescatter_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
                         postscale: float) -> list[Any]:
     """Gradients of a reducescatter (or a group of them) with these arguments."""
-    factor = reduction_scale(op, prescale, postscale, ops.size())
+    factor = prescale * postscale * (ops.size() if op is ReduceOp.SUM else 1)
     gathered = ops.allgather(list(grads))
     return gathered if factor == 1.0 else [ops.scale(g, factor) for g in gathered]

@@ -112,9 +112,10 @@ def test_allreduce_gradient_is_the_same_allreduce(rank_1_of_3):
     assert calls == [("allreduce", ReduceOp.AVERAGE, 0.5, 2.0)] and [g.tolist() for g in grads] == [[1, 1], [1, 1, 1]]
 
 
-def test_allgather_gradient_is_this_ranks_rows_of_the_sum(rank_1_of_3):
+def test_allgather_gradient_is_this_ranks_rows_of_the_average_as_in_horovod(rank_1_of_3):
     grad = np.arange(6.0)  # ranks gathered 2, 3 and 1 rows: rank 1's are rows 2..4
-    assert rules.allgather_grad(_ops(), grad, np.array([3])).tolist() == [6.0, 9.0, 12.0]
+    # Horovod averages (its allgather backward is allreduce(average=True)); the sum would be 3x this
+    assert rules.allgather_grad(_ops(), grad, np.array([3])).tolist() == [2.0, 3.0, 4.0]
 
 
 def test_broadcast_gradient_is_the_average_on_the_root_only(rank_1_of_3):
@@ -126,10 +127,12 @@ def test_alltoall_gradient_goes_back_along_the_received_rows(rank_1_of_3):
     assert rules.alltoall_grad(_ops(), "grad", [1, 2, 0]) == ("grad", [1, 2, 0])
 
 
-def test_reducescatter_gradient_gathers_and_scales_as_the_reduction(rank_1_of_3):
+def test_reducescatter_gradient_gathers_and_scales_as_horovod_does(rank_1_of_3):
+    # Horovod: the gathered blocks, times size for Sum (the mathematical gradient is size times smaller
+    # for both ops), times the scale factors
     (averaged,) = rules.reducescatter_grads(_ops(), [np.ones(2)], ReduceOp.AVERAGE, 1.0, 1.0)
     (summed,) = rules.reducescatter_grads(_ops(), [np.ones(2)], ReduceOp.SUM, 2.0, 1.0)
-    assert np.allclose(averaged, [1 / 3] * 6) and summed.tolist() == [2.0] * 6
+    assert averaged.tolist() == [1.0] * 6 and summed.tolist() == [6.0] * 6
 
 
 # ---- sparse as allgather -------------------------------------------------------------------------

@@ -48,11 +48,15 @@ def case_gradients(rank, size):
         close(grad_of(lambda t: hvd.broadcast(t, root_rank=size - 1), x, w, compiled),
               total / size if rank == size - 1 else tf.zeros_like(x), "broadcast")
         gathered_w = [weights(r, (2 * size, 2)) for r in range(size)]
+        # Horovod's rules: allgather averages its output's gradient; reducescatter gathers it, times size
+        # for Sum (the mathematical gradients: the sum, and the plain gather divided by size for Average).
         close(grad_of(lambda t: hvd.allgather(t), tf.ones((2, 2), tf.float64), gathered_w[rank], compiled),
-              sum(gathered_w)[2 * rank: 2 * rank + 2], "allgather")
+              sum(gathered_w)[2 * rank: 2 * rank + 2] / size, "allgather")
         rs_w = [weights(r, (1, 2)) for r in range(size)]
         close(grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), tf.ones((size, 2), tf.float64), rs_w[rank],
-                      compiled), tf.concat(rs_w, 0), "reducescatter")
+                      compiled), tf.concat(rs_w, 0) * size, "reducescatter Sum")
+        close(grad_of(lambda t: hvd.reducescatter(t, op=hvd.Average), tf.ones((size, 2), tf.float64), rs_w[rank],
+                      compiled), tf.concat(rs_w, 0), "reducescatter Average")
         a2a_w = [weights(r, (size, 2)) for r in range(size)]
         want = tf.stack([a2a_w[d][rank] for d in range(size)])
         close(grad_of(lambda t: hvd.alltoall(t), tf.ones((size, 2), tf.float64), a2a_w[rank], compiled), want,

@@ -41,18 +41,23 @@ def case_gradients(rank, size):
     close(grad_of(lambda t: hvd.grouped_allreduce([t, t * 2], op=hvd.Sum)[1], x), 2 * sum(every_w), "grouped")
     close(grad_of(lambda t: hvd.broadcast(t, root_rank=size - 1), x),
           sum(every_w) / size if rank == size - 1 else torch.zeros_like(x), "broadcast")
-    # allgather: rank r contributes rows [r, r+1]; its gradient is its slice of the summed weights.
+    # allgather: rank r contributes rows [r, r+1]; Horovod's gradient is its slice of the *averaged*
+    # weights (allreduce(average=True) in its backward; the mathematical gradient is the sum).
     gathered_w = [weights(r, (2 * size, 2)) for r in range(size)]
     w = gathered_w[rank]
     close(grad_of(lambda t: hvd.allgather(t), torch.ones(2, 2, dtype=torch.float64)),
-          sum(gathered_w)[2 * rank: 2 * rank + 2], "allgather")
+          sum(gathered_w)[2 * rank: 2 * rank + 2] / size, "allgather")
     close(grad_of(lambda t: hvd.grouped_allgather([t])[0], torch.ones(2, 2, dtype=torch.float64)),
-          sum(gathered_w)[2 * rank: 2 * rank + 2], "grouped allgather")
-    # reducescatter Sum: every rank's input gets the concatenation of every rank's weights.
+          sum(gathered_w)[2 * rank: 2 * rank + 2] / size, "grouped allgather")
+    # reducescatter: every rank's input gets the concatenation of every rank's weights, times size for
+    # Sum and as is for Average (Horovod's rule; size times the mathematical gradient for both).
     rs_w = [weights(r, (1, 2)) for r in range(size)]
     w = rs_w[rank]
-    close(grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), torch.ones(size, 2, dtype=torch.float64)),
-          torch.cat(rs_w), "reducescatter")
+    block = torch.ones(size, 2, dtype=torch.float64)
+    close(grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), block), torch.cat(rs_w) * size, "reducescatter Sum")
+    close(grad_of(lambda t: hvd.reducescatter(t, op=hvd.Average), block), torch.cat(rs_w), "reducescatter Average")
+    close(grad_of(lambda t: hvd.grouped_reducescatter([t, 2 * t], op=hvd.Sum)[1], block), torch.cat(rs_w) * 2 * size,
+          "grouped reducescatter")
     # alltoall: the row sent to rank d comes back with rank d's weight for the row it received from us.
     a2a_w = [weights(r, (size, 2)) for r in range(size)]
     w = a2a_w[rank]

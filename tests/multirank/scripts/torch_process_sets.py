@@ -34,12 +34,13 @@ def check_collective_gradients(mine: hvd.ProcessSet, rank: int) -> None:
     gathered = hvd.allgather(rows, name="ag", process_set=mine)
     assert gathered.shape == (sum(r + 1 for r in members), 2), gathered.shape
     gathered.sum().backward()
-    assert rows.grad.shape == rows.shape and torch.all(rows.grad == n), rows.grad  # this member's rows, by set rank
+    # this member's rows (found by its rank in the set) of the output's gradient averaged over the set
+    assert rows.grad.shape == rows.shape and torch.all(rows.grad == 1.0), rows.grad
     block = torch.ones(2 * n, 1, requires_grad=True)
     mine_rows = hvd.reducescatter(block, op=hvd.Average, name="rs", process_set=mine)
     assert mine_rows.shape == (2, 1)
     mine_rows.sum().backward()
-    assert torch.allclose(block.grad, torch.full((2 * n, 1), 1.0 / n)), block.grad
+    assert torch.allclose(block.grad, torch.ones(2 * n, 1)), block.grad  # Horovod's rule: gathered, as is for Average
     root = members[-1]
     w = torch.full((3,), float(rank), requires_grad=True)
     b = hvd.broadcast(w, root_rank=root, name="bc", process_set=mine)
