@@ -84,12 +84,20 @@ class Communicators:
         if dynamic and not self.dynamic:
             raise ProcessSetError("add_process_set needs hvd.init(process_sets='dynamic') "
                                   "(or HVDLITE_DYNAMIC_PROCESS_SETS=1, hvdliterun --process-sets-dynamic)")
-        ranks = self._agreed_ranks(process_set)
-        process_set_id = min(set(range(1, len(self._sets) + 1)) - set(self._sets))  # a freed id is reused, as in Horovod
-        comm = self._registry.Split(0 if self._rank in ranks else _undefined(), self._rank)
+        groups, mine = self._agreed_groups(process_set)
+        color = next((index for index, ranks in enumerate(groups) if self._rank in ranks), _undefined())
+        comm = self._registry.Split(color, self._rank)  # one communicator per group, on its members
+        for index, ranks in enumerate(groups):
+            self._register(process_set if index == mine else ProcessSet(ranks), ranks,
+                           comm if self._rank in ranks else None)
+
+    def _register(self, process_set: ProcessSet, ranks: list[int], comm: Any) -> None:
+        """Give ``process_set`` the lowest free id (a freed id is reused, as in Horovod) and, on its
+        members (``comm`` not None), an engine."""
+        process_set_id = min(set(range(1, len(self._sets) + 1)) - set(self._sets))
         process_set._registered(process_set_id, ranks, self._rank)
         self._sets[process_set_id] = process_set
-        if self._rank in ranks:
+        if comm is not None:
             engine, private = self._make_engine(comm, ranks)
             self._members[process_set_id] = Communicator(process_set, engine, NameGenerator(),
                                                          ranks.index(self._rank), len(ranks), (*private, comm))
@@ -125,16 +133,33 @@ class Communicators:
         self._sets = {}
         self._registry.Free()
 
-    def _agreed_ranks(self, process_set: ProcessSet) -> list[int]:
-        """The set's ranks, checked to be the same on every rank, in range, unique and not yet registered.
+    def _agreed_groups(self, process_set: ProcessSet) -> tuple[list[list[int]], int]:
+        """The sets to register for ``process_set`` and which of them it is, checked on every rank alike.
 
-        Every check comes after the collective exchange, so a bad set fails on every rank alike.
+        From a list of ranks: that one set, the same on every rank. From an mpi4py communicator, as
+        in Horovod: every distinct group of ranks the ranks' communicators hold (a split gives each
+        rank its own part), and ``process_set`` is this rank's. Every check comes after the
+        collective exchange, so a bad set fails on every rank alike.
         """
-        ranks = process_set.ranks if process_set.mpi_comm is None else _world_ranks(process_set.mpi_comm, self._registry)
-        every = self._registry.allgather((ranks, process_set.process_set_id))
-        if any(other[0] != ranks for other in every):
-            raise ProcessSetError(f"ranks asked for different process sets: {_per_rank([e[0] for e in every])}")
+        if process_set.mpi_comm is None:
+            return [self._agreed_ranks(process_set.ranks, process_set.process_set_id)], 0
+        every = self._registry.allgather((_comm_ranks(process_set.mpi_comm, self._registry),
+                                          process_set.process_set_id))
+        groups = sorted({tuple(ranks) for ranks, _ in every if ranks})
+        if any(not ranks for ranks, _ in every) and len(groups) != 1:
+            raise ProcessSetError(f"ranks gave communicators of different groups and some none: {_per_rank(every)}")
         registered = [r for r, (_, known) in enumerate(every) if known is not None]
+        checked = [self._agreed_ranks(list(ranks), None, registered) for ranks in groups]
+        mine = every[self._rank][0]
+        return checked, checked.index(mine) if mine else 0
+
+    def _agreed_ranks(self, ranks: list[int], known_id: int | None, registered: list[int] | None = None) -> list[int]:
+        """``ranks``, checked to be the same on every rank, in range, unique and not yet registered."""
+        if registered is None:
+            every = self._registry.allgather((ranks, known_id))
+            if any(other[0] != ranks for other in every):
+                raise ProcessSetError(f"ranks asked for different process sets: {_per_rank([e[0] for e in every])}")
+            registered = [r for r, (_, known) in enumerate(every) if known is not None]
         if registered:
             raise ProcessSetError(f"process set {ranks} is registered already (on rank(s) {registered})")
         bad = [r for r in ranks if not 0 <= r < self._size]
@@ -155,13 +180,13 @@ def _undefined() -> int:
     return MPI.UNDEFINED
 
 
-def _world_ranks(comm: Any, job: Any) -> list[int]:
-    """The job ranks of ``comm``'s members (``comm`` exists only on its members: others pass COMM_NULL)."""
+def _comm_ranks(comm: Any, job: Any) -> list[int]:
+    """The job ranks of ``comm``'s members, sorted ([] for COMM_NULL: a rank outside the communicator)."""
     from mpi4py import MPI
 
-    mine = [] if comm == MPI.COMM_NULL else comm.Get_group().Translate_ranks(
-        list(range(comm.Get_size())), job.Get_group())
-    return sorted({r for ranks in job.allgather(mine) for r in ranks})
+    if comm == MPI.COMM_NULL:
+        return []
+    return sorted(comm.Get_group().Translate_ranks(list(range(comm.Get_size())), job.Get_group()))
 
 
 def _per_rank(values: list) -> str:

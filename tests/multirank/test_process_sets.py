@@ -26,6 +26,13 @@ def test_a_rank_outside_a_set_gets_an_error_at_once():
     assert any("rank 2 is not in process set 2 [0, 1]" in line for line in result.lines(2)), result.output
 
 
+@pytest.mark.parametrize("np", [3, 4])
+def test_sets_from_mpi4py_communicators(np):
+    result = run_script("process_sets.py", np, "from_comm", timeout=120)
+    for rank in range(np):
+        assert "ok from_comm" in result.lines(rank), result.output
+
+
 @pytest.mark.parametrize("np", [2, 3])
 def test_bad_sets_fail_on_every_rank_and_the_job_goes_on(np):
     result = run_script("process_sets.py", np, "bad_sets", timeout=120)

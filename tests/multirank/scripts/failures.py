@@ -43,7 +43,7 @@ def duplicate(rank):
     hvd.synchronize(handle)
     expect(hvd.UnsupportedOperationError, lambda: hvd.broadcast(np.ones(2), root_rank=hvd.size(), name="badroot"))
     expect(hvd.UnsupportedOperationError, lambda: hvd.alltoall(np.ones(5), splits=[5] + [1] * (hvd.size() - 1)))
-    expect(hvd.UnsupportedOperationError, lambda: hvd.allreduce(np.ones(2, np.int32), prescale_factor=2.0))
+    expect(hvd.UnsupportedOperationError, lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Sum, prescale_factor=2.0))
     expect(hvd.UnsupportedOperationError, lambda: hvd.allreduce(np.array(["a"])))
     print("job continues", flush=True)
 

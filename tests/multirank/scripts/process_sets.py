@@ -92,6 +92,23 @@ def dynamic(rank, size):
     hvd.shutdown()
 
 
+def from_comm(rank, size):
+    """Sets from mpi4py communicators, as in Horovod: a split registers every part, each rank's set is its own."""
+    from mpi4py import MPI
+
+    halves = MPI.COMM_WORLD.Split(rank % 2, rank)
+    pair = MPI.COMM_WORLD.Split(0 if rank < 2 else MPI.UNDEFINED, rank)  # COMM_NULL outside ranks 0 and 1
+    mine, first_two = hvd.ProcessSet(halves), hvd.ProcessSet(pair)
+    hvd.init(process_sets=[mine, first_two])
+    parity = [r for r in range(size) if r % 2 == rank % 2]
+    assert mine.ranks == parity and mine.process_set_id == 1 + rank % 2, mine  # even part id 1, odd part id 2
+    assert first_two.ranks == [0, 1] and first_two.process_set_id == 3 and first_two.included() == (rank < 2)
+    assert hvd.allreduce(np.array([float(rank)]), op=hvd.Sum, process_set=mine).tolist() == [float(sum(parity))]
+    if rank < 2:
+        assert hvd.allgather(np.array([rank]), process_set=first_two).tolist() == [0, 1]
+    hvd.shutdown()
+
+
 def bad_sets(rank, size):
     """Every bad registration fails on every rank with the same message; the job goes on."""
     hvd.init(process_sets="dynamic")
@@ -142,5 +159,5 @@ if __name__ == "__main__":
 
     case = sys.argv[1]
     {"static": static, "dynamic": dynamic, "bad_sets": bad_sets, "not_dynamic": not_dynamic,
-     "concurrent": concurrent}[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+     "concurrent": concurrent, "from_comm": from_comm}[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     print(f"ok {case}", flush=True)
