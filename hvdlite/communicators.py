@@ -38,10 +38,6 @@ class Communicator:
     size: int
     comms: tuple[Any, ...] = ()  # the set's communicators, freed once its engine stopped (none for the global one)
 
-    def describe(self) -> str:
-        """How errors name the set."""
-        return f"process set {self.process_set.process_set_id} {self.process_set.ranks}"
-
 
 class Communicators:
     """The global communicator and the process sets this rank is in, by set id."""

@@ -29,6 +29,7 @@ class ProcessSet:
         self.process_set_id: int | None = None
         self.mpi_comm: Any = None
         self.ranks: list[int] | None = None
+        self._rank: int | None = None  # this process's place among the ranks (-1: not a member), once registered
         if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator: its ranks are known at registration
             self.mpi_comm = ranks_or_comm
             return
@@ -37,7 +38,6 @@ class ProcessSet:
         if bad:
             raise ProcessSetError(f"a process set's ranks must be ints, got {bad!r} in {ranks!r}")
         self.ranks = sorted(ranks)
-        self._rank: int | None = None  # this process's place among the ranks, once registered
 
     def size(self) -> int | None:
         """How many ranks the set has (None before registration)."""
