@@ -6,8 +6,6 @@ Each ``autograd.Function`` runs its collective forward and hands backward to the
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,12 +55,7 @@ _OPS = rules.GradientOps(
 
 def _ops(process_set: ProcessSet) -> rules.GradientOps:
     """The gradient rules' torch operations, on ``process_set``'s ranks."""
-    if process_set is None or process_set is global_process_set:
-        return _OPS
-    return dataclasses.replace(
-        _OPS, allreduce=functools.partial(_allreduce, process_set=process_set),
-        allgather=functools.partial(_allgather, process_set=process_set),
-        alltoall=functools.partial(_alltoall, process_set=process_set), rank=process_set.rank, size=process_set.size)
+    return rules.on_set(_OPS, process_set)
 
 
 def _rows(tensor: torch.Tensor) -> int:

@@ -20,11 +20,13 @@ tensors; the rules themselves are written only here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import basics
 from ..ops import ReduceOp
+from ..process_sets import ProcessSet, global_process_set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,18 @@ class GradientOps:
     # This rank's place among the collective's ranks, and how many they are (a process set's, or the job's).
     rank: Callable[[], int] = lambda: basics.rank()  # noqa: E731 - looked up at call time
     size: Callable[[], int] = lambda: basics.size()  # noqa: E731
+
+
+def on_set(ops: GradientOps, process_set: ProcessSet | None) -> GradientOps:
+    """``ops`` with its collectives run on ``process_set``'s ranks (its ``allreduce``, ``allgather``
+    and ``alltoall`` take a ``process_set`` keyword), and ``rank``/``size`` the set's."""
+    if process_set is None or process_set is global_process_set:
+        return ops
+    return dataclasses.replace(
+        ops, allreduce=functools.partial(ops.allreduce, process_set=process_set),
+        allgather=functools.partial(ops.allgather, process_set=process_set),
+        alltoall=functools.partial(ops.alltoall, process_set=process_set), rank=process_set.rank,
+        size=process_set.size)
 
 
 def allreduce_grads(ops: GradientOps, grads: Sequence[Any], op: ReduceOp, prescale: float,
