@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import ProcessSetError, UnsupportedOperationError
+from .errors import ProcessSetError
 
 
 class ProcessSet:
@@ -72,13 +72,6 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])  # id 0 and every rank of the job, from init() to shutdown()
-
-
-def require_global(process_set: ProcessSet | None, where: str) -> None:
-    """Reject any set but the global one, for the framework functions that do not take sets yet."""
-    if process_set is not None and process_set is not global_process_set:
-        raise UnsupportedOperationError(
-            f"{where}: only the global process set is supported by this function so far, got {process_set!r}")
 
 
 def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:

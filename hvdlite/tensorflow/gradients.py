@@ -14,27 +14,28 @@ import tensorflow as tf
 
 from ..compression import Compressor, NoneCompressor
 from ..ops import Average, ReduceOp, resolve_op
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..process_sets import ProcessSet, global_process_set
 from ..training.options import predivide_scales
 from .collectives import grouped_allreduce
 
 
 def reduce_gradients(grads: Sequence[Any], op: ReduceOp = Average, compression: type[Compressor] = NoneCompressor,
                      sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
-                     name: str | None = None) -> list[Any]:
+                     name: str | None = None, process_set: ProcessSet = global_process_set) -> list[Any]:
     """``grads`` reduced across ranks in one grouped call; ``None`` entries stay ``None``.
 
-    ``tf.IndexedSlices`` are made dense first with ``sparse_as_dense``, else allgathered.
+    ``tf.IndexedSlices`` are made dense first with ``sparse_as_dense``, else allgathered. On a rank
+    outside ``process_set`` the gradients stay local, as with Horovod's torch optimizer.
     """
     prescale, postscale = predivide_scales(op, gradient_predivide_factor)
     present = [i for i, g in enumerate(grads) if g is not None]
-    if not present:
+    if not present or process_set.included() is False:  # None: unregistered, refused by the collective
         return list(grads)
     chosen = [grads[i] for i in present]
     if sparse_as_dense:
         chosen = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in chosen]
     reduced = grouped_allreduce(chosen, compression=compression, op=op, prescale_factor=prescale,
-                                postscale_factor=postscale, name=name)
+                                postscale_factor=postscale, name=name, process_set=process_set)
     results = list(grads)
     for i, value in zip(present, reduced, strict=True):
         results[i] = value
@@ -52,14 +53,13 @@ class DistributedGradientTape:
                  compression: type[Compressor] = NoneCompressor, sparse_as_dense: bool = False,
                  op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet = global_process_set) -> None:
-        require_global(process_set, "DistributedGradientTape")
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
         self._tape = gradtape
         self._op = resolve_op(op)
         predivide_scales(self._op, gradient_predivide_factor)  # reject a bad combination now, not at gradient()
         self._options = dict(compression=compression, sparse_as_dense=sparse_as_dense,
-                             gradient_predivide_factor=gradient_predivide_factor)
+                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:

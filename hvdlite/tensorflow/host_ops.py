@@ -11,8 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from .. import api, basics
-from ..ops import ReduceOp
+from .. import api
+from ..ops import Collective, ReduceOp
+from ..process_sets import ProcessSet
+from ..runtime import current
 from ..training.broadcast import broadcast_arrays
 from ..utils.rows import scatter_rows
 from .tensors import graph_name, in_graph, run_on_host
@@ -26,15 +28,28 @@ def _label(kind: str, name: str | None) -> str:
     return f"{kind} of {name!r}" if name else kind
 
 
+def _place(process_set: ProcessSet | None, collective: Collective, name: str | None) -> tuple[int, int]:
+    """This rank's rank and the size among ``process_set``'s ranks (default: the job's).
+
+    Raises the core's clear error now, when the op is built (traced), if this rank cannot take
+    part in a collective on ``process_set``: a graph built on a rank outside the set fails at once.
+    """
+    target = current().communicators.of(process_set, collective, name)
+    return target.rank, target.size
+
+
 def allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, prescale: float, postscale: float,
-              single: bool = False) -> list[tf.Tensor]:
+              single: bool = False, process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Reduce ``tensors`` as one group (``single``: one tensor named exactly ``name``)."""
     base = graph_name(name, "allreduce")
+    _place(process_set, Collective.ALLREDUCE, base)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
-            return _wait([api.allreduce_async(arrays[0], None, base, op, prescale, postscale)])
-        return _wait(api.grouped_allreduce_async(arrays, None, base, op, prescale, postscale))
+            return _wait([api.allreduce_async(arrays[0], None, base, op, prescale, postscale,
+                                              process_set=process_set)])
+        return _wait(api.grouped_allreduce_async(arrays, None, base, op, prescale, postscale,
+                                                 process_set=process_set))
 
     results = run_on_host(run, tensors, [t.dtype for t in tensors], _label("allreduce", base))
     for result, tensor in zip(results, tensors, strict=True):
@@ -42,14 +57,16 @@ def allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, pres
     return results
 
 
-def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = False) -> list[tf.Tensor]:
+def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = False,
+              process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Concatenate every rank's tensors along dimension 0 (its length is known only at run time)."""
     base = graph_name(name, "allgather")
+    _place(process_set, Collective.ALLGATHER, base)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
-            return _wait([api.allgather_async(arrays[0], base)])
-        return _wait(api.grouped_allgather_async(arrays, base))
+            return _wait([api.allgather_async(arrays[0], base, process_set)])
+        return _wait(api.grouped_allgather_async(arrays, base, process_set=process_set))
 
     results = run_on_host(run, tensors, [t.dtype for t in tensors], _label("allgather", base))
     for result, tensor in zip(results, tensors, strict=True):
@@ -58,12 +75,14 @@ def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = Fal
     return results
 
 
-def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, single: bool = False) -> list[tf.Tensor]:
+def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, single: bool = False,
+              process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """``root_rank``'s ``tensors`` on every rank, as one group (``single``: one tensor named exactly ``name``)."""
     base = graph_name(name, "broadcast")
+    _place(process_set, Collective.BROADCAST, base)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        return broadcast_arrays(arrays, root_rank, base, single)
+        return broadcast_arrays(arrays, root_rank, base, single, process_set)
 
     results = run_on_host(run, tensors, [t.dtype for t in tensors], _label("broadcast", base))
     for result, tensor in zip(results, tensors, strict=True):
@@ -71,12 +90,15 @@ def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, si
     return results
 
 
-def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None) -> tuple[tf.Tensor, tf.Tensor]:
+def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
+             process_set: ProcessSet | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Send ``splits[r]`` rows to rank r; returns (received rows, rows received from each rank as int32)."""
     base = graph_name(name, "alltoall")
+    _, size = _place(process_set, Collective.ALLTOALL, base)
 
     def run(array: np.ndarray, *split_array: np.ndarray) -> list[np.ndarray]:
-        data, received = api.synchronize(api.alltoall_async(array, split_array[0] if split_array else None, base))
+        data, received = api.synchronize(api.alltoall_async(array, split_array[0] if split_array else None, base,
+                                                            process_set))
         return [data, received.astype(np.int32)]
 
     if splits is not None and not in_graph():
@@ -86,22 +108,24 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None) -> t
     data, received = run_on_host(run, inputs, [tensor.dtype, tf.int32], _label("alltoall", base))
     if tensor.shape.rank is not None:
         data.set_shape([None] + tensor.shape.as_list()[1:])
-    received.set_shape([basics.size()])
+    received.set_shape([size])
     return data, received
 
 
 def reducescatter(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, prescale: float, postscale: float,
-                  single: bool = False) -> list[tf.Tensor]:
+                  single: bool = False, process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Reduce each tensor and keep this rank's block of rows (the first ``rows % size`` ranks get one more)."""
     base = graph_name(name, "reducescatter")
+    rank, size = _place(process_set, Collective.REDUCESCATTER, base)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
-            return _wait([api.reducescatter_async(arrays[0], op, base, prescale, postscale)])
-        return _wait(api.grouped_reducescatter_async(arrays, op, base, prescale, postscale))
+            return _wait([api.reducescatter_async(arrays[0], op, base, prescale, postscale,
+                                                  process_set=process_set)])
+        return _wait(api.grouped_reducescatter_async(arrays, op, base, prescale, postscale,
+                                                     process_set=process_set))
 
     results = run_on_host(run, tensors, [t.dtype for t in tensors], _label("reducescatter", base))
-    size, rank = basics.size(), basics.rank()
     for result, tensor in zip(results, tensors, strict=True):
         if tensor.shape.rank:
             rows = tensor.shape[0]
@@ -110,15 +134,17 @@ def reducescatter(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, 
     return results
 
 
-def join() -> tf.Tensor:
+def join(process_set: ProcessSet | None = None) -> tf.Tensor:
     """Declare this rank out of data; the result is the rank that joined last (an int32 scalar)."""
-    (result,) = run_on_host(lambda: [np.array(api.join(), dtype=np.int32)], [], [tf.int32], "join")
+    (result,) = run_on_host(lambda: [np.array(api.join(process_set), dtype=np.int32)], [], [tf.int32], "join")
     result.set_shape([])
     return result
 
 
-def barrier() -> tf.Tensor:
-    """Wait for every rank; returns an int32 zero so that a graph can depend on it."""
-    (result,) = run_on_host(lambda: [np.array(api.barrier() or 0, dtype=np.int32)], [], [tf.int32], "barrier")
+def barrier(process_set: ProcessSet | None = None) -> tf.Tensor:
+    """Wait for every rank of ``process_set``; returns an int32 zero so that a graph can depend on it."""
+    _place(process_set, Collective.BARRIER, None)
+    (result,) = run_on_host(lambda: [np.array(api.barrier(process_set) or 0, dtype=np.int32)], [], [tf.int32],
+                            "barrier")
     result.set_shape([])
     return result

@@ -5,11 +5,19 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .. import basics
+from ..errors import ProcessSetError
+from ..runtime import current
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """``size()`` as a tensor (fixed for the job's lifetime, so a constant is exact)."""
-    return tf.constant(basics.size(), dtype=tf.int32, name=name)
+    """The size of process set ``process_set_id`` (default: the job's) as a tensor.
+
+    Fixed while the set is registered, so a constant is exact.
+    """
+    for process_set in current().communicators.sets:
+        if process_set.process_set_id == process_set_id:
+            return tf.constant(process_set.size(), dtype=tf.int32, name=name)
+    raise ProcessSetError(f"size_op: no process set with id {process_set_id} is registered")
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..process_sets import ProcessSet, global_process_set, require_global
+from ..process_sets import ProcessSet, global_process_set
 from . import host_ops
 from .tensors import as_tensor
 
@@ -23,10 +23,9 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: P
     Eagerly the assignments happen now. In a graph the result is an op that performs them.
     ``inplace`` is accepted for Horovod compatibility; assignment is always used.
     """
-    require_global(process_set, "broadcast_variables")
     variables = list(variables)
     values = [as_tensor(v, f"broadcast of variable {_label(v, i)!r}") for i, v in enumerate(variables)]
-    broadcast = host_ops.broadcast(values, root_rank, None) if values else []
+    broadcast = host_ops.broadcast(values, root_rank, None, process_set=process_set) if values else []
     assigns = [variable.assign(value) for variable, value in zip(variables, broadcast, strict=True)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
@@ -39,11 +38,11 @@ def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None
     return [tf.convert_to_tensor(v) for v in variables]
 
 
-def broadcast_global_variables(root_rank: int) -> Any:
+def broadcast_global_variables(root_rank: int, process_set: ProcessSet = global_process_set) -> Any:
     """Broadcast TF1's global variable collection. Eager TF2 has no such collection, as in Horovod."""
     if tf.executing_eagerly():
         raise RuntimeError(
             "hvd.broadcast_global_variables() does not work with eager execution: TF2 keeps no global "
             "variable collection. Use hvd.broadcast_variables(model.variables, root_rank), or the Keras "
             "callback hvdlite.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank, process_set)

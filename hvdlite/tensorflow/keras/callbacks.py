@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from ... import basics
 from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
 from .. import host_ops
 from .state import broadcast_model
 
@@ -20,16 +21,20 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Unlike Horovod, which broadcasts after the first batch (so that step trains on unequal weights),
     this broadcasts before the first batch when the model is already built, building the
     optimizer's slots first so that a state restored on the root reaches every rank. A model that
-    builds itself on its first batch is broadcast after that batch, as Horovod does.
+    builds itself on its first batch is broadcast after that batch, as Horovod does. With a
+    ``process_set`` (an hvdlite extra), ``root_rank`` (a rank of the job) broadcasts to the set's
+    ranks only; a rank outside the set keeps its weights.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self.process_set = process_set
         self.broadcast_done = False
 
     def _broadcast(self) -> None:
-        broadcast_model(self.model, self.root_rank)
+        if self.process_set.included() is not False:
+            broadcast_model(self.model, self.root_rank, self.process_set)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -45,18 +50,20 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """Average every value in the epoch's logs across ranks, in one collective, at the end of each epoch.
 
     Place it before callbacks that read the logs (ReduceLROnPlateau, ModelCheckpoint, TensorBoard).
-    Keras's History and progress bar come after user callbacks, so they see averaged values.
+    Keras's History and progress bar come after user callbacks, so they see averaged values. With a
+    ``process_set`` (an hvdlite extra) the average is over the set's ranks; others keep their own.
     """
 
-    def __init__(self, device: str = "") -> None:
+    def __init__(self, device: str = "", process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if not logs:
+        if not logs or self.process_set.included() is False:
             return
         names = sorted(logs)  # the same order on every rank
         values = [tf.constant(np.asarray(logs[n], dtype=np.float64)) for n in names]
-        averaged = host_ops.allreduce(values, None, ReduceOp.AVERAGE, 1.0, 1.0)
+        averaged = host_ops.allreduce(values, None, ReduceOp.AVERAGE, 1.0, 1.0, process_set=self.process_set)
         for name, value in zip(names, averaged, strict=True):
             logs[name] = float(value)
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from ...compression import Compressor, NoneCompressor
 from ...ops import Average, ReduceOp, resolve_op
-from ...process_sets import ProcessSet, global_process_set, require_global
+from ...process_sets import ProcessSet, global_process_set
 from ...training.options import check_passes, predivide_scales
 from .. import host_ops
 from ..gradients import reduce_gradients
@@ -43,20 +43,23 @@ class _Averaging:
     sparse_as_dense: bool
     gradient_predivide_factor: float
     postscale: float  # Horovod sums accumulated micro-steps unless average_aggregated_gradients
+    process_set: ProcessSet = global_process_set
 
     def reduce(self, grads: list[Any]) -> list[Any]:
         reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense,
-                                   self.gradient_predivide_factor)
+                                   self.gradient_predivide_factor, process_set=self.process_set)
         if self.postscale == 1.0:
             return reduced
         return [g if g is None else g * tf.cast(self.postscale, g.dtype) for g in reduced]
 
 
-def _global_finite(check_finite: Any) -> Any:
-    """A LossScaleOptimizer check that is true only when every rank's gradients are finite."""
+def _global_finite(check_finite: Any, process_set: ProcessSet) -> Any:
+    """A LossScaleOptimizer check that is true only when every rank's (of the set) gradients are finite."""
     def check(grads: list[Any]) -> Any:
         local = tf.cast(check_finite(grads), tf.int32)
-        (everywhere,) = host_ops.allreduce([local], None, ReduceOp.MIN, 1.0, 1.0)
+        if process_set.included() is False:  # a rank outside the set trains alone
+            return tf.cast(local, tf.bool)
+        (everywhere,) = host_ops.allreduce([local], None, ReduceOp.MIN, 1.0, 1.0, process_set=process_set)
         return tf.cast(everywhere, tf.bool)
     return check
 
@@ -120,7 +123,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     are summed, as in Horovod, unless ``average_aggregated_gradients``. ``name``,
     ``device_dense`` and ``device_sparse`` are accepted for Horovod compatibility.
     """
-    require_global(process_set, "DistributedOptimizer")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "
@@ -133,14 +135,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     predivide_scales(resolved, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
-                           float(passes) if passes > 1 and not average_aggregated_gradients else 1.0)
+                           float(passes) if passes > 1 and not average_aggregated_gradients else 1.0, process_set)
     if (keras.config.dtype_policy().name == "mixed_float16"
             and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
         # compile() would wrap it in a LossScaleOptimizer after us, checking overflow per rank.
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     target = optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer.check_finite = _global_finite(optimizer.check_finite)
+        optimizer.check_finite = _global_finite(optimizer.check_finite, process_set)
         target = optimizer.inner_optimizer
     if passes > 1:
         _accumulate(target, passes)

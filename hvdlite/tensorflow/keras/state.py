@@ -8,12 +8,13 @@ from typing import Any
 import keras
 
 from ...compression import Compressor, NoneCompressor
+from ...process_sets import ProcessSet, global_process_set
 from ..variables import broadcast_variables
 from .optimizer import DistributedOptimizer, is_distributed
 
 
-def broadcast_model(model: keras.Model, root_rank: int) -> None:
-    """Give every rank ``root_rank``'s weights (trainable and not) and optimizer state.
+def broadcast_model(model: keras.Model, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
+    """Give every rank (of ``process_set``) ``root_rank``'s weights (trainable and not) and optimizer state.
 
     An optimizer that has not been built yet is built first, the way its first ``apply`` would,
     so that a state restored on the root (a checkpoint) reaches every rank before training.
@@ -23,7 +24,7 @@ def broadcast_model(model: keras.Model, root_rank: int) -> None:
         with keras.name_scope(optimizer.name):
             optimizer.build(model.trainable_variables)
     optimizer_variables = list(optimizer.variables) if optimizer is not None else []
-    broadcast_variables(list(model.weights) + optimizer_variables, root_rank)
+    broadcast_variables(list(model.weights) + optimizer_variables, root_rank, process_set)
 
 
 def broadcast_global_variables(root_rank: int, model: keras.Model | None = None) -> None:

@@ -227,7 +227,7 @@ def case_errors(rank, size):
     expect_error(hvd.UnsupportedOperationError, "complex64",
                  lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cplx"), "dtype")
     expect_error(NotImplementedError, "Adasum", lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum), "adasum")
-    expect_error(hvd.UnsupportedOperationError, "global process set",
+    expect_error(hvd.ProcessSetError, "is not registered",
                  lambda: hvd.allreduce(tf.ones(2), process_set=hvd.ProcessSet([0])), "process set")
     # Shapes that disagree across ranks: every rank gets an error naming the tensor, eagerly and in a graph.
     expect_error(hvd.TensorMismatchError, "'bad.shape'", lambda: hvd.allreduce(tf.ones(rank + 1), name="bad.shape"),
