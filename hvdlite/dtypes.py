@@ -20,7 +20,7 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 SUPPORTED: dict[str, np.dtype] = {
     d.name: d
     for d in (
-        np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32),
+        np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16), np.dtype(np.int32),
         np.dtype(np.int64), np.dtype(np.float16), bfloat16, np.dtype(np.float32),
         np.dtype(np.float64), np.dtype(np.bool_),
     )
@@ -36,8 +36,9 @@ _WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) 
 WIRE_NAME = {name: wire.name for name, wire in _WIRE.items()}
 # On the device (NCCL) path the 16-bit floats reduce in their own type, as NCCL, DDP and Horovod
 # do: on a GPU the halved bytes are the point of them. NCCL has no int16 (widened to int32) and
-# no bool (bytes, with the logical ops of wire_op).
-DEVICE_WIRE_NAME = {name: "int32" if name == "int16" else "uint8" if name == "bool" else name for name in SUPPORTED}
+# no bool (bytes, with the logical ops of wire_op). uint16 fits in int32 too.
+DEVICE_WIRE_NAME = {name: "int32" if name in ("int16", "uint16") else "uint8" if name == "bool" else name
+                    for name in SUPPORTED}
 
 
 def wire_name(name: str, device: str) -> str:

@@ -27,8 +27,11 @@ class DuplicateNameError(HvdliteError, ValueError):
     """A tensor name was submitted while a request with the same name is still in flight."""
 
 
-class UnsupportedOperationError(HvdliteError, ValueError):
-    """The operation, dtype, or argument combination is not supported."""
+class UnsupportedOperationError(HvdliteError, ValueError, NotImplementedError):
+    """The operation, dtype, or argument combination is not supported.
+
+    Also a ``NotImplementedError`` and a ``ValueError``, the types Horovod raises for these cases.
+    """
 
 
 class ProcessSetError(HvdliteError, ValueError):

@@ -24,6 +24,10 @@ from .tensors import as_tensor
 
 
 def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """``tensor * factor`` in ``tensor``'s dtype; integers are scaled in float64 and truncated back,
+    as the core scales them (casting the factor to an integer type would make 0.5 a 0)."""
+    if tensor.dtype.is_integer:
+        return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
     return tensor * tf.cast(factor, tensor.dtype)
 
 
@@ -75,7 +79,7 @@ def _allreduce_sparse(slices: tf.IndexedSlices, name: str | None, op: ReduceOp, 
         return lambda: tuple(gathered)
 
     values, indices = allreduce_sparse(slices.values, slices.indices, name, op, prescale, postscale, gather, _scale,
-                                       what)()
+                                       what, process_set.size())()
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
 from .. import dtypes
-from ..errors import UnsupportedOperationError
+from ..errors import TensorMismatchError, UnsupportedOperationError
 from ..gpu import arrays as gpu_arrays
+from .errors import as_tensorflow_error
 
 _TF_TO_CORE: dict[tf.dtypes.DType, str] = {
-    tf.uint8: "uint8", tf.int8: "int8", tf.int16: "int16", tf.int32: "int32", tf.int64: "int64",
+    tf.uint8: "uint8", tf.int8: "int8", tf.uint16: "uint16", tf.int16: "int16", tf.int32: "int32", tf.int64: "int64",
     tf.float16: "float16", tf.bfloat16: "bfloat16", tf.float32: "float32", tf.float64: "float64", tf.bool: "bool",
 }
 _CORE_TO_TF = {name: dtype for dtype, name in _TF_TO_CORE.items()}
@@ -111,16 +113,44 @@ def from_core(result: np.ndarray | gpu_arrays.DeviceArray, dtype: tf.dtypes.DTyp
     return tf.reshape(tensor, result.shape)
 
 
+def _previous_collective(graph: tf.Graph) -> list[tf.Operation]:
+    """The hvdlite op built last in ``graph``'s current control-flow context, for a TF1 graph.
+
+    Each hvdlite op blocks one of TensorFlow's inter-op threads while it waits for its peers. In a
+    TF1 graph, independent ops run in any order, so ranks could each block every thread on a
+    different collective and wait for ever. Chaining every op to the one built before it makes
+    every rank run them in the order the script built them, which is the same on every rank.
+    ``tf.function`` graphs need nothing: their automatic control dependencies already order
+    stateful ops. A chain does not cross control-flow contexts (a ``tf.while_loop`` body starts its own).
+    """
+    if isinstance(graph, func_graph.FuncGraph):
+        return []
+    previous = getattr(graph, "_hvdlite_last_collective", None)
+    if previous is None or previous._get_control_flow_context() is not graph._get_control_flow_context():
+        return []
+    return [previous]
+
+
 def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
                 output_dtypes: Sequence[tf.dtypes.DType], what: str) -> list[tf.Tensor]:
     """Run ``fn`` on NumPy views of ``inputs`` and return its arrays as tensors.
 
-    Eagerly ``fn`` runs now, in this thread, so the core's exceptions reach the caller as they are.
-    In a graph it becomes one op that runs each time the graph does.
+    Eagerly ``fn`` runs now, in this thread, so the core's exceptions reach the caller (ranks that
+    disagree: also as ``tf.errors.FailedPreconditionError``, as Horovod's ops raise). In a graph it
+    becomes one op that runs each time the graph does.
     """
     if not in_graph():
-        results = fn(*(to_core(t) for t in inputs))
+        try:
+            results = fn(*(to_core(t) for t in inputs))
+        except TensorMismatchError as exc:
+            raise as_tensorflow_error(exc).with_traceback(exc.__traceback__) from None
         return [from_core(r, d) for r, d in zip(results, output_dtypes, strict=True)]
     _refuse_xla(what)
-    results = tf.numpy_function(lambda *arrays: list(fn(*arrays)), list(inputs), list(output_dtypes), stateful=True)
-    return list(results) if isinstance(results, (list, tuple)) else [results]
+    graph = tf_ops.get_default_graph()
+    with tf.control_dependencies(_previous_collective(graph)):
+        results = tf.numpy_function(lambda *arrays: list(fn(*arrays)), list(inputs), list(output_dtypes),
+                                    stateful=True)
+    results = list(results) if isinstance(results, (list, tuple)) else [results]
+    if not isinstance(graph, func_graph.FuncGraph):
+        graph._hvdlite_last_collective = results[0].op
+    return results

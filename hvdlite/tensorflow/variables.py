@@ -30,12 +30,19 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, process_set: P
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
-def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None,
-               process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """Overwrite ``variables`` with ``root_rank``'s values and return their new values."""
-    variables = list(variables)
-    broadcast_variables(variables, root_rank, process_set)
-    return [tf.convert_to_tensor(v) for v in variables]
+def broadcast_(variables: Any, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> Any:
+    """Overwrite ``variables`` (a list, or one variable) with ``root_rank``'s values; returns their new values.
+
+    The values are read after the assignments, also in a TF1 graph, where nothing else orders them.
+    """
+    single = isinstance(variables, tf.Variable) or hasattr(variables, "assign")
+    variables = [variables] if single else list(variables)
+    assigned = broadcast_variables(variables, root_rank, process_set)
+    with tf.control_dependencies(None if assigned is None else [assigned]):
+        values = [tf.identity(v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v))
+                  for v in variables]
+    return values[0] if single else values
 
 
 def broadcast_global_variables(root_rank: int, process_set: ProcessSet = global_process_set) -> Any:

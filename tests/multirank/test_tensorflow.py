@@ -63,3 +63,11 @@ def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
     assert [line.split(":")[0] for line in epochs] == ["epoch 2/2"], resumed.output
     val_accuracy = float(epochs[-1].rsplit(" val acc ", 1)[1])
     assert val_accuracy > 0.6, f"4 classes, chance is 0.25; got {val_accuracy}\n{resumed.output}"
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_places_where_horovod_tensorflow_behaved_differently(np):
+    result = run_script("tf_horovod_compat.py", np, timeout=240)
+    cases = ["graph_without_dependencies", "uint16", "error_types", "broadcast_inplace", "mixed_dense_and_sparse"]
+    for rank in range(np):
+        assert _ok_lines(result, rank) == cases, result.output

@@ -1,0 +1,127 @@
+"""Where hvdlite.tensorflow once behaved differently from horovod.tensorflow: each case is one such
+place, checked against what Horovod's code does. Prints "ok <case>" for each.
+"""
+
+import numpy as np
+import tensorflow as tf
+from checks import expect_error
+
+import hvdlite.tensorflow as hvd
+
+
+def case_graph_without_dependencies(rank, size):
+    """More independent collectives in one TF1 graph than inter-op threads, fetched in another order
+    on every rank: each hvdlite op blocks a thread while it waits, so unordered ops would hang."""
+    with tf.Graph().as_default():
+        ops = [hvd.allreduce(tf.constant([float(rank + i)]), op=hvd.Sum) for i in range(21)]
+        gathered = hvd.allgather(tf.constant([[rank]]))
+        fetches = ops[::-1] if rank % 2 else ops
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
+        with tf.compat.v1.Session(config=config) as session:
+            for _ in range(2):  # the chain holds on every run of the graph
+                values, rows = session.run([fetches, gathered])
+    values = values[::-1] if rank % 2 else values
+    assert [float(v[0]) for v in values] == [sum(r + i for r in range(size)) for i in range(21)], values
+    assert rows[:, 0].tolist() == list(range(size)), rows
+    print("ok graph_without_dependencies", flush=True)
+
+
+def case_uint16(rank, size):
+    value = tf.constant([rank + 1, 60000 // size], tf.uint16)
+    total = hvd.allreduce(value, op=hvd.Sum)
+    assert total.dtype == tf.uint16 and total.numpy().tolist() == [size * (size + 1) // 2, 60000 // size * size]
+    assert hvd.allgather(value).numpy().tolist() == [v for r in range(size) for v in (r + 1, 60000 // size)]
+    assert hvd.broadcast(value, root_rank=size - 1).numpy().tolist() == [size, 60000 // size]
+    assert hvd.allreduce(value, op=hvd.Max).numpy().tolist() == [size, 60000 // size]
+    rows = hvd.reducescatter(tf.ones([size, 2], tf.uint16), op=hvd.Sum)
+    assert rows.dtype == tf.uint16 and rows.numpy().tolist() == [[size, size]]
+    assert tf.function(lambda: hvd.allreduce(value, op=hvd.Min))().numpy().tolist() == [1, 60000 // size]
+    print("ok uint16", flush=True)
+
+
+def case_error_types(rank, size):
+    """Ranks that disagree: Horovod's TF ops raise FailedPreconditionError; hvdlite's type holds too."""
+    for what, call in [("shape", lambda: hvd.allreduce(tf.ones(rank + 1), name="c.shape")),
+                       ("dtype", lambda: hvd.allgather(tf.ones([1], tf.float32 if rank else tf.float64), name="c.dt")),
+                       ("ndim", lambda: hvd.allgather(tf.ones([1] * (rank + 1)), name="c.ndim")),
+                       ("root", lambda: hvd.broadcast(tf.ones(1), root_rank=rank, name="c.root"))]:
+        error = expect_error(tf.errors.FailedPreconditionError, "c.", call, what)
+        assert isinstance(error, hvd.TensorMismatchError), type(error).__mro__
+    # Inside a graph TensorFlow picks the type itself: an OpError carrying hvdlite's message.
+    expect_error(tf.errors.OpError, "c.graph",
+                 lambda: tf.function(lambda: hvd.allreduce(tf.ones(rank + 1), name="c.graph"), autograph=False)(),
+                 "graph")
+    # Local argument errors: Horovod raises NotImplementedError or ValueError; hvdlite's type is both.
+    slices = tf.IndexedSlices(tf.ones([1, 1]), tf.constant([0]), dense_shape=tf.constant([4, 1]))
+    for base in (NotImplementedError, ValueError):
+        expect_error(base, "Sum and Average", lambda: hvd.allreduce(slices, op=hvd.Max), "sparse max")
+        expect_error(base, "does not divide", lambda: hvd.alltoall(tf.ones([size + 1, 1])), "alltoall splits")
+    print("ok error_types", flush=True)
+
+
+def case_broadcast_inplace(rank, size):
+    """``broadcast_`` leaves the root's values in the variables and returns them, in every mode."""
+    root = size - 1
+    many = [tf.Variable([float(rank)] * 2), tf.Variable([[rank * 10]], dtype=tf.int32)]
+    returned = hvd.broadcast_(many, root_rank=root)
+    assert [v.numpy().tolist() for v in many] == [[float(root)] * 2, [[root * 10]]], many
+    assert [t.numpy().tolist() for t in returned] == [[float(root)] * 2, [[root * 10]]], returned
+    one = tf.Variable([float(rank)] * 3)
+    assert hvd.broadcast_(one, root_rank=root).numpy().tolist() == [float(root)] * 3
+    assert one.numpy().tolist() == [float(root)] * 3
+    traced = tf.Variable([float(rank)])
+    assert tf.function(lambda: hvd.broadcast_([traced], root_rank=root))()[0].numpy().tolist() == [float(root)]
+    assert traced.numpy().tolist() == [float(root)]
+    with tf.Graph().as_default():
+        variable = tf.compat.v1.Variable([float(rank)] * 2, use_resource=False)
+        new_values = hvd.broadcast_([variable], root_rank=root)
+        with tf.compat.v1.Session() as session:
+            session.run(variable.initializer)
+            assert session.run(new_values)[0].tolist() == [float(root)] * 2
+            assert session.run(variable).tolist() == [float(root)] * 2
+    print("ok broadcast_inplace", flush=True)
+
+
+def _dense_of(result):
+    return tf.convert_to_tensor(result).numpy() if isinstance(result, tf.IndexedSlices) else result.numpy()
+
+
+def case_mixed_dense_and_sparse(rank, size):
+    """A group of dense tensors and IndexedSlices with Average: each member as if reduced alone."""
+    def members():
+        dense_a = tf.fill([2], float(rank + 1))
+        sparse_a = tf.IndexedSlices(tf.fill([1, 3], float(rank + 1)), tf.constant([rank]),
+                                    dense_shape=tf.constant([size, 3]))
+        dense_b = tf.fill([3, 1], float(10 * rank))
+        sparse_b = tf.IndexedSlices(tf.fill([2, 1], float(rank)), tf.constant([0, 1]), dense_shape=tf.constant([2, 1]))
+        return [sparse_a, dense_a, sparse_b, dense_b]
+
+    mean = (size + 1) / 2
+    want = [np.array([[r + 1.0] * 3 for r in range(size)]) / size, np.full([2], mean),
+            np.full([2, 1], sum(range(size)) / size), np.full([3, 1], 10 * sum(range(size)) / size)]
+    for compiled in (False, True):
+        run = tf.function(lambda: hvd.grouped_allreduce(members(), op=hvd.Average)) if compiled else \
+            (lambda: hvd.grouped_allreduce(members(), op=hvd.Average))
+        got = [_dense_of(t) for t in run()]
+        for index, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert np.allclose(g, w), (compiled, index, g, w)
+    # uint8 IndexedSlices with Average: values scaled as the core scales integers (float64, truncated).
+    slices = tf.IndexedSlices(tf.constant([[2 * (rank + 1)]], tf.uint8), tf.constant([rank]),
+                              dense_shape=tf.constant([size, 1]))
+    result = hvd.allreduce(slices, op=hvd.Average)
+    assert result.values.dtype == tf.uint8, result.values.dtype
+    assert result.values.numpy()[:, 0].tolist() == [int(2 * (r + 1) / size) for r in range(size)], result.values
+    print("ok mixed_dense_and_sparse", flush=True)
+
+
+def main():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    for case in (case_graph_without_dependencies, case_uint16, case_error_types, case_broadcast_inplace,
+                 case_mixed_dense_and_sparse):
+        case(rank, size)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
