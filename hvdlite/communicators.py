@@ -18,13 +18,15 @@ from .engine import Engine
 from .errors import ProcessSetError
 from .naming import NameGenerator
 from .ops import Collective
+from .pipeline.scope import Scope
 from .process_sets import ProcessSet, global_process_set
+from .timeline import Timeline
 
 log = logging.getLogger("hvdlite")
 
 # Builds the engine of a communicator: (communicator, its members' global ranks) -> (the engine,
 # started; the private communicators it runs on, to free once it stopped).
-EngineFactory = Callable[[Any, list[int]], tuple[Engine, tuple[Any, ...]]]
+EngineFactory = Callable[[Any, list[int], int], tuple[Engine, tuple[Any, ...]]]  # (comm, job ranks, set id)
 
 
 @dataclasses.dataclass
@@ -52,6 +54,7 @@ class Communicators:
         self.global_ = Communicator(global_process_set, engine, NameGenerator(), self._rank, self._size)
         self._members: dict[int, Communicator] = {0: self.global_}
         self._sets: dict[int, ProcessSet] = {0: global_process_set}  # every registered set, member or not
+        self._timeline: Timeline | None = None  # rank 0's, while one is written: sets record into it too
 
     def of(self, process_set: ProcessSet | None, collective: Collective, name: str | None) -> Communicator:
         """The communicator a ``collective`` of tensor ``name`` on ``process_set`` runs on; a clear
@@ -94,9 +97,11 @@ class Communicators:
         process_set._registered(process_set_id, ranks, self._rank)
         self._sets[process_set_id] = process_set
         if comm is not None:
-            engine, private = self._make_engine(comm, ranks)
+            engine, private = self._make_engine(comm, ranks, process_set_id)
             self._members[process_set_id] = Communicator(process_set, engine, NameGenerator(),
                                                          ranks.index(self._rank), len(ranks), (*private, comm))
+            if self._timeline is not None:
+                engine.use_timeline(self._timeline.scoped(Scope(process_set_id, tuple(ranks))))
         log.debug("registered %s", process_set)
 
     def remove(self, process_set: ProcessSet) -> bool:
@@ -118,6 +123,14 @@ class Communicators:
         del self._sets[process_set_id]
         process_set._removed()
         return True
+
+    def use_timeline(self, timeline: Timeline | None) -> Timeline | None:
+        """Record every communicator's cycles into ``timeline`` (None stops); returns the one replaced."""
+        previous, self._timeline = self._timeline, timeline
+        for process_set_id, member in self._members.items():
+            scope = Scope(process_set_id, tuple(member.process_set.ranks))
+            member.engine.use_timeline(timeline if timeline is None or not process_set_id else timeline.scoped(scope))
+        return previous
 
     def close(self) -> None:
         """Stop every set's engine but the global one's (collective: every rank shuts down)."""

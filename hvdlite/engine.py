@@ -26,6 +26,7 @@ from .autotune import Params
 from .config import Config
 from .pipeline.communicator import Pipeline
 from .pipeline.execute import Executor
+from .pipeline.scope import JOB, Scope
 from .request import Handle, Request
 from .timeline import Timeline
 from .transport.base import ControlChannel
@@ -45,11 +46,11 @@ class Engine:
     """Runs the cycles of one communicator's :class:`Pipeline`. Start with :meth:`start`."""
 
     def __init__(self, config: Config, control: ControlChannel, executor: Executor,
-                 abort: Callable[[int], None]) -> None:
+                 abort: Callable[[int], None], scope: Scope = JOB) -> None:
         """``abort(code)`` ends the whole job; used only if the engine itself fails (a bug)."""
         self._config = config
         self._abort = abort
-        self._pipeline = Pipeline(config, control, executor)
+        self._pipeline = Pipeline(config, control, executor, scope)
         self._queue = self._pipeline.queue
         self.rank, self.size = control.rank, control.size
         # Held for each cycle by whichever thread runs it: the engine thread, or a caller waiting

@@ -21,6 +21,7 @@ from .describe import Descriptions
 from .engine import Engine
 from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
+from .pipeline.scope import JOB, Scope
 from .process_sets import ProcessSet
 from .timeline import Timeline
 from .topology import Topology, topology_from_hosts
@@ -112,10 +113,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     hosts = base.allgather(MPI.Get_processor_name())
     topology = topology_from_hosts(hosts, rank)
 
-    def make_engine(set_comm: Any, ranks: list[int]) -> tuple[Engine, tuple[Any, ...]]:
-        return _start_engine(config, set_comm, [hosts[r] for r in ranks], topology.local_rank)
+    def make_engine(set_comm: Any, ranks: list[int], process_set_id: int) -> tuple[Engine, tuple[Any, ...]]:
+        scope = Scope(process_set_id, tuple(ranks)) if process_set_id else JOB
+        return _start_engine(config, set_comm, [hosts[r] for r in ranks], topology.local_rank, scope)
 
-    engine, private = make_engine(base, list(range(topology.size)))
+    engine, private = make_engine(base, list(range(topology.size)), 0)
     dynamic = process_sets == "dynamic" or config.dynamic_process_sets
     communicators = Communicators(base, engine, make_engine, dynamic)
     _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators)
@@ -132,7 +134,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         _atexit_registered = True
 
 
-def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int) -> tuple[Engine, tuple[Any, ...]]:
+def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
+                  scope: Scope) -> tuple[Engine, tuple[Any, ...]]:
     """A started engine on private duplicates of ``comm`` (collective over ``comm``), and those duplicates."""
     from .pipeline.execute import Executor
     from .transport.mpi import MpiControlChannel, MpiTransport
@@ -147,6 +150,7 @@ def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int) 
                  comm.Get_rank(), comm.Get_size(),
                  device_runner=_device_runner(config, data, hosts, local_rank)),
         abort=failure.abort_job,
+        scope=scope,
     )
     engine.start()
     return engine, (control, data)
@@ -178,7 +182,7 @@ def shutdown() -> None:
         return
     runtime.communicators.close()  # the process sets' engines first, in the same order on every rank
     runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
-    _close_timeline(runtime.engine)
+    _close_timeline(runtime.communicators)
     if isinstance(runtime.engine.fatal, CommTimeoutError):
         # Peers are unreachable: MPI_Finalize could wait on them for the kernel's TCP timeout.
         log.error("ending the job after a communication timeout (see the error above)")
@@ -199,18 +203,18 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     adds an event per engine cycle that did work.
     """
     runtime = current()
-    _close_timeline(runtime.engine)
+    _close_timeline(runtime.communicators)
     if runtime.topology.rank == 0:
-        runtime.engine.use_timeline(Timeline(file_path, 0, mark_cycles))
+        runtime.communicators.use_timeline(Timeline(file_path, 0, mark_cycles))
 
 
 def stop_timeline() -> None:
     """Stop writing the timeline and close its file (a no-op if none is being written)."""
-    _close_timeline(current().engine)
+    _close_timeline(current().communicators)
 
 
-def _close_timeline(engine: Engine) -> None:
-    timeline = engine.use_timeline(None)
+def _close_timeline(communicators: Communicators) -> None:
+    timeline = communicators.use_timeline(None)
     if timeline is not None:
         timeline.close()
 

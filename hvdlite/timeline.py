@@ -6,7 +6,9 @@ it, with an instant event per rank when the coordinator learned that rank was re
 that went through the coordinator know this; requests answered by the response cache are agreed
 in one bit-vector all-reduce, so all ranks are ready together), then ``<OP>`` while it was
 executed, with the size and the number of tensors fused with it. ``mark_cycles`` adds an instant
-event per engine cycle that did work.
+event per engine cycle that did work. A process set that includes rank 0 records into the same
+file through :meth:`Timeline.scoped`: its rows are named ``process set <id>: <tensor>`` and its
+ready events name ranks of the job (as in Horovod, sets without rank 0 are not recorded).
 
 The file is valid JSON after every write, not only after ``close()``: events are written where
 the closing bracket was, followed by a new one, so a job that dies leaves a readable file.
@@ -19,10 +21,14 @@ import json
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .pipeline.scope import Scope
 
 
 class Timeline:
-    """Appends trace events to ``path``; the engine thread records, any thread may close."""
+    """Appends trace events to ``path``; engine threads (one per communicator) record, any thread may close."""
 
     def __init__(self, path: str, rank: int, mark_cycles: bool = False) -> None:
         self.path = path
@@ -50,12 +56,20 @@ class Timeline:
     def _row(self, name: str) -> int:
         row = self._rows.get(name)
         if row is None:
-            row = self._rows[name] = len(self._rows) + 1
-            self._emit({"name": "thread_name", "ph": "M", "pid": self._rank, "tid": row, "args": {"name": name}})
+            with self._lock:  # process sets' engine threads add rows too
+                row = self._rows.get(name) or len(self._rows) + 1
+                if name not in self._rows:
+                    self._rows[name] = row
+                    self._buffered.append({"name": "thread_name", "ph": "M", "pid": self._rank, "tid": row,
+                                           "args": {"name": name}})
         return row
 
     def _emit(self, event: dict) -> None:
-        self._buffered.append(event)
+        self._buffered.append(event)  # atomic; flush() swaps the list under the lock
+
+    def scoped(self, scope: Scope) -> ScopedTimeline:
+        """The view a process set's engine records through (``scope``: the set's id and members)."""
+        return ScopedTimeline(self, scope)
 
     # ---- what the engine records ---------------------------------------------------------------
     def begin(self, name: str, activity: str, when: float, args: dict | None = None) -> None:
@@ -93,8 +107,8 @@ class Timeline:
         with self._lock:
             if not self._buffered or self._handle.closed:
                 return
-            text = ",\n".join(json.dumps(e, separators=(",", ":")) for e in self._buffered)
-            self._buffered = []
+            events, self._buffered = self._buffered, []
+            text = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
             body = (("" if self._empty else ",\n") + text).encode()
             self._empty = False
             self._handle.seek(self._end)
@@ -108,3 +122,30 @@ class Timeline:
             if not self._handle.closed:
                 os.fsync(self._handle.fileno())
                 self._handle.close()
+
+
+class ScopedTimeline:
+    """A process set's view of a :class:`Timeline`: rows prefixed with the set, ranks of the job."""
+
+    def __init__(self, timeline: Timeline, scope: Scope) -> None:
+        self.timeline, self._scope = timeline, scope
+        self._prefix = scope.row_prefix
+        self.mark_cycles = timeline.mark_cycles
+
+    def begin(self, name: str, activity: str, when: float, args: dict | None = None) -> None:
+        self.timeline.begin(self._prefix + name, activity, when, args)
+
+    def end(self, name: str, when: float, args: dict | None = None) -> None:
+        self.timeline.end(self._prefix + name, when, args)
+
+    def negotiated(self, names: list[str], ready: dict[str, dict[int, float]], when: float) -> None:
+        job = self._scope.job_rank
+        self.timeline.negotiated([self._prefix + n for n in names],
+                                 {self._prefix + n: {job(r): at for r, at in by_rank.items()}
+                                  for n, by_rank in ready.items()}, when)
+
+    def cycle(self, when: float) -> None:
+        self.timeline.cycle(when)
+
+    def flush(self) -> None:
+        self.timeline.flush()

@@ -22,6 +22,7 @@ from .complete import complete
 from .execute import Executor
 from .negotiate import Agreement, Negotiator
 from .queue import RequestQueue
+from .scope import JOB, Scope
 
 log = logging.getLogger("hvdlite")
 
@@ -29,10 +30,10 @@ log = logging.getLogger("hvdlite")
 class Pipeline:
     """The stages of one communicator. Only the thread holding the engine's cycle lock calls :meth:`cycle`."""
 
-    def __init__(self, config: Config, control: ControlChannel, executor: Executor) -> None:
+    def __init__(self, config: Config, control: ControlChannel, executor: Executor, scope: Scope = JOB) -> None:
         self.rank, self.size = control.rank, control.size
         self.queue = RequestQueue(self.rank)
-        self.negotiator = Negotiator(config, control)
+        self.negotiator = Negotiator(config, control, scope)
         self.executor = executor
         self.fusion_threshold = config.fusion_threshold  # autotune moves it, on every rank at once
         self._tuner = Autotuner.from_config(config, self.params) if config.autotune and self.rank == 0 else None

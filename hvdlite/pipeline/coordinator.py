@@ -16,6 +16,7 @@ from ..naming import diverged_generated_names
 from ..ops import Collective
 from ..request import RequestMeta
 from ..response import RankMessage, Response, RoundResult
+from .scope import JOB, Scope
 
 # Fields that must be equal on every rank, per collective ("shape[1:]" compares trailing dims).
 _AGREED_FIELDS: dict[Collective, tuple[str, ...]] = {
@@ -58,8 +59,10 @@ class Coordinator:
         stall_warning_seconds: float | None,
         stall_shutdown_seconds: float | None,
         clock: Callable[[], float] = time.monotonic,
+        scope: Scope = JOB,
     ) -> None:
         self.size = size
+        self._scope = scope  # messages name job ranks, and the process set
         self._warn_after = stall_warning_seconds
         self._fail_after = stall_shutdown_seconds
         self._clock = clock
@@ -95,7 +98,8 @@ class Coordinator:
                     continue
                 by_rank = self._table.setdefault(meta.name, {})
                 if message.rank in by_rank:
-                    responses.append(_error(meta, f"rank {message.rank} submitted {meta.name!r} twice", "DuplicateNameError"))
+                    responses.append(_error(meta, f"rank {self._scope.job_rank(message.rank)} submitted {meta.name!r} "
+                                                  f"twice{self._scope.label}", "DuplicateNameError"))
                     continue
                 by_rank[message.rank] = meta
                 self._first_seen[meta.name] = min(self._first_seen.get(meta.name, now), now - age)
@@ -105,9 +109,10 @@ class Coordinator:
             if response is not None:
                 responses.append(response)
                 self._forget(name)
-        for names, message in diverged_generated_names(self._table):
+        for names, message in diverged_generated_names(self._job_ranked(self._table)):
             for name in names:
-                responses.append(_error(self._table[name][min(self._table[name])], message, "TensorMismatchError"))
+                responses.append(_error(self._table[name][min(self._table[name])], message + self._scope.label,
+                                        "TensorMismatchError"))
                 self._forget(name)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
@@ -122,18 +127,25 @@ class Coordinator:
         joined = tuple(r for r in sorted(self._joined) if r not in by_rank)
         missing = [r for r in range(self.size) if r not in by_rank and r not in joined]
         gone = [r for r in missing if r in self._shut_down]
+        job, label = self._scope.job_ranks, self._scope.label
         if gone:
-            return _error(first, f"tensor {name!r} can never complete: rank(s) {gone} called shutdown() "
+            return _error(first, f"tensor {name!r}{label} can never complete: rank(s) {job(gone)} called shutdown() "
                           f"without submitting it", "HvdliteShutdownError")
         if missing:
             return None
         if joined and first.collective is not Collective.ALLREDUCE:
-            return _error(first, f"{first.collective.name.lower()} of tensor {name!r} cannot run while "
-                          f"rank(s) {list(joined)} have called join(); only allreduce can", "UnsupportedOperationError")
-        mismatch = find_mismatch(name, by_rank)
+            return _error(first, f"{first.collective.name.lower()} of tensor {name!r}{label} cannot run while "
+                          f"rank(s) {job(joined)} have called join(); only allreduce can", "UnsupportedOperationError")
+        mismatch = find_mismatch(name, self._job_ranked({name: by_rank})[name])
         if mismatch:
-            return _error(first, mismatch, "TensorMismatchError")
+            return _error(first, mismatch + label, "TensorMismatchError")
         return Response(first, per_rank=_per_rank(first.collective, by_rank, self.size), joined=joined)
+
+    def _job_ranked(self, table: dict[str, dict[int, RequestMeta]]) -> dict[str, dict[int, RequestMeta]]:
+        """``table`` keyed by job ranks, for messages (the same table for the whole job)."""
+        if self._scope.members is None:
+            return table
+        return {name: {self._scope.job_rank(r): meta for r, meta in by_rank.items()} for name, by_rank in table.items()}
 
     def _forget(self, name: str) -> None:
         del self._table[name]
@@ -147,8 +159,9 @@ class Coordinator:
         for name, by_rank in self._table.items():
             waited = now - self._first_seen[name]
             missing = [r for r in range(self.size) if r not in by_rank and r not in self._joined]
-            line = (f"tensor {name!r} ({by_rank[min(by_rank)].collective.name.lower()}) waited {waited:.1f} s: "
-                    f"submitted by rank(s) {sorted(by_rank)}, missing on rank(s) {missing}")
+            job = self._scope.job_ranks
+            line = (f"tensor {name!r} ({by_rank[min(by_rank)].collective.name.lower()}){self._scope.label} waited "
+                    f"{waited:.1f} s: submitted by rank(s) {job(sorted(by_rank))}, missing on rank(s) {job(missing)}")
             # A slow round can jump straight past the warning time; the warning is still given first,
             # so every stall that ends a job was announced with its tensor and missing ranks.
             if self._warn_after is not None and waited >= self._warn_after and name not in self._warned:

@@ -24,6 +24,7 @@ from ..response import RankMessage, Response, RoundResult
 from ..transport.base import ControlChannel
 from .cache import CARRIED, FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleState, Lookup, ResponseCache, decode, encode
 from .coordinator import Coordinator
+from .scope import JOB, Scope
 
 log = logging.getLogger("hvdlite")
 
@@ -39,7 +40,7 @@ class Agreement(NamedTuple):  # a NamedTuple: one is made every cycle, and a fro
 class Negotiator:
     """Owns the response cache, the coordinator (on rank 0) and the control channel of one communicator."""
 
-    def __init__(self, config: Config, control: ControlChannel) -> None:
+    def __init__(self, config: Config, control: ControlChannel, scope: Scope = JOB) -> None:
         self._config = config
         self._control = control
         self.rank, self.size = control.rank, control.size
@@ -47,7 +48,7 @@ class Negotiator:
         stall = config.stall_check
         self._coordinator = (
             Coordinator(self.size, config.stall_check_seconds if stall else None,
-                        config.stall_shutdown_seconds if stall else None)
+                        config.stall_shutdown_seconds if stall else None, scope=scope)
             if self.rank == 0 else None
         )
         self._last_round = time.monotonic()

@@ -68,3 +68,17 @@ def test_tensorflow_and_keras_train_two_data_parallel_sets_like_one_process_each
     result = run_script("tf_process_sets.py", np, mode, timeout=240)
     for rank in range(np):
         assert f"ok tf process sets {mode}" in result.lines(rank), result.output
+
+
+def test_stalls_mismatches_and_the_timeline_name_the_set_and_ranks_of_the_job(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    result = run_script("process_sets.py", 3, "reports", timeout=120,
+                        env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_TIMELINE": str(timeline)})
+    # the set [0, 2] is process set 1; its second member is job rank 2 (rank 1 of the set)
+    assert "in process set 1 [0, 2] waited" in result.output and "missing on rank(s) [2]" in result.output, \
+        result.output
+    for rank in (0, 2):
+        assert any(line == "mismatch: Mismatched shape for allreduce of tensor 'ps.shape': rank 0: (1,), "
+                   "rank 2: (3,) in process set 1 [0, 2]" for line in result.lines(rank)), result.output
+    rows = next(line for line in result.lines(0) if line.startswith("timeline rows:"))
+    assert "'process set 1: ps.late'" in rows, rows

@@ -4,6 +4,7 @@
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.pipeline.cache import FLUSH, HAS_NEW, SHUTDOWN, CycleState, Lookup, ResponseCache, band, decode, encode
 from hvdlite.pipeline.coordinator import Coordinator, find_mismatch
+from hvdlite.pipeline.scope import Scope
 from hvdlite.request import RequestMeta
 from hvdlite.response import RankMessage, Response
 
@@ -146,3 +147,19 @@ def test_stall_seen_first_past_shutdown_time_still_warns_before_failing():
     assert result.warnings == ("Stall: tensor 'a' (allreduce) waited 3.3 s: submitted by rank(s) [0], "
                                "missing on rank(s) [1]",)
     assert "tensor 'a' (allreduce) waited 3.3 s" in result.fatal
+
+
+def test_a_process_sets_messages_name_the_set_and_ranks_of_the_job():
+    clock = Clock()
+    c = Coordinator(2, 10.0, 30.0, clock, scope=Scope(3, (1, 4)))  # set 3 is job ranks 1 and 4
+    (bad,) = c.round([msg(0, meta("w", (2,))), msg(1, meta("w", (3,)))]).responses
+    assert bad.error == ("Mismatched shape for allreduce of tensor 'w': rank 1: (2,), rank 4: (3,) "
+                         "in process set 3 [1, 4]")
+    c.round([msg(0), msg(1, meta("late"))])
+    clock.now = 11.0
+    assert c.round([msg(0), msg(1)]).warnings == (
+        "Stall: tensor 'late' (allreduce) in process set 3 [1, 4] waited 11.0 s: submitted by rank(s) [4], "
+        "missing on rank(s) [1]",)
+    diverged, _ = c.round([msg(0, meta("allreduce.noname.1")), msg(1, meta("allreduce.noname.2"))]).responses
+    assert "rank 1 at allreduce #1" in diverged.error and "rank 4 at allreduce #2" in diverged.error
+    assert diverged.error.endswith("in process set 3 [1, 4]")

@@ -53,7 +53,7 @@ class FakeEngine:
 def make(world=None, dynamic=True):
     engines = []
 
-    def make_engine(comm, ranks):
+    def make_engine(comm, ranks, process_set_id):
         engines.append((FakeEngine(), ranks))
         return engines[-1][0], ()
 

@@ -154,10 +154,37 @@ def concurrent(rank, size):
     hvd.shutdown()
 
 
+def reports(rank, size):
+    """A set's stall warning, mismatch errors and timeline rows name the set and ranks of the job.
+
+    Needs HVDLITE_STALL_CHECK_TIME_SECONDS=1 and HVDLITE_TIMELINE set by the test; rank 0 checks the file.
+    """
+    outer = hvd.ProcessSet([0, size - 1])
+    hvd.init(process_sets=[outer])
+    if outer.included():
+        if rank == size - 1:
+            time.sleep(3)  # past the stall warning: rank 0 waits for job rank size-1 on the set
+        hvd.allreduce(np.ones(2), name="ps.late", process_set=outer)
+        try:
+            hvd.allreduce(np.ones(rank + 1), name="ps.shape", process_set=outer)
+            raise AssertionError("shapes that differ must fail")
+        except hvd.TensorMismatchError as exc:
+            print(f"mismatch: {exc}", flush=True)
+    hvd.barrier()
+    hvd.shutdown()
+    if rank == 0:
+        import json
+        import os
+
+        rows = {e["args"]["name"] for e in json.load(open(os.environ["HVDLITE_TIMELINE"]))
+                if e.get("name") == "thread_name"}
+        print(f"timeline rows: {sorted(rows)}", flush=True)
+
+
 if __name__ == "__main__":
     from mpi4py import MPI
 
     case = sys.argv[1]
     {"static": static, "dynamic": dynamic, "bad_sets": bad_sets, "not_dynamic": not_dynamic,
-     "concurrent": concurrent, "from_comm": from_comm}[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+     "concurrent": concurrent, "from_comm": from_comm, "reports": reports}[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     print(f"ok {case}", flush=True)
