@@ -162,24 +162,27 @@ def check_outsider(other: hvd.ProcessSet, rank: int) -> None:
 def main(mode: str) -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    groups = [[r for r in range(size) if r % 2 == parity] for parity in (0, 1)]
+    groups = [[r for r in range(size) if r % 2 == parity] for parity in (0, 1)] + [[0, 1]]  # [0, 1] overlaps both
     if mode == "static":
         sets = [hvd.ProcessSet(g) for g in groups]
         hvd.init(process_sets=sets)
     else:
         hvd.init(process_sets="dynamic")
         sets = [hvd.add_process_set(g) for g in groups]
-    mine, other = sets[rank % 2], sets[1 - rank % 2]
+    mine, other, pair = sets[rank % 2], sets[1 - rank % 2], sets[2]
     for compiled in (False, True):
         check_collectives(mine, rank, compiled)
+        if pair.included():
+            check_collectives(pair, rank, compiled)
     check_eager_only(mine, rank)
     check_gradients(mine, rank)
     check_tape_training(mine, rank % 2, rank)
     check_keras_training(mine, rank % 2, rank)
     check_outsider(other, rank)
     assert hvd.allgather_object(mine.process_set_id) == [sets[r % 2].process_set_id for r in range(size)]
+    assert sorted(s.process_set_id for s in sets) == [1, 2, 3]
     if mode == "dynamic":
-        assert hvd.remove_process_set(sets[0]) and hvd.remove_process_set(sets[1])  # the same order everywhere
+        assert all(hvd.remove_process_set(s) for s in sets)  # the same order everywhere
     hvd.shutdown()
     print(f"ok tf process sets {mode}", flush=True)
 
