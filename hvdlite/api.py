@@ -29,7 +29,7 @@ from .errors import UnsupportedOperationError
 from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .process_sets import ProcessSet
-from .request import Handle, MappedHandle, Request, RequestMeta
+from .request import GroupHandle, Handle, MappedHandle, Request, RequestMeta
 from .runtime import Runtime, current
 from .segments import Segments
 
@@ -64,12 +64,12 @@ def _give_back(target: Communicator, name: str | None, collective: Collective) -
 
 
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]], target: Communicator,
-            outputs: Sequence[np.ndarray | None] | None = None) -> list[Handle]:
+            outputs: Sequence[np.ndarray | None] | None = None) -> GroupHandle:
     outputs = outputs if outputs is not None else [None] * len(pairs)
     requests = [Request(meta, tensor, Handle(meta.name), output)
                 for (meta, tensor), output in zip(pairs, outputs, strict=True)]
     target.engine.submit(requests, wake=not getattr(current().caller, "waits", False))
-    return [r.handle for r in requests]
+    return GroupHandle(r.handle for r in requests)
 
 
 def _submit_one(meta: RequestMeta, tensor: np.ndarray | None, output: np.ndarray | None,
@@ -164,7 +164,7 @@ def allreduce_segments_async(meta: RequestMeta, segments: Segments, process_set:
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: ReduceOp | None = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0, outputs: Sequence[np.ndarray] | None = None,
-                            process_set: ProcessSet | None = None) -> list[Handle]:
+                            process_set: ProcessSet | None = None) -> GroupHandle:
     """Start reducing several tensors as one group (negotiated together, fused where possible).
 
     ``outputs``, if given, are arrays (one per tensor, possibly the tensors themselves) that
@@ -194,7 +194,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
 
 # ---- allgather -----------------------------------------------------------------------------------
 def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None, _single: bool = False,
-                            process_set: ProcessSet | None = None) -> list[Handle]:
+                            process_set: ProcessSet | None = None) -> GroupHandle:
     """Start gathering several tensors; each may have a different first dimension on each rank."""
     target = _target(process_set, Collective.ALLGATHER, name)
     base = target.names.resolve(name, Collective.ALLGATHER)
@@ -270,7 +270,7 @@ def alltoall(tensor: Any, splits: Sequence[int] | None = None, name: str | None 
 # ---- reducescatter -------------------------------------------------------------------------------
 def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp | None = None, name: str | None = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                _single: bool = False, process_set: ProcessSet | None = None) -> list[Handle]:
+                                _single: bool = False, process_set: ProcessSet | None = None) -> GroupHandle:
     """Start reducing each tensor and leaving rank r its r-th block of rows."""
     resolved = resolve_op(op)
     target = _target(process_set, Collective.REDUCESCATTER, name)

@@ -151,6 +151,28 @@ class MappedHandle:
         return f"<hvdlite Handle {self.name!r} {'done' if self.done() else 'pending'}>"
 
 
+class GroupHandle(list):
+    """The handles of a group's members, in order, that also act as one handle, as Horovod's
+    grouped ``_async`` functions return: ``synchronize(group)`` gives the list of results and
+    ``poll(group)`` is True once every member finished. Indexing and iterating give the members.
+    """
+
+    @property
+    def name(self) -> str:
+        return self[0].name if self else "empty group"
+
+    def done(self) -> bool:
+        return all(handle.done() for handle in self)
+
+    def join(self) -> None:
+        for handle in self:
+            handle.join()
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        """Every member's result, in order (``timeout`` applies to each wait)."""
+        return [handle.wait(timeout) for handle in self]
+
+
 class Request:
     """One rank's submission: the meta it negotiates, its input, and where the result goes.
 

@@ -16,7 +16,7 @@ import torch
 from .. import api
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from ..request import MappedHandle
+from ..request import GroupHandle, MappedHandle
 from .tensors import from_numpy, is_aliased, to_numpy
 
 Handle = MappedHandle
@@ -41,22 +41,23 @@ def _copy_back(tensor: torch.Tensor):
 # ---- allreduce -----------------------------------------------------------------------------------
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> list[Handle]:
-    """Start reducing ``tensors`` as one group; each handle yields a new tensor."""
+                            process_set: ProcessSet = global_process_set) -> GroupHandle:
+    """Start reducing ``tensors`` as one group; one handle for the group (it yields the list of new
+    tensors), which is also the list of each member's handle."""
     arrays = [to_numpy(t, name) for t in tensors]
     handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
                                           process_set=process_set)
-    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+    return GroupHandle(MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: ProcessSet = global_process_set) -> list[Handle]:
-    """Start reducing ``tensors`` in place, as one group; each handle yields its tensor, updated."""
+                             process_set: ProcessSet = global_process_set) -> GroupHandle:
+    """Start reducing ``tensors`` in place, as one group; the group's handle yields them, updated."""
     arrays = [to_numpy(t, name) for t in tensors]
     handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
                                           outputs=arrays, process_set=process_set)
-    return [MappedHandle(h, _copy_back(t)) for h, t in zip(handles, tensors, strict=True)]
+    return GroupHandle(MappedHandle(h, _copy_back(t)) for h, t in zip(handles, tensors, strict=True))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -90,16 +91,16 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce ``tensors`` in place as one group and return them."""
-    handles = api.blocking(
-        lambda: grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
-    return [synchronize(h) for h in handles]
+    return synchronize(api.blocking(
+        lambda: grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)))
 
 
 # ---- allgather, broadcast, alltoall, reducescatter -----------------------------------------------
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                            process_set: ProcessSet = global_process_set) -> list[Handle]:
+                            process_set: ProcessSet = global_process_set) -> GroupHandle:
+    """Start gathering ``tensors`` as one group; the group's handle yields the list of results."""
     handles = api.grouped_allgather_async([to_numpy(t, name) for t in tensors], name, process_set=process_set)
-    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+    return GroupHandle(MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True))
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -142,19 +143,21 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return MappedHandle(api.alltoall_async(to_numpy(tensor, name), splits, name, process_set), convert)
 
 
-def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                process_set: ProcessSet = global_process_set) -> list[Handle]:
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op: ReduceOp | None = None,
+                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> GroupHandle:
+    """Start reducescattering ``tensors`` as one group (Horovod's argument order); the group's handle
+    yields the list of results."""
     arrays = [to_numpy(t, name) for t in tensors]
     handles = api.grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor,
                                               process_set=process_set)
-    return [MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True)]
+    return GroupHandle(MappedHandle(h, _new_tensor(t)) for h, t in zip(handles, tensors, strict=True))
 
 
-def reducescatter_async(tensor: torch.Tensor, op: ReduceOp | None = None, name: str | None = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                        process_set: ProcessSet = global_process_set) -> Handle:
-    """Start reducing ``tensor`` and keeping this rank's block of rows."""
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = None,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` and keeping this rank's block of rows (Horovod's argument order)."""
     handle = api.reducescatter_async(to_numpy(tensor, name), op, name, prescale_factor, postscale_factor,
                                      process_set)
     return MappedHandle(handle, _new_tensor(tensor))

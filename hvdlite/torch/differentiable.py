@@ -153,7 +153,7 @@ class _Reducescatter(torch.autograd.Function):
                 postscale: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.args, ctx.process_set = (op, prescale, postscale), process_set
         return synchronize(api.blocking(
-            lambda: async_ops.reducescatter_async(tensor, op, name, prescale, postscale, process_set)))
+            lambda: async_ops.reducescatter_async(tensor, name, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -165,8 +165,8 @@ class _GroupedReducescatter(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args, ctx.process_set = (op, prescale, postscale), process_set
-        handles = api.blocking(lambda: async_ops.grouped_reducescatter_async(tensors, op, name, prescale, postscale,
-                                                                             process_set))
+        handles = api.blocking(lambda: async_ops.grouped_reducescatter_async(tensors, name, op, process_set, prescale,
+                                                                             postscale))
         return tuple(synchronize(h) for h in handles)
 
     @staticmethod
@@ -224,16 +224,22 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     return output if splits is None else (output, received)
 
 
-def reducescatter(tensor: torch.Tensor, op: ReduceOp | None = None, name: str | None = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Reduce ``tensor`` (Sum or Average) and return this rank's block of rows. Differentiable."""
-    return _Reducescatter.apply(tensor, name, resolve_op(op), prescale_factor, postscale_factor, process_set)
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = NoneCompressor,
+                  op: ReduceOp | None = None, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` (Average by default, or Sum) and return this rank's block of rows.
+    Differentiable. Horovod's argument order."""
+    compressed, ctx = compression.compress(tensor)
+    result = _Reducescatter.apply(compressed, name, resolve_op(op), prescale_factor, postscale_factor, process_set)
+    return compression.decompress(result, ctx)
 
 
-def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: ReduceOp | None = None, name: str | None = None,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """Reducescatter several tensors as one group (Sum or Average). Differentiable."""
-    return list(_GroupedReducescatter.apply(name, resolve_op(op), prescale_factor, postscale_factor, process_set,
-                                            *tensors))
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = NoneCompressor, op: ReduceOp | None = None,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reducescatter several tensors as one group (Average by default, or Sum). Differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    results = _GroupedReducescatter.apply(name, resolve_op(op), prescale_factor, postscale_factor, process_set,
+                                          *(t for t, _ in pairs))
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, pairs, strict=True)]

@@ -13,14 +13,18 @@ from ..process_sets import ProcessSet, global_process_set
 from . import async_ops
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
                          root_rank: int, process_set: ProcessSet = global_process_set) -> None:
     """Overwrite every rank's tensors with ``root_rank``'s, in place.
 
-    ``params`` is a ``state_dict()`` (parameters and buffers) or ``named_parameters()``. All
+    ``params`` is a ``state_dict()`` (parameters and buffers), ``named_parameters()``, or, as
+    Horovod accepts, a list of tensors (``list(model.parameters())``: named by position). All
     broadcasts start before any is waited for, so they overlap.
     """
-    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
+    if isinstance(params, Mapping):
+        items = sorted(params.items())
+    else:
+        items = [p if isinstance(p, tuple) else (str(i), p) for i, p in enumerate(params)]
     handles = []
     for name, tensor in items:
         if not isinstance(tensor, torch.Tensor):
