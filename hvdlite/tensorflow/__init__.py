@@ -32,7 +32,8 @@ from .collectives import (
     reducescatter,
 )
 from .compression import Compression, Compressor
-from .gradients import DistributedGradientTape
+from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
+from .gradients import DistributedGradientTape, PartialDistributedGradientTape
 from .topology_ops import local_rank_op, local_size_op, rank_op, size_op
 from .variables import broadcast_, broadcast_global_variables, broadcast_variables
 
@@ -48,5 +49,6 @@ __all__ = [
     *_common_names, "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "DistributedGradientTape", "DistributedOptimizer", "Compression", "Compressor",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "Compression",
+    "Compressor", "broadcast_object_fn",
 ]

@@ -42,32 +42,65 @@ def reduce_gradients(grads: Sequence[Any], op: ReduceOp = Average, compression: 
     return results
 
 
+def check_groups(num_groups: int, groups: Any) -> None:
+    """Horovod's checks of ``num_groups``/``groups``. hvdlite reduces the whole gradient list as one
+    group, which the core negotiates together and fuses, so grouping changes no result."""
+    chosen = groups if groups is not None else (num_groups or None)
+    if chosen is not None and not (isinstance(chosen, list) or chosen > 0):
+        raise ValueError(f"groups should be a non-negative integer or a list of list of tf.Variable, got {chosen!r}")
+
+
+def _source_key(source: Any) -> Any:
+    """A hashable identity for a variable (tf.Variable's ref(); a Keras 3 variable by its object)."""
+    return source.ref() if hasattr(source, "ref") else id(source)
+
+
 class DistributedGradientTape:
     """A ``tf.GradientTape`` whose ``gradient()`` averages the gradients across ranks.
 
     Wraps the user's tape; everything but ``gradient`` is the tape's own. Use it after the
-    ``with tf.GradientTape() as tape:`` block, or as the context manager itself.
+    ``with tf.GradientTape() as tape:`` block, or as the context manager itself. Sources registered
+    with :meth:`register_local_source` keep their local gradient (divided by the number of ranks
+    with ``scale_local_gradients``, as in Horovod).
     """
 
     def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                  compression: type[Compressor] = NoneCompressor, sparse_as_dense: bool = False,
-                 op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
-                 process_set: ProcessSet = global_process_set) -> None:
+                 op: ReduceOp = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Any = None, process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
+        check_groups(num_groups, groups)
         self._tape = gradtape
         self._op = resolve_op(op)
         predivide_scales(self._op, gradient_predivide_factor)  # reject a bad combination now, not at gradient()
         self._options = dict(compression=compression, sparse_as_dense=sparse_as_dense,
                              gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources: set[Any] = set()
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient local: no collective for it (Horovod's API)."""
+        self._local_sources.add(_source_key(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         """The tape's gradients of ``target`` for ``sources``, reduced across ranks (same structure)."""
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
-        flat = tf.nest.flatten(grads)
-        reduced = reduce_gradients(flat, self._op, **self._options)
-        return tf.nest.pack_sequence_as(grads, reduced)
+        flat, flat_sources = tf.nest.flatten(grads), tf.nest.flatten(sources)
+        local = [_source_key(s) in self._local_sources for s in flat_sources]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = reduce_gradients([flat[i] for i in shared], self._op, **self._options)
+        results = list(flat)
+        for i, value in zip(shared, reduced, strict=True):
+            results[i] = value
+        if self.scale_local_gradients and any(local):
+            size = self.process_set.size() or 1
+            results = [_divided(g, size) if is_local and g is not None else g
+                       for g, is_local in zip(results, local, strict=True)]
+        return tf.nest.pack_sequence_as(grads, results)
 
     def __enter__(self) -> DistributedGradientTape:
         self._tape.__enter__()
@@ -80,4 +113,30 @@ class DistributedGradientTape:
         return getattr(self._tape, attribute)
 
 
-__all__ = ["DistributedGradientTape", "predivide_scales", "reduce_gradients"]
+def _divided(grad: Any, size: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",  # noqa: N802 - Horovod's name
+                                   device_sparse: str = "", compression: type[Compressor] = NoneCompressor,
+                                   sparse_as_dense: bool = False, op: ReduceOp = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                                   process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> DistributedGradientTape:
+    """A DistributedGradientTape that keeps the gradients of ``local_layers``' trainable weights local."""
+    import keras
+
+    layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, keras.layers.Layer) \
+        else list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for variable in (v for layer in layers for v in layer.trainable_weights):
+        tape.register_local_source(variable)
+    return tape
+
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "predivide_scales", "reduce_gradients"]

@@ -18,6 +18,7 @@ from ...compression import Compressor, NoneCompressor
 from ...ops import ReduceOp
 from .. import collectives
 from ..compression import Compression
+from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
 from . import callbacks
 from .optimizer import DistributedOptimizer
 from .state import broadcast_global_variables, load_model

@@ -29,7 +29,7 @@ from ...ops import Average, ReduceOp, resolve_op
 from ...process_sets import ProcessSet, global_process_set
 from ...training.options import check_passes, predivide_scales
 from .. import host_ops
-from ..gradients import reduce_gradients
+from ..gradients import check_groups, reduce_gradients
 
 _MARK = "_hvdlite_distributed"
 
@@ -113,16 +113,20 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          device_sparse: str = "", compression: type[Compressor] = NoneCompressor,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp = Average, backward_passes_per_step: int = 1,
-                         average_aggregated_gradients: bool = False,
-                         process_set: ProcessSet = global_process_set) -> keras.optimizers.Optimizer:
+                         average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """Make a Keras 3 optimizer average its gradients across ranks before every update; returns it.
 
     Under the ``mixed_float16`` policy a plain optimizer comes back inside a LossScaleOptimizer, as
     ``model.compile`` would have wrapped it. ``backward_passes_per_step=N`` accumulates N micro-steps locally (Keras's
     ``gradient_accumulation_steps``) and communicates once per update; the accumulated gradients
     are summed, as in Horovod, unless ``average_aggregated_gradients``. ``name``,
-    ``device_dense`` and ``device_sparse`` are accepted for Horovod compatibility.
+    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` (no variable is local here) are
+    accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
+    and the whole gradient list is one group, which the core fuses.
     """
+    check_groups(num_groups, groups)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "

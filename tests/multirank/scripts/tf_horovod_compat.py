@@ -114,11 +114,38 @@ def case_mixed_dense_and_sparse(rank, size):
     print("ok mixed_dense_and_sparse", flush=True)
 
 
+def case_signatures(rank, size):
+    """Horovod's TF argument order and the tape's local sources."""
+    assert hvd.broadcast_object({"r": rank}, size - 1, None, "obj.positional") == {"r": size - 1}
+    assert hvd.allgather_object(rank, None, "gather.positional") == list(range(size))
+    assert hvd.broadcast_object_fn(root_rank=0, name="obj.fn")(rank * 10) == 0
+    import keras
+
+    shared, local = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+    x = tf.constant([[float(rank + 1)]])
+    shared.build((1, 1))
+    local.build((1, 1))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared(x)) + tf.reduce_sum(local(x))
+    partial = hvd.PartialDistributedGradientTape(tape, local_layers=local, num_groups=1)
+    g_shared, g_local = partial.gradient(loss, [shared.kernel, local.kernel])
+    assert np.isclose(float(g_shared[0, 0]), (size + 1) / 2), g_shared  # averaged over ranks
+    assert np.isclose(float(g_local[0, 0]), (rank + 1) / size), g_local  # local, scaled by 1/size as Horovod
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(local(x))
+    unscaled = hvd.DistributedGradientTape(tape, scale_local_gradients=False)
+    unscaled.register_local_source(local.kernel)
+    assert np.isclose(float(unscaled.gradient(loss, [local.kernel])[0][0, 0]), rank + 1)
+    expect_error(ValueError, "groups should be", lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=-1),
+                 "groups")
+    print("ok signatures", flush=True)
+
+
 def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     for case in (case_graph_without_dependencies, case_uint16, case_error_types, case_broadcast_inplace,
-                 case_mixed_dense_and_sparse):
+                 case_mixed_dense_and_sparse, case_signatures):
         case(rank, size)
     hvd.shutdown()
 
