@@ -60,6 +60,26 @@ def nccl_built() -> int:
     return nccl.version() if nccl.available() else 0
 
 
+def cuda_built() -> bool:
+    """True when hvdlite's GPU data plane can run: NCCL is loadable (``hvdlite[gpu]``)."""
+    return nccl_built() > 0
+
+
+def rocm_built() -> bool:
+    """hvdlite has no ROCm plane."""
+    return False
+
+
+def ddl_built() -> bool:
+    """hvdlite has no IBM DDL plane."""
+    return False
+
+
+def ccl_built() -> bool:
+    """hvdlite has no oneCCL plane."""
+    return False
+
+
 def gloo_enabled() -> bool:
     return False
 
@@ -72,5 +92,5 @@ def gloo_built() -> bool:
 __all__ = [
     "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
     "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled", "gloo_built", "is_initialized",
-    "mpi_threads_supported",
+    "mpi_threads_supported", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
 ]

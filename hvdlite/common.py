@@ -6,8 +6,11 @@ drift apart. Each of them does ``from ..common import *`` and adds its own tenso
 """
 
 from .basics import (
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     is_homogeneous,
@@ -19,6 +22,7 @@ from .basics import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    rocm_built,
     size,
 )
 from .errors import (
@@ -46,5 +50,6 @@ __all__ = [
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
     "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
     "HvdliteShutdownError", "HorovodInternalError", "CommTimeoutError", "ProcessSetError", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set",
+    "global_process_set", "add_process_set", "remove_process_set", "cuda_built", "rocm_built", "ddl_built",
+    "ccl_built",
 ]

@@ -34,7 +34,7 @@ from .collectives import (
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
 from .gradients import DistributedGradientTape, PartialDistributedGradientTape
-from .topology_ops import local_rank_op, local_size_op, rank_op, size_op
+from .topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .variables import broadcast_, broadcast_global_variables, broadcast_variables
 
 
@@ -46,7 +46,7 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
 
 
 __all__ = [
-    *_common_names, "rank_op", "size_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
+    *_common_names, "rank_op", "size_op", "process_set_included_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "Compression",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -23,18 +24,21 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     optimizer's slots first so that a state restored on the root reaches every rank. A model that
     builds itself on its first batch is broadcast after that batch, as Horovod does. With a
     ``process_set`` (an hvdlite extra), ``root_rank`` (a rank of the job) broadcasts to the set's
-    ranks only; a rank outside the set keeps its weights.
+    ranks only; a rank outside the set keeps its weights. ``local_variables`` (as in Horovod) are
+    not broadcast.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "", process_set: ProcessSet = global_process_set) -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None,
+                 process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self.local_variables = [] if local_variables is None else list(local_variables)
         self.process_set = process_set
         self.broadcast_done = False
 
     def _broadcast(self) -> None:
         if self.process_set.included() is not False:
-            broadcast_model(self.model, self.root_rank, self.process_set)
+            broadcast_model(self.model, self.root_rank, self.process_set, self.local_variables)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: dict | None = None) -> None:

@@ -13,8 +13,10 @@ from ..variables import broadcast_variables
 from .optimizer import DistributedOptimizer, is_distributed
 
 
-def broadcast_model(model: keras.Model, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
-    """Give every rank (of ``process_set``) ``root_rank``'s weights (trainable and not) and optimizer state.
+def broadcast_model(model: keras.Model, root_rank: int, process_set: ProcessSet = global_process_set,
+                    local_variables: Sequence[Any] = ()) -> None:
+    """Give every rank (of ``process_set``) ``root_rank``'s weights (trainable and not) and optimizer
+    state, but for ``local_variables``.
 
     An optimizer that has not been built yet is built first, the way its first ``apply`` would,
     so that a state restored on the root (a checkpoint) reaches every rank before training.
@@ -24,7 +26,9 @@ def broadcast_model(model: keras.Model, root_rank: int, process_set: ProcessSet 
         with keras.name_scope(optimizer.name):
             optimizer.build(model.trainable_variables)
     optimizer_variables = list(optimizer.variables) if optimizer is not None else []
-    broadcast_variables(list(model.weights) + optimizer_variables, root_rank, process_set)
+    local = {id(v) for v in local_variables}
+    chosen = [v for v in list(model.weights) + optimizer_variables if id(v) not in local]
+    broadcast_variables(chosen, root_rank, process_set)
 
 
 def broadcast_global_variables(root_rank: int, model: keras.Model | None = None) -> None:

@@ -138,6 +138,17 @@ def case_signatures(rank, size):
     assert np.isclose(float(unscaled.gradient(loss, [local.kernel])[0][0, 0]), rank + 1)
     expect_error(ValueError, "groups should be", lambda: hvd.DistributedGradientTape(tf.GradientTape(), groups=-1),
                  "groups")
+    assert int(hvd.process_set_included_op(0)) == 1 and not (hvd.rocm_built() or hvd.ddl_built() or hvd.ccl_built())
+    import hvdlite.tensorflow.keras as hvd_keras
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1), keras.layers.Dense(1)])
+    for variable in model.weights:
+        variable.assign(tf.fill(variable.shape, float(rank)))
+    kept = model.layers[1].kernel
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[kept])
+    callback.set_model(model)
+    callback.on_train_begin()
+    assert float(model.layers[0].kernel[0, 0]) == 0.0 and float(kept[0, 0]) == float(rank), model.weights
     print("ok signatures", flush=True)
 
 
