@@ -62,8 +62,14 @@ class ResponseCache:
         bit, signature, _ = entry
         return (Lookup.HIT if signature == meta.signature else Lookup.INVALID), bit
 
-    def put(self, response: Response) -> None:
-        """Remember a successful response; evicts the least recently used entry when full."""
+    def put(self, response: Response, own: RequestMeta | None = None) -> None:
+        """Remember a successful response; evicts the least recently used entry when full.
+
+        ``own`` is this rank's request for the name: the entry is hit only when this rank submits
+        it again. It can differ from the response's meta (one rank's) where ranks legitimately
+        differ: an allgather's first dimension, an alltoall's splits. Keyed on another rank's
+        request, a rank whose rows changed would hit an entry holding the old sizes.
+        """
         if self.capacity == 0 or not response.cacheable:
             return
         name = response.meta.name
@@ -72,7 +78,7 @@ class ResponseCache:
         if len(self._by_name) >= self.capacity:
             self.evict(next(iter(self._by_name.values()))[0])
         bit = heapq.heappop(self._free_bits)
-        self._by_name[name] = (bit, response.meta.signature, response)
+        self._by_name[name] = (bit, (own if own is not None else response.meta).signature, response)
         self._name_of_bit[bit] = name
 
     def cycle_state(self, pending: Iterable[Request], flush: bool, or_flags: int, and_flags: int) -> CycleState:

@@ -180,7 +180,8 @@ class Negotiator:
         if result.fatal:
             raise errors.StallError(result.fatal)
         for response in result.responses:
-            self._cache.put(response)
+            own = pending.get(response.meta.name)
+            self._cache.put(response, own.meta if own is not None else None)
         return list(result.responses), result.params
 
     def reachable_peers(self, window: float) -> set[int]:

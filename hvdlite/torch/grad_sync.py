@@ -90,6 +90,7 @@ class GradientSubmitter:
         self._op = op
         self._scale = scales  # (prescale, postscale), from hvdlite.training.options.predivide_scales
         self._sparse_as_dense = sparse_as_dense
+        self._sparse_dims: dict[torch.Tensor, int] = {}  # param -> sparse_dim of its allgathered gradients
         self._groups = _split_groups(list(names), groups)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._ready: dict[int, list[torch.Tensor]] = {}
@@ -128,10 +129,16 @@ class GradientSubmitter:
             self._finishers.append(self._start_group(index))
 
     def submit_missing(self, params: list[torch.Tensor]) -> None:
-        """Submit gradients the hooks never delivered; absent ones as zeros."""
+        """Submit gradients the hooks never delivered; absent ones as zeros.
+
+        A parameter whose gradients were allgathered as sparse before gets a sparse zero (no
+        entries), so it takes the same path as on the ranks that computed it and stays sparse.
+        Before its first sparse gradient nothing tells that it is sparse: dense zeros, as in Horovod.
+        """
         for param in params:
             if param.grad is None:
-                param.grad = torch.zeros_like(param)
+                sparse_dim = self._sparse_dims.get(param)
+                param.grad = torch.zeros_like(param) if sparse_dim is None else sparse.empty_gradient(param, sparse_dim)
             self.submit(param)
 
     def wait_all(self) -> None:
@@ -168,9 +175,12 @@ class GradientSubmitter:
             param.grad = param.grad.to_dense()
         return param.grad
 
+    def _allgathered(self, param: torch.Tensor) -> bool:
+        """Whether ``param``'s gradient is reduced as sparse (allgathered) rather than densified."""
+        return param.grad.is_sparse and not self._sparse_as_dense
+
     def _start_one(self, param: torch.Tensor) -> Finisher:
-        grad = param.grad
-        if grad.is_sparse and not self._sparse_as_dense:
+        if self._allgathered(param):
             return self._start_sparse(param)
         grad = self._dense_grad(param)
         if self._compression is NoneCompressor and tensors.is_aliased(grad):
@@ -202,7 +212,25 @@ class GradientSubmitter:
         return handle.wait
 
     def _start_group(self, index: int) -> Finisher:
-        grads = [self._dense_grad(p) for p in self._groups[index]]
+        """The group's dense gradients in one grouped allreduce; its sparse ones (without
+        ``sparse_as_dense``) are allgathered one by one, so that they reach the optimizer
+        sparse (``SparseAdam`` refuses dense gradients)."""
+        gathered, dense = [], []
+        for param in self._groups[index]:
+            (gathered if self._allgathered(param) else dense).append(param)
+        finishers = [self._start_sparse(p) for p in gathered]
+        if dense:
+            finishers.append(self._start_dense_group(index, dense))
+        if len(finishers) == 1:
+            return finishers[0]
+
+        def finish_all() -> None:
+            for finish in finishers:
+                finish()
+        return finish_all
+
+    def _start_dense_group(self, index: int, params: list[torch.Tensor]) -> Finisher:
+        grads = [self._dense_grad(p) for p in params]
         pairs = [self._compression.compress(g) for g in grads]
         handles = async_ops.grouped_allreduce_async_(
             [sent for sent, _ in pairs], name=f"grad.group.{index}", op=self._op,
@@ -219,6 +247,7 @@ class GradientSubmitter:
     def _start_sparse(self, param: torch.Tensor) -> Finisher:
         """Sparse gradients are allgathered (indices and values) and summed by coalescing, as in Horovod."""
         grad = param.grad.coalesce()
+        self._sparse_dims[param] = grad.sparse_dim()
         # Indices are (ndim, nnz): transposed, so that gathering concatenates the entries.
         process_set = self._process_set
         wait = allreduce_sparse(grad.values().contiguous(), grad.indices().t().contiguous(), self._names[param],

@@ -41,6 +41,14 @@ def gather_waiter(process_set: ProcessSet, started: list[MappedHandle] | None = 
     return gather
 
 
+def empty_gradient(param: torch.Tensor, sparse_dim: int) -> torch.Tensor:
+    """A sparse COO zero shaped like ``param`` with no entries: a rank's share of a sparse
+    gradient it never computed (its rows are ``param``'s trailing ``ndim - sparse_dim`` dims)."""
+    indices = torch.empty((sparse_dim, 0), dtype=torch.int64, device=param.device)
+    values = param.new_empty((0, *param.shape[sparse_dim:]))
+    return torch.sparse_coo_tensor(indices, values, param.shape, check_invariants=False)
+
+
 class SparseHandle:
     """The handle of :func:`sparse_allreduce_async`: ``synchronize(handle)`` (or ``handle()``, as
     Horovod's optimizer calls it) gives the reduced sparse tensor; ``poll(handle)`` never blocks."""

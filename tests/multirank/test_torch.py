@@ -40,6 +40,25 @@ def test_gradient_buckets_train_like_one_process(np):
         assert [line.split(" [")[0] for line in _ok_lines(result, rank)] == ["ok buckets"], result.output
 
 
+SPARSE = ["rows change under one name", "sparseadam passes=1 groups=None", "sparseadam passes=2 groups=None",
+          "sparseadam passes=1 groups=1", "sgd passes=1 groups=1", "sgd passes=2 groups=None", "dense passes=1 groups=None", "dense passes=2 groups=1",
+          "no rank uses the embedding"]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_sparse_gradients_reach_the_optimizer_sparse_and_train_like_one_process(np):
+    """nn.Embedding(sparse=True) + SparseAdam (or SGD; or Adam with sparse_as_dense), with a dense
+    head, against one process on the whole batch: every step's gradients (the embedding's sparse on
+    every rank), then the weights; with backward_passes_per_step=2, groups, a rank that skipped the
+    embedding, and on a process set of all ranks but the last (Average divides by its size). First,
+    an allgather whose row counts change under one name (the response cache must not reuse sizes)."""
+    result = run_script("torch_sparse.py", np, timeout=240)
+    subset = f"sparseadam passes=2 groups=None process_set={list(range(np - 1))}"
+    for rank in range(np):
+        want = SPARSE + ([subset] if rank < np - 1 else [])
+        assert _ok_lines(result, rank) == [f"ok {case}" for case in want], result.output
+
+
 @pytest.mark.parametrize("case", ["gradients", "optimizer", "grad_scaler", "state", "sparse", "errors"])
 @pytest.mark.parametrize("np", [2, 3])
 def test_torch_api(np, case):

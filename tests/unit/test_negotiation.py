@@ -107,6 +107,19 @@ def test_cache_hit_invalid_miss_and_lru_eviction():
     assert cache.lookup(meta("b"))[0] is Lookup.MISS and cache.lookup(meta("c")) == (Lookup.HIT, 1)
 
 
+def test_an_allgather_entry_is_hit_only_by_this_ranks_own_request():
+    """The response carries one rank's meta; ranks gather different row counts, so each keys the
+    entry on what it submitted itself (else a rank whose rows changed hits stale sizes)."""
+    cache = ResponseCache(4)
+    first = meta("g", (2, 3), collective=Collective.ALLGATHER)  # rank 0 gathered 2 rows
+    mine = meta("g", (1, 3), collective=Collective.ALLGATHER)  # this rank, 1
+    cache.put(Response(first, per_rank=(2, 1)), mine)
+    assert cache.lookup(mine) == (Lookup.HIT, 0)
+    assert cache.lookup(first)[0] is Lookup.INVALID  # now 2 rows here: per_rank (2, 1) is stale
+    cache.put(Response(meta("a")))  # without this rank's request: the response's own meta
+    assert cache.lookup(meta("a"))[0] is Lookup.HIT
+
+
 def test_errors_joins_and_barriers_are_not_cached():
     cache = ResponseCache(4)
     cache.put(Response(meta("e"), error="bad"))

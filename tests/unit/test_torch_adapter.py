@@ -8,6 +8,7 @@ from hvdlite import dtypes
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.grad_sync import _split_groups, name_parameters
+from hvdlite.torch.sparse import empty_gradient
 from hvdlite.torch.tensors import from_numpy, is_aliased, to_numpy
 
 
@@ -86,3 +87,15 @@ def test_groups_split_evenly_or_as_given():
     assert _split_groups(params, [[params[0], params[3]]]) == [[params[0], params[3]]]
     with pytest.raises(ValueError, match=r"groups\[0\]"):
         _split_groups(params, [[torch.nn.Parameter(torch.ones(1))]])
+
+
+def test_a_missing_sparse_gradient_is_a_sparse_zero_with_no_entries():
+    """What a rank that skipped an embedding contributes: rows shaped like the other ranks' rows."""
+    embedding = torch.nn.Embedding(5, 3, sparse=True).double()
+    embedding(torch.tensor([1, 4])).sum().backward()
+    real = embedding.weight.grad.coalesce()
+    grad = empty_gradient(embedding.weight, real.sparse_dim())
+    assert grad.is_sparse and grad.shape == real.shape and grad.dtype == real.dtype and grad._nnz() == 0
+    assert grad._indices().shape == (1, 0) and grad._values().shape == (0, 3)
+    assert torch.equal(grad.to_dense(), torch.zeros(5, 3, dtype=torch.float64))
+    assert torch.equal((grad + real).to_dense(), real.to_dense())
