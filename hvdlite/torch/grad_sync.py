@@ -220,7 +220,7 @@ class GradientSubmitter:
             (gathered if self._allgathered(param) else dense).append(param)
         finishers = [self._start_sparse(p) for p in gathered]
         if dense:
-            finishers.append(self._start_dense_group(index, dense))
+            finishers.append(self._start_dense_group(dense))
         if len(finishers) == 1:
             return finishers[0]
 
@@ -229,11 +229,12 @@ class GradientSubmitter:
                 finish()
         return finish_all
 
-    def _start_dense_group(self, index: int, params: list[torch.Tensor]) -> Finisher:
+    def _start_dense_group(self, params: list[torch.Tensor]) -> Finisher:
         grads = [self._dense_grad(p) for p in params]
         pairs = [self._compression.compress(g) for g in grads]
         handles = async_ops.grouped_allreduce_async_(
-            [sent for sent, _ in pairs], name=f"grad.group.{index}", op=self._op,
+            # Named after its first gradient (as Horovod does), so two optimizers' groups never collide.
+            [sent for sent, _ in pairs], name=f"grad.group.{self._names[params[0]]}", op=self._op,
             prescale_factor=self._scale[0], postscale_factor=self._scale[1], process_set=self._process_set)
         self._last_handle = handles[-1]
 
