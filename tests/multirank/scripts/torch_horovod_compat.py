@@ -49,11 +49,28 @@ def case_broadcast_parameters_list(rank, size):
     print("ok broadcast_parameters_list", flush=True)
 
 
+def case_two_optimizers_with_groups(rank, size):
+    """Two wrapped optimizers, each with groups=, step in the same iteration (a GAN's generator and
+    discriminator): their groups' names must not collide."""
+    first, second = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    opts = [hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(
+        prefix=prefix), groups=1) for m, prefix in ((first, "g"), (second, "d"))]
+    x = torch.full((1, 2), float(rank))
+    (first(x).sum() + second(x).sum()).backward()
+    for opt in opts:
+        opt.step()
+    mean = sum(range(size)) / size
+    for model in (first, second):
+        assert torch.allclose(model.weight.grad, torch.full((1, 2), mean)), model.weight.grad
+    print("ok two_optimizers_with_groups", flush=True)
+
+
 def main():
     torch.set_num_threads(1)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    for case in (case_grouped_async_handles, case_reducescatter_signature, case_broadcast_parameters_list):
+    for case in (case_grouped_async_handles, case_reducescatter_signature, case_broadcast_parameters_list,
+                 case_two_optimizers_with_groups):
         case(rank, size)
     hvd.shutdown()
 
