@@ -51,9 +51,10 @@ from .differentiable import (
 from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    *_common_names, "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+    *_common_names, "SyncBatchNorm", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",

@@ -89,3 +89,10 @@ def test_training_example_learns_and_resumes_from_its_checkpoint(tmp_path):
     assert [line.split(":")[0] for line in epochs] == ["epoch 2/2"], resumed.output
     val_accuracy = float(epochs[-1].rsplit(" acc ", 1)[1])
     assert val_accuracy > 0.6, f"4 classes, chance is 0.25; got {val_accuracy}\n{resumed.output}"
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(np):
+    result = run_script("torch_sync_batch_norm.py", np, timeout=180)
+    for rank in range(np):
+        assert "ok sync batch norm" in result.lines(rank), result.output
