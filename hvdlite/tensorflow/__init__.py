@@ -34,6 +34,7 @@ from .collectives import (
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
 from .gradients import DistributedGradientTape, PartialDistributedGradientTape
+from .sync_batch_norm import SyncBatchNormalization
 from .topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .variables import broadcast_, broadcast_global_variables, broadcast_variables
 
@@ -50,5 +51,5 @@ __all__ = [
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "Compression",
-    "Compressor", "broadcast_object_fn",
+    "Compressor", "broadcast_object_fn", "SyncBatchNormalization",
 ]

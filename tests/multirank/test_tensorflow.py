@@ -72,3 +72,10 @@ def test_places_where_horovod_tensorflow_behaved_differently(np):
              "signatures"]
     for rank in range(np):
         assert _ok_lines(result, rank) == cases, result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(np):
+    result = run_script("tf_sync_batch_norm.py", np, timeout=180)
+    for rank in range(np):
+        assert "ok tf sync batch norm" in result.lines(rank), result.output
