@@ -82,9 +82,12 @@ def main() -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     sets = [hvd.ProcessSet([r for r in range(size) if r % 2 == parity]) for parity in (0, 1)]
-    hvd.init(process_sets=sets)
+    pair = hvd.ProcessSet([0, 1])  # overlaps both data-parallel sets
+    hvd.init(process_sets=[*sets, pair])
     mine, other = sets[rank % 2], sets[1 - rank % 2]
     check_collective_gradients(mine, rank)
+    if pair.included():
+        check_collective_gradients(pair, rank)
     check_training(mine, rank % 2)
     try:
         hvd.allreduce(torch.ones(1), name="other", process_set=other)
