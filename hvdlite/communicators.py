@@ -73,6 +73,18 @@ class Communicators:
         raise ProcessSetError(f"{what}: rank {self._rank} is not in process set {process_set.process_set_id} "
                               f"{process_set.ranks}, so it cannot take part in its collectives")
 
+    def includes(self, process_set: ProcessSet | None, collective: Collective, name: str | None) -> bool:
+        """Whether this rank is in ``process_set`` (None: the global set), for callers that act alone
+        outside it (an optimizer whose gradients then stay local, as Horovod's torch optimizer's do).
+
+        A set that is not registered, or not a ProcessSet, raises :meth:`of`'s error for a
+        ``collective`` of ``name``.
+        """
+        if isinstance(process_set, ProcessSet) and process_set.included() is False:
+            return False  # registered, and this rank is not a member
+        self.of(process_set, collective, name)
+        return True
+
     @property
     def sets(self) -> list[ProcessSet]:
         """Every registered set, the global one first."""

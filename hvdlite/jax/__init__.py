@@ -17,6 +17,11 @@ own shard of the data::
 
 Collectives take arrays or whole pytrees and work outside ``jax.jit`` (host path, no copies on
 the CPU) and inside it (an ordered ``io_callback``). See :mod:`hvdlite.jax.collectives`.
+
+Process sets, as in Horovod: register sets with ``hvd.init(process_sets=[...])`` (or
+``add_process_set`` after ``init(process_sets="dynamic")``) and pass ``process_set=`` to any
+collective, ``barrier``, ``join``, ``DistributedOptimizer``, ``broadcast_parameters`` and
+``broadcast_optimizer_state``.
 """
 
 try:

@@ -11,6 +11,10 @@ on the steps that only accumulate, so a wrapper inside it communicates every ste
 k micro-batches and communicate once, pass ``backward_passes_per_step=k`` instead: the wrapper
 then keeps the sum itself and reduces only on the k-th step (a ``lax.cond`` under jit, so the
 collective runs in the taken branch only).
+
+With ``process_set=`` the updates are averaged over that set's ranks only; on a rank outside the
+set the wrapper stays local (no collective: its own updates go to the wrapped transformation), as
+Horovod's torch optimizer does.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import jax.numpy as jnp
 import optax
 
 from ..errors import UnsupportedOperationError
-from ..ops import Average, ReduceOp, Sum
+from ..ops import Average, Collective, ReduceOp, Sum
+from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
 from ..training.options import check_passes, predivide_scales
 from .arrays import is_traced
@@ -37,6 +42,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     backward_passes_per_step: int = 1,
     gradient_predivide_factor: float = 1.0,
     name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> optax.GradientTransformationExtraArgs:
     """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them.
 
@@ -46,23 +52,25 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     the other steps return zero updates, and the state is an :class:`AccumulationState`.
     ``gradient_predivide_factor`` splits the averaging into a division before the sum and one after,
     as in Horovod. ``name`` fixes the request names; by default each wrapper gets
-    ``DistributedOptimizer.<n>``, numbered in creation order, which is the same on every rank and
-    every step.
+    ``DistributedOptimizer.<n>``, numbered in creation order among the wrappers on the same set of
+    ranks, which is the same on every member and every step. ``process_set`` reduces over that
+    set's ranks only; a rank outside it keeps its updates local.
     """
     if op not in (Average, Sum):
         raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
     prescale, postscale = predivide_scales(op, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
-    base = name if name is not None else f"DistributedOptimizer.{_next_instance()}"
+    member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's updates")
+    base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
 
     def reduce_updates(updates: Any) -> Any:
         leaves, treedef = jax.tree.flatten(updates)
-        if not leaves:
+        if not leaves or not member:
             return updates
         packed = [compression.compress(leaf) for leaf in leaves]
         reduced = allreduce([p[0] for p in packed], name=base, op=op, prescale_factor=prescale,
-                            postscale_factor=postscale)
+                            postscale_factor=postscale, process_set=process_set)
         restored = [compression.decompress(r, p[1]) for r, p in zip(reduced, packed, strict=True)]
         return jax.tree.unflatten(treedef, restored)
 
@@ -111,8 +119,13 @@ def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _next_instance() -> int:
-    """Wrappers numbered in creation order since init() (the same on every rank); the runtime keeps the count."""
-    state = current().adapter_state
-    number = state["jax.optimizers"] = state.get("jax.optimizers", -1) + 1
+def _next_instance(process_set: ProcessSet | None) -> int:
+    """Wrappers on ``process_set`` numbered in creation order since init(); the runtime keeps the counts.
+
+    Counted per set of ranks (registration keeps them unique), so the numbers agree on every member
+    even where members create different wrappers for other sets in between.
+    """
+    counts = current().adapter_state.setdefault("jax.optimizers", {})
+    ranks = tuple((process_set or global_process_set).ranks)
+    number = counts[ranks] = counts.get(ranks, -1) + 1
     return number

@@ -102,15 +102,6 @@ class GradientReducer:
             self._delay[param] = passes
 
 
-def _member_of(process_set: ProcessSet | None) -> bool:
-    """Whether this rank is in ``process_set``; an error for anything but a registered set."""
-    if process_set is None or process_set is global_process_set:
-        return True
-    if not isinstance(process_set, ProcessSet) or process_set.included() is None:
-        current().communicators.of(process_set, Collective.ALLREDUCE, "DistributedOptimizer's gradients")  # raises
-    return process_set.included()
-
-
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = NoneCompressor, backward_passes_per_step: int = 1,
@@ -134,7 +125,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
-    member = _member_of(process_set)
+    member = current().communicators.includes(process_set, Collective.ALLREDUCE,
+                                               "DistributedOptimizer's gradients")
     names = name_parameters(optimizer, named_parameters)
     submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,

@@ -82,3 +82,31 @@ def test_stalls_mismatches_and_the_timeline_name_the_set_and_ranks_of_the_job(tm
                    "rank 2: (3,) in process set 1 [0, 2]" for line in result.lines(rank)), result.output
     rows = next(line for line in result.lines(0) if line.startswith("timeline rows:"))
     assert "'process set 1: ps.late'" in rows, rows
+
+
+JAX_IN_AND_OUT_OF_JIT = ["allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
+                         "reducescatter", "grouped_reducescatter"]
+JAX_HOST_ONLY = ["alltoall_splits", "barrier", "join", "broadcast_parameters", "broadcast_optimizer_state",
+                 "broadcast_object", "allgather_object"]
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+@pytest.mark.parametrize("np", [3, 4])
+def test_jax_collectives_and_optax_train_on_overlapping_and_disjoint_sets(np, mode):
+    """Every JAX collective outside and inside jit on each set a rank is in; two optax groups (evens,
+    odds) each equal to one process on the group's whole batch; and, on each set a rank is not in,
+    the core's ProcessSetError from every call at once (inside jit: while tracing)."""
+    result = run_script("jax_process_sets.py", np, mode, timeout=300)
+    sets = [list(range(0, np, 2)), list(range(1, np, 2)), [0, 1] if np == 3 else [0, 1, 2]]  # ids 1, 2, 3
+    refused = re.compile(r"caught ProcessSetError (eager|jit) (\w+): .* rank (\d+) is not in process set "
+                         r"(\d+) (\[.*?\])")
+    for rank in range(np):
+        lines = result.lines(rank)
+        assert f"ok jax process sets {mode}" in lines, result.output
+        caught = {(m.group(1), m.group(2), int(m.group(4)), m.group(5)) for line in lines
+                  if (m := refused.match(line)) and int(m.group(3)) == rank}
+        outside = [(set_id, str(ranks)) for set_id, ranks in enumerate(sets, 1) if rank not in ranks]
+        calls = [("eager", kind) for kind in JAX_IN_AND_OUT_OF_JIT + JAX_HOST_ONLY] + \
+            [("jit", kind) for kind in JAX_IN_AND_OUT_OF_JIT]
+        expected = {(where, kind, set_id, ranks) for set_id, ranks in outside for where, kind in calls}
+        assert caught == expected, result.output

@@ -125,3 +125,18 @@ def test_adding_or_removing_needs_dynamic_mode():
     sets.add(ProcessSet([0, 1]), dynamic=False)  # init's static sets
     with pytest.raises(ProcessSetError, match="needs hvd.init\\(process_sets='dynamic'\\)"):
         sets.add(ProcessSet([1, 2]), dynamic=True)
+
+
+def test_includes_tells_members_from_outsiders_and_refuses_unregistered_sets():
+    sets, _ = make()
+    inside, outside = ProcessSet([1, 2]), ProcessSet([0])
+    sets.add(inside, dynamic=True)
+    sets.add(outside, dynamic=True)
+    assert sets.includes(None, Collective.ALLREDUCE, "x")
+    assert sets.includes(global_process_set, Collective.ALLREDUCE, "x")
+    assert sets.includes(inside, Collective.ALLREDUCE, "x") and not sets.includes(outside, Collective.ALLREDUCE, "x")
+    with pytest.raises(ProcessSetError, match="allreduce of 'x': .* is not registered"):
+        sets.includes(ProcessSet([1]), Collective.ALLREDUCE, "x")
+    with pytest.raises(ProcessSetError, match="must be a hvd.ProcessSet"):
+        sets.includes([1, 2], Collective.ALLREDUCE, "x")
+    sets.close()
