@@ -30,6 +30,7 @@ from .errors import (
     ConfigError,
     DuplicateNameError,
     HorovodInternalError,
+    HostsUpdatedInterrupt,
     HvdliteError,
     HvdliteShutdownError,
     NotInitializedError,
@@ -49,7 +50,7 @@ __all__ = [
     "gloo_enabled", "gloo_built", "broadcast_object", "allgather_object", "ReduceOp", "Average", "Sum",
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
     "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
-    "HvdliteShutdownError", "HorovodInternalError", "CommTimeoutError", "ProcessSetError", "ProcessSet",
+    "HvdliteShutdownError", "HorovodInternalError", "HostsUpdatedInterrupt", "CommTimeoutError", "ProcessSetError", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "cuda_built", "rocm_built", "ddl_built",
     "ccl_built",
 ]

@@ -62,6 +62,18 @@ class DeviceError(HvdliteShutdownError):
 HorovodInternalError = HvdliteShutdownError
 
 
+class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name
+    """Hosts were added or removed: raised by ``state.commit()`` / ``check_host_updates()`` on every
+    rank at once, so that ``hvd.elastic.run`` can re-form the world at a commit boundary (Horovod's).
+
+    ``skip_sync``: the state needs no broadcast afterwards (only ranks were removed).
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("hosts were updated")
+        self.skip_sync = skip_sync
+
+
 def comm_timeout(rank: int, size: int, doing: str, seconds: float, answered: set[int], window: float,
                  timeout_seconds: float) -> CommTimeoutError:
     """The error of a wait on ``rank`` that made no progress while ``doing`` something, naming the

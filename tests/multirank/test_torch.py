@@ -96,3 +96,10 @@ def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(np):
     result = run_script("torch_sync_batch_norm.py", np, timeout=180)
     for rank in range(np):
         assert "ok sync batch norm" in result.lines(rank), result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_elastic_state_commits_restores_and_syncs_and_the_sampler_resumes_an_epoch(np):
+    result = run_script("torch_elastic_state.py", np, timeout=180)
+    for rank in range(np):
+        assert "ok elastic state" in result.lines(rank), result.output

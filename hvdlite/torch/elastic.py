@@ -1,0 +1,153 @@
+"""``hvd.elastic`` for PyTorch: ``TorchState``, ``ElasticSampler`` and ``run`` (Horovod's API).
+
+``TorchState(model, optimizer, **attributes)`` commits, restores and syncs models (their
+``state_dict``), optimizers, learning-rate schedulers, ``ElasticSampler``s and any picklable
+attribute. ``ElasticSampler`` shards a dataset like ``DistributedSampler`` and remembers how many
+samples the job has processed this epoch, so a restored or re-synced state resumes the epoch where
+its last commit was, with no sample seen twice or skipped. See :mod:`hvdlite.elastic` for what
+works today (issue #22 is in progress: the world is not re-formed after a failure yet).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from typing import Any
+
+import torch
+
+from .. import basics, objects
+from ..elastic import ObjectState, State, run
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .state import broadcast_optimizer_state, broadcast_parameters
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Shards ``dataset`` across ranks and re-shards what is left of the epoch after a reset.
+
+    Call ``record_batch(batch_idx, batch_size)`` after each batch and ``set_epoch(epoch)`` at the end
+    of each epoch (it starts the next one from its first sample), as with Horovod's.
+    """
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+        self.epoch = 0
+        self.processed_num = 0  # samples of this epoch processed by the whole job
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.processed_num = epoch, 0
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Count a batch of ``batch_size`` samples processed on every rank."""
+        self.processed_num += batch_size * self.num_replicas
+
+    def record_indices(self, batch_idx: int, indices: Any) -> None:
+        self.record_batch(batch_idx, len(indices))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.epoch, self.processed_num = state_dict["epoch"], state_dict["processed_num"]
+        self.reset()
+
+    def reset(self) -> None:
+        """Re-shard the epoch's unprocessed samples over the current ranks."""
+        self.num_replicas, self.rank = basics.size(), basics.rank()
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)  # the same order on every rank
+        self.remaining_indices = order[self.processed_num:]
+        self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self):
+        indices = list(self.remaining_indices)
+        indices += indices[: self.total_size - len(indices)]  # pad to a multiple of the ranks, as DistributedSampler
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class _Handler:
+    """Commits, restores and syncs one object that has ``state_dict``/``load_state_dict``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        self.value.load_state_dict(objects.broadcast_object(self.value.state_dict(), 0))
+
+
+class _ModelHandler(_Handler):
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_Handler):
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, (torch.optim.lr_scheduler.LRScheduler, ElasticSampler)):
+        return _Handler(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """State of a PyTorch training process: ``model``, ``optimizer`` and any keyword attributes.
+
+    Models, optimizers, LR schedulers and ElasticSamplers (as any keyword) are saved through their
+    ``state_dict``; other attributes are deep-copied and broadcast as Python objects.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        handlers = {name: _handler_for(value) for name, value in kwargs.items()}
+        self._handlers = {name: handler for name, handler in handlers.items() if handler is not None}
+        for name, handler in self._handlers.items():
+            object.__setattr__(self, name, handler.value)
+        plain = {name: value for name, value in kwargs.items() if name not in self._handlers}
+        super().__init__(lambda obj: objects.broadcast_object(obj, 0), basics.rank, **plain)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers", {})
+        if name in handlers:  # a new model/optimizer object: track it from now on
+            handlers[name] = _handler_for(value) or handlers[name]
+        super().__setattr__(name, value)
+
+
+__all__ = ["State", "ObjectState", "TorchState", "ElasticSampler", "run", "HorovodInternalError",
+           "HostsUpdatedInterrupt"]
