@@ -144,6 +144,14 @@ class Communicators:
             member.engine.use_timeline(timeline if timeline is None or not process_set_id else timeline.scoped(scope))
         return previous
 
+    def abandon(self, error: Any) -> None:
+        """Stop every engine, the global one too, without communicating (elastic: a peer died)."""
+        for member in self._members.values():
+            member.engine.abandon(error)
+        for process_set in self._sets.values():
+            process_set._removed()
+        self._members, self._sets = {}, {}
+
     def close(self) -> None:
         """Stop every set's engine but the global one's (collective: every rank shuts down)."""
         for process_set_id in sorted(self._members, reverse=True):

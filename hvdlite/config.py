@@ -107,6 +107,7 @@ class Config:
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 600.0
     comm_timeout_seconds: float = 60.0
+    elastic_min_np: int = 0  # elastic (survivors re-form the job) when > 0
     log_level: str = "WARNING"
     run_dir: str = ""
     mpi_args: str = ""
@@ -240,6 +241,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_COMM_TIMEOUT_SECONDS", "comm_timeout_seconds", _non_negative_float,
             "a collective or negotiation step that makes no progress this long ends the job, naming the "
             "ranks that stopped answering (0: wait forever)", Flag(("--comm-timeout-seconds",), float)),
+    Setting("HVDLITE_ELASTIC_MIN_NP", "elastic_min_np", _non_negative_int,
+            "elastic: when a rank dies the others re-form the job without it, while at least this many "
+            "remain (0: a dead rank ends the job)", Flag(("--min-np",), int)),
     Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, f"log level: {', '.join(_LOG_LEVELS)}",
             Flag(("--log-level",))),
     Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),

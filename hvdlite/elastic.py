@@ -6,9 +6,9 @@ updated); ``state.restore()`` brings back the last commit; ``state.sync()`` give
 and optimizers (``hvdlite.torch.elastic.TorchState``). ``run`` wraps a training function as
 Horovod's ``hvd.elastic.run`` does.
 
-**Issue #22 in progress:** the state API works on a fixed world. Re-forming the world after a
-rank dies (and growing it) is not built yet: a ``HorovodInternalError`` inside a ``run`` function
-restores the last commit and is then raised, so the job ends as a static job does today.
+**Issue #22 in progress:** in elastic mode (``hvdliterun --min-np N``) the survivors of a rank's
+death re-form the job on one host (:func:`hvdlite.runtime.reform`); growing the job, and more
+than one host, are not built yet.
 """
 
 from __future__ import annotations
@@ -105,8 +105,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Horovod's ``hvd.elastic.run``: call ``func(state, ...)`` with every rank's state synced first.
 
     On ``HostsUpdatedInterrupt`` the state is re-synced and ``func`` called again. On
-    ``HorovodInternalError`` the last commit is restored; the world cannot be re-formed yet (#22),
-    so the error is then raised.
+    ``HorovodInternalError`` (a peer died) the last commit is restored; in elastic mode
+    (``hvdliterun --min-np N``) the survivors then re-form the job without the dead ranks, call the
+    reset callbacks, sync the state from the new rank 0 and call ``func`` again. Outside elastic
+    mode the error is raised after the restore.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -119,7 +121,23 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()
-                raise
+                if not _elastic():
+                    raise
+                _reform()
             except HostsUpdatedInterrupt:
-                reset = True
+                pass
+            reset = True
     return wrapper
+
+
+def _elastic() -> bool:
+    from .basics import is_initialized
+    from .runtime import current
+
+    return is_initialized() and bool(current().config.elastic_min_np)
+
+
+def _reform() -> None:
+    from .runtime import reform
+
+    reform()

@@ -124,6 +124,18 @@ class Engine:
         self._thread.join(timeout)
         self._sigint.uninstall()
 
+    def abandon(self, error: errors.HvdliteError, timeout: float = 5.0) -> None:
+        """Stop without a word to the peers (some died): fail what is queued with ``error``.
+
+        Its MPI resources stay as they are (freeing them is collective, and a dead peer never
+        joins); the thread ends at its next wait's probe or its next turn.
+        """
+        if self._queue.fatal is None:
+            self._queue.fail_all(error)
+        self._wake.set()
+        self._thread.join(timeout)
+        self._sigint.uninstall()
+
     @property
     def fatal(self) -> errors.HvdliteError | None:
         """The error that stopped the engine, if one did."""

@@ -62,6 +62,19 @@ class DeviceError(HvdliteShutdownError):
 HorovodInternalError = HvdliteShutdownError
 
 
+class PeerFailedError(HvdliteShutdownError):
+    """A process of the job died (elastic mode: the survivors can re-form the job without it)."""
+
+    def __init__(self, dead_world_ranks: list[int] | str) -> None:
+        if isinstance(dead_world_ranks, str):  # re-raised from a handle with its message
+            super().__init__(dead_world_ranks)
+            self.dead: list[int] = []
+            return
+        super().__init__(f"rank(s) {dead_world_ranks} of the job died (COMM_WORLD ranks); hvd.elastic.run "
+                         "re-forms the job without them")
+        self.dead = dead_world_ranks
+
+
 class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name
     """Hosts were added or removed: raised by ``state.commit()`` / ``check_host_updates()`` on every
     rank at once, so that ``hvd.elastic.run`` can re-form the world at a commit boundary (Horovod's).

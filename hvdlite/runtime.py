@@ -19,7 +19,7 @@ from .communicators import Communicators
 from .config import Config, load_config
 from .describe import Descriptions
 from .engine import Engine
-from .errors import CommTimeoutError, HvdliteError, NotInitializedError
+from .errors import CommTimeoutError, HvdliteError, NotInitializedError, PeerFailedError
 from .naming import NameGenerator
 from .pipeline.scope import JOB, Scope
 from .process_sets import ProcessSet
@@ -53,6 +53,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_REFORM_TAG = 7_301  # MPI_Comm_create_group's tag when survivors re-form the job
 _atexit_registered = False
 
 
@@ -137,16 +138,20 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
                   scope: Scope) -> tuple[Engine, tuple[Any, ...]]:
     """A started engine on private duplicates of ``comm`` (collective over ``comm``), and those duplicates."""
+    from mpi4py import MPI
+
     from .pipeline.execute import Executor
     from .transport.mpi import MpiControlChannel, MpiTransport
+    from .utils.failed_peers import DeathWatch
 
     control, data = comm.Dup(), comm.Dup()
     poll_seconds = config.poll_time_ms / 1000
+    probe = DeathWatch(MPI.COMM_WORLD, comm) if config.elastic_min_np else None  # elastic: a dead peer ends waits
     engine = Engine(
         config,
-        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm),
+        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm, probe),
         Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
-                                config.shm_min_bytes if config.shm else None),
+                                config.shm_min_bytes if config.shm else None, probe),
                  comm.Get_rank(), comm.Get_size(),
                  device_runner=_device_runner(config, data, hosts, local_rank)),
         abort=failure.abort_job,
@@ -172,6 +177,50 @@ def _write_pid_file(run_dir: str, world_rank: int) -> None:
             handle.write(f"{os.getpid()} {socket.gethostname()}")
     except OSError as exc:
         log.debug("could not write pid file in %s: %s", run_dir, exc)
+
+
+def reform() -> list[int]:
+    """Elastic: re-form the job without the processes that died, keeping this process; returns their
+    ``COMM_WORLD`` ranks. Collective over the survivors (``hvd.elastic.run`` calls it).
+
+    The old engines stop without communicating and their MPI resources are left behind (freeing
+    them is collective, and the dead never join). The survivors agree on the dead from MPI's own
+    list (``MPIX_Comm_get_failed``), build their communicator with ``MPI_Comm_create_group`` and
+    start hvdlite on it: ranks, sizes and topology are the new world's; process sets are not
+    carried over.
+    """
+    global _runtime
+    from mpi4py import MPI
+
+    from .utils.failed_peers import failed_world_ranks
+
+    runtime = current()
+    if not runtime.config.elastic_min_np:
+        raise HvdliteError("re-forming the job needs elastic mode (hvdliterun --min-np N)")
+    dead = failed_world_ranks(MPI.COMM_WORLD)
+    runtime.communicators.abandon(PeerFailedError(dead))
+    _close_timeline(runtime.communicators)
+    if runtime.exception_hook is not None:
+        runtime.exception_hook.uninstall()
+    base = runtime.comm
+    in_base = MPI.Group.Translate_ranks(MPI.COMM_WORLD.Get_group(), dead, base.Get_group())
+    survivors = base.Get_group().Excl([r for r in in_base if r != MPI.UNDEFINED])
+    if survivors.Get_size() < runtime.config.elastic_min_np:
+        raise HvdliteError(f"only {survivors.Get_size()} rank(s) remain after rank(s) {dead} died, fewer than "
+                           f"--min-np {runtime.config.elastic_min_np}; the job cannot go on")
+    comm = base.Create_group(survivors, tag=_REFORM_TAG)
+    _runtime = None
+    runtime.adapter_state.clear()
+    init(comm=comm)
+    if runtime.config.run_dir and current().topology.rank == 0:
+        _record_removed(runtime.config.run_dir, dead)
+    return dead
+
+
+def _record_removed(run_dir: str, dead: list[int]) -> None:
+    """Tell hvdliterun which ranks the job went on without: their exit does not fail the job."""
+    with open(os.path.join(run_dir, "elastic.removed"), "a") as handle:
+        handle.write("".join(f"{rank}\n" for rank in dead))
 
 
 def shutdown() -> None:

@@ -164,8 +164,14 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
     if config.network_interface:
         # The user's own transport settings win over the ones the interface implies.
         rank_env = {**_interface_environment(config.network_interface), **rank_env}
+    elastic = config.elastic_min_np > 0
+    if elastic and config.elastic_min_np > args.num_proc:
+        raise LaunchError(f"--min-np {config.elastic_min_np} is more than -np {args.num_proc}")
+    if elastic:
+        rank_env["MPI4PY_RC_FINALIZE"] = "0"  # MPI_Finalize waits for ever on a dead peer
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
-                      launcher_agent=config.launcher_agent, network_interface=config.network_interface)
+                      launcher_agent=config.launcher_agent, network_interface=config.network_interface,
+                      elastic=elastic)
     return spec, rank_env, args
 
 
@@ -199,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(argv_out), flush=True)
         if args.dry_run:
             return 0
-        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir, all_hosts_local(spec.hosts))
+        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir, all_hosts_local(spec.hosts),
+                           spec.num_proc if spec.elastic else 0)
 
 
 if __name__ == "__main__":

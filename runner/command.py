@@ -30,6 +30,16 @@ class LaunchSpec:
     output_dir: str = ""
     launcher_agent: str = ""  # executable Hydra uses instead of plain ssh (port / identity file, or the user's)
     network_interface: str = ""  # Hydra's control connections use this interface
+    elastic: bool = False  # survivors of a dead rank go on (hvdliterun --min-np)
+
+
+# Elastic mode runs each rank under a shell that outlives it: Hydra's proxy SIGKILLs every rank it
+# started on a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not
+# when one exits (docs/elastic-probe/FINDINGS.md). The shell turns a death into an exit status,
+# ignores (and makes the rank ignore) Hydra's SIGUSR1 failure notice, and records the status for
+# hvdliterun, which decides the job's exit code from the ranks the job did not go on without.
+ELASTIC_RANK_WRAPPER = ("trap '' USR1; \"$@\"; status=$?; "
+                        "echo $status > \"$HVDLITE_RUN_DIR/rank.$PMI_RANK.status\" 2>/dev/null; exit $status")
 
 
 def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
@@ -46,7 +56,11 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
                  "-errfile-pattern", f"{spec.output_dir}/rank.%r/stderr"]
     else:
         argv += ["-prepend-pattern", TAG_PATTERN]
+    if spec.elastic:
+        argv += ["-disable-auto-cleanup"]
     argv += shlex.split(spec.mpi_args)
+    if spec.elastic:
+        return argv + ["sh", "-c", ELASTIC_RANK_WRAPPER, "hvdlite-rank", *spec.command]
     return argv + list(spec.command)
 
 

@@ -105,11 +105,12 @@ class FirstExitWatcher:
         self._thread.join(1)
 
 
-def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = True) -> int:
+def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = True, elastic_np: int = 0) -> int:
     """Run ``argv``; forward SIGINT/SIGTERM to the whole job; return its exit code.
 
     ``all_local``: every rank runs on this host, so the first rank seen ending here is the
     first in the job (with remote hosts it may not be, and only MPI's report is quoted).
+    ``elastic_np``: elastic mode with this many ranks; the job's code is then its survivors'.
     """
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
@@ -142,6 +143,8 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     code = process.returncode
     watcher.stop()
     _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
+    if elastic_np and not stopping:
+        code = elastic_exit_code(run_dir, elastic_np, code)
     if code != 0 and not stopping:
         _report_failed_rank(watcher.first if all_local else [], seen, read_pid_files(run_dir))
     if stopping:
@@ -208,3 +211,27 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
         who = f"rank {named[0]} (pid {pid} on {host})" if named else f"pid {pid} on {host}"
         sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally {caveat}; the job failed\n")
         return
+
+
+def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
+    """An elastic job's exit code: 0 when every rank the job did not go on without exited 0.
+
+    The ranks' wrappers write ``rank.N.status``; the survivors' new rank 0 lists the ranks they
+    re-formed the job without in ``elastic.removed``. ``code`` (mpiexec's) counts if a status is missing.
+    """
+    try:
+        with open(os.path.join(run_dir, "elastic.removed")) as handle:
+            removed = {int(line) for line in handle if line.strip()}
+    except OSError:
+        removed = set()
+    for rank in sorted(set(range(num_proc)) - removed):
+        try:
+            with open(os.path.join(run_dir, f"rank.{rank}.status")) as handle:
+                status = int(handle.read().strip() or code)
+        except (OSError, ValueError):
+            return code
+        if status != 0:
+            return status
+    if removed:
+        sys.stderr.write(f"hvdliterun: the job went on without rank(s) {sorted(removed)} and finished\n")
+    return 0

@@ -109,6 +109,12 @@ class GradientSubmitter:
         """True while some gradient has been handed over and not yet waited for."""
         return bool(self._finishers or self._ready or any(b.arrived for b in self._buckets or ()))
 
+    def abandon(self) -> None:
+        """Forget this step's reductions (they failed: a peer died); the next step starts afresh."""
+        self._finishers, self._ready, self._last_handle = [], {}, None
+        for bucket in self._buckets or ():
+            bucket.arrived = 0
+
     def submit(self, param: torch.Tensor) -> None:
         """``param.grad`` is final for this step: start its reduction (or its group's or bucket's, once complete)."""
         bucket = self._bucket_of.get(param)

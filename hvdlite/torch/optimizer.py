@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import errors
 from ..compression import Compressor, NoneCompressor
 from ..ops import Average, Collective, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
@@ -75,10 +76,15 @@ class GradientReducer:
         """Wait for every gradient's allreduce; gradients that never arrived are reduced as zeros."""
         if self._synchronized and not self._submitter.in_flight:
             return  # already done since the last backward: reducing again would only cost time
-        self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
-        self._submitter.wait_all()
-        for param in self._delay:
-            self._delay[param] = self.backward_passes_per_step
+        try:
+            self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
+            self._submitter.wait_all()
+        except errors.HvdliteShutdownError:  # a peer died (elastic: the step is redone in a new world)
+            self._submitter.abandon()
+            raise
+        finally:
+            for param in self._delay:
+                self._delay[param] = self.backward_passes_per_step
         self._synchronized = True
 
     @contextlib.contextmanager

@@ -52,10 +52,12 @@ _PROBE_POLL_SECONDS = 0.005
 _BAND_SLOT_BYTES = 64 * 1024  # the negotiation vector of a response cache of up to ~260,000 entries
 
 
-def _poller(spin: float, max_sleep: float, timeout: float | None) -> Callable[[Callable[[], bool]], None]:
-    """A wait for a condition: spin ``spin`` seconds, then sleep up to ``max_sleep``, within ``timeout``."""
+def _poller(spin: float, max_sleep: float, timeout: float | None,
+            probe: Callable[[], None] | None) -> Callable[[Callable[[], bool]], None]:
+    """A wait for a condition: spin ``spin`` seconds, then sleep up to ``max_sleep``, within ``timeout``
+    (``probe``: see :func:`~hvdlite.utils.polling.wait_until`)."""
     def wait_for(done: Callable[[], bool]) -> None:
-        wait_until(done, spin, max_sleep, timeout)
+        wait_until(done, spin, max_sleep, timeout, probe)
 
     return wait_for
 
@@ -75,13 +77,13 @@ class MpiControlChannel:
     """Negotiation collectives on a private duplicate of the job's communicator."""
 
     def __init__(self, comm: MPI.Comm, poll_seconds: float, timeout: float | None = None,
-                 shared_memory: bool = False) -> None:
+                 shared_memory: bool = False, probe: Callable[[], None] | None = None) -> None:
         """``shared_memory``: run :meth:`band` through shared memory when every rank runs on this
         host (:class:`hvdlite.transport.shm.SharedMemoryBand`). Collective when True."""
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        poll = _poller(_CONTROL_SPIN_SECONDS, poll_seconds, timeout)
+        poll = _poller(_CONTROL_SPIN_SECONDS, poll_seconds, timeout, probe)
         self._wait = _waiter(poll)
         self._shm = SharedMemoryBand.create(comm, _BAND_SLOT_BYTES, poll) if shared_memory else None
         self._abandoned: list = []  # probe sends a dead peer never takes: their buffers must stay alive
@@ -170,14 +172,15 @@ class MpiTransport:
     name = "MPI"
 
     def __init__(self, comm: MPI.Comm, chunk_bytes: int, poll_seconds: float, timeout: float | None = None,
-                 max_in_flight: int = 1, shm_min_bytes: int | None = None) -> None:
+                 max_in_flight: int = 1, shm_min_bytes: int | None = None,
+                 probe: Callable[[], None] | None = None) -> None:
         """``shm_min_bytes``: reduce buffers of at least this size through shared memory when every
         rank runs on this host (:mod:`hvdlite.transport.shm`); None never does. Collective: every rank
         of ``comm`` builds its transport at the same point, with the same value."""
         self._comm = comm
         self.chunk_bytes = chunk_bytes
         self.max_in_flight = max_in_flight
-        poll = _poller(_DATA_SPIN_SECONDS, poll_seconds, timeout)
+        poll = _poller(_DATA_SPIN_SECONDS, poll_seconds, timeout, probe)
         self._wait = _waiter(poll)
         self._shm = None if shm_min_bytes is None else SharedMemoryAllreduce.create(comm, shm_min_bytes, poll)
         self._in_flight: deque[_Piece] = deque()

@@ -29,10 +29,11 @@ class WaitTimeout(Exception):
 
 
 def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float,
-               timeout: float | None = None) -> None:
+               timeout: float | None = None, probe: Callable[[], None] | None = None) -> None:
     """Return once ``done()`` is true: spin ``spin_seconds``, then back off up to ``max_sleep``.
 
-    Raises :class:`WaitTimeout` if ``done()`` is still false after ``timeout`` seconds.
+    Raises :class:`WaitTimeout` if ``done()`` is still false after ``timeout`` seconds. ``probe``
+    (elastic mode: is a peer dead?) is called between sleeps and may raise.
     """
     if done():
         return
@@ -45,5 +46,7 @@ def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float,
     while not done():
         if timeout is not None and time.perf_counter() - start > timeout:
             raise WaitTimeout(timeout)
+        if probe is not None:
+            probe()
         time.sleep(sleep)
         sleep = min(sleep * 2, max_sleep)

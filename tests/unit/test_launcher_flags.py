@@ -14,7 +14,7 @@ SETTING_OPTIONS = {
     "--hierarchical-allreduce", "--timeline-filename", "--timeline-mark-cycles", "--stall-check-warning-time-seconds",
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--network-interface",
-    "--comm-timeout-seconds", "--process-sets-dynamic"}
+    "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
 ROUND_TRIPS = [
@@ -40,6 +40,7 @@ ROUND_TRIPS = [
     (["--network-interface", "eth1"], {"HVDLITE_NETWORK_INTERFACE": "eth1"}),
     (["--comm-timeout-seconds", "0"], {"HVDLITE_COMM_TIMEOUT_SECONDS": "0.0"}),
     (["--process-sets-dynamic"], {"HVDLITE_DYNAMIC_PROCESS_SETS": "1"}),
+    (["--min-np", "2"], {"HVDLITE_ELASTIC_MIN_NP": "2"}),
     ([], {}),
 ]
 

@@ -1,0 +1,60 @@
+"""Elastic on one host: rank 2 of 3 is SIGKILLed mid-training; the two survivors keep their
+processes, re-form the job inside @hvd.elastic.run, restore the last commit and finish at size 2.
+
+Run with ``hvdliterun -np 3 --min-np 2``. Each survivor prints 'recovered <seconds>' (kill to the
+first step completed in the new world), its new rank and size, and 'ok elastic shrink'.
+"""
+
+import os
+import signal
+import time
+
+import torch
+
+import hvdlite.torch as hvd
+
+STEPS, KILL_AT = 8, 3
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    hvd.init()
+    world_rank, pid = hvd.rank(), os.getpid()
+    run_dir = os.environ["HVDLITE_RUN_DIR"]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    timings = {}
+
+    @hvd.elastic.run
+    def train(state):
+        for state.step in range(state.step, STEPS):  # noqa: B020 - Horovod's idiom: the loop commits the step
+            if world_rank == 2 and state.step == KILL_AT:
+                with open(os.path.join(run_dir, "killed_at"), "w") as handle:
+                    handle.write(str(time.time()))
+                os.kill(pid, signal.SIGKILL)
+            optimizer.zero_grad()
+            x = torch.full((2, 4), float(hvd.rank() + 1))
+            model(x).sum().backward()
+            optimizer.step()
+            if resets and "recovered" not in timings:
+                with open(os.path.join(run_dir, "killed_at")) as handle:
+                    timings["recovered"] = time.time() - float(handle.read())
+            state.commit()
+
+    train(state)
+    assert hvd.size() == 2 and state.step == STEPS - 1 and resets == [2], (hvd.size(), state.step, resets)
+    weights = hvd.allgather_object(model.weight.detach().tolist())
+    assert weights[0] == weights[1], weights  # the survivors trained in step
+    print(f"recovered {timings['recovered']:.3f}", flush=True)
+    print(f"new rank {hvd.rank()} size {hvd.size()}", flush=True)
+    hvd.shutdown()
+    print("ok elastic shrink", flush=True)
+
+
+if __name__ == "__main__":
+    main()
