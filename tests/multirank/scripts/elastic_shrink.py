@@ -23,6 +23,7 @@ def main() -> None:
     run_dir = os.environ["HVDLITE_RUN_DIR"]
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
+    initial = model.weight.detach().clone()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
@@ -32,8 +33,8 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state):
-        for state.step in range(state.step, STEPS):  # noqa: B020 - Horovod's idiom: the loop commits the step
-            if world_rank == 2 and state.step == KILL_AT:
+        for step in range(state.step, STEPS):
+            if world_rank == 2 and step == KILL_AT:
                 with open(os.path.join(run_dir, "killed_at"), "w") as handle:
                     handle.write(str(time.time()))
                 os.kill(pid, signal.SIGKILL)
@@ -44,12 +45,17 @@ def main() -> None:
             if resets and "recovered" not in timings:
                 with open(os.path.join(run_dir, "killed_at")) as handle:
                     timings["recovered"] = time.time() - float(handle.read())
+            state.step = step + 1  # committed: the step a restored state resumes at
             state.commit()
 
     train(state)
-    assert hvd.size() == 2 and state.step == STEPS - 1 and resets == [2], (hvd.size(), state.step, resets)
+    assert hvd.size() == 2 and state.step == STEPS and resets == [2], (hvd.size(), state.step, resets)
     weights = hvd.allgather_object(model.weight.detach().tolist())
     assert weights[0] == weights[1], weights  # the survivors trained in step
+    # Nothing lost or applied twice: the weight's gradient is 2 * x per step (two rows of x), averaged
+    # over the ranks: x = 1, 2, 3 for the KILL_AT steps at size 3, then 1, 2 for the rest at size 2.
+    expected = initial - 0.1 * (KILL_AT * 2 * 2.0 + (STEPS - KILL_AT) * 2 * 1.5)
+    assert torch.allclose(model.weight, expected, atol=1e-5), (model.weight, expected)
     print(f"recovered {timings['recovered']:.3f}", flush=True)
     print(f"new rank {hvd.rank()} size {hvd.size()}", flush=True)
     hvd.shutdown()
