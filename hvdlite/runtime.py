@@ -128,7 +128,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         start_timeline(config.timeline, config.timeline_mark_cycles)
     if config.run_dir:
         _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
-    if topology.size > 1:
+    if topology.size > 1 and config.elastic_min_np:  # elastic: the others re-form the job without this rank
+        _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.exit_rank,
+                                                                  "ending this rank; the others go on without it")
+    elif topology.size > 1:
         _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.abort_job)
     if not _atexit_registered:
         atexit.register(shutdown)

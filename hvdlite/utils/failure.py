@@ -34,20 +34,32 @@ def abort_job(code: int) -> None:
     os._exit(code)
 
 
+def exit_rank(code: int) -> None:
+    """Elastic mode: end this rank alone (its peers re-form the job without it). Never returns.
+
+    ``os._exit``: ``MPI_Finalize`` would wait for peers that are not finalizing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 class AbortOnUncaught:
     """Routes uncaught exceptions on the main thread through ``abort(1)`` after printing them.
 
     Held by the runtime: :meth:`install` at ``init()``, :meth:`uninstall` at ``shutdown()``.
     """
 
-    def __init__(self, rank: int, abort: Callable[[int], None], previous: Callable[..., None]) -> None:
+    def __init__(self, rank: int, abort: Callable[[int], None], previous: Callable[..., None],
+                 what: str = "aborting all ranks") -> None:
         self._rank = rank
         self._abort = abort
         self._previous = previous
+        self._what = what
 
     @classmethod
-    def install(cls, rank: int, abort: Callable[[int], None]) -> AbortOnUncaught:
-        hook = cls(rank, abort, sys.excepthook)
+    def install(cls, rank: int, abort: Callable[[int], None], what: str = "aborting all ranks") -> AbortOnUncaught:
+        hook = cls(rank, abort, sys.excepthook, what)
         sys.excepthook = hook
         return hook
 
@@ -57,7 +69,7 @@ class AbortOnUncaught:
 
     def __call__(self, kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         self._previous(kind, value, tb)
-        sys.stderr.write(f"hvdlite: rank {self._rank} failed with an uncaught {kind.__name__}; aborting all ranks\n")
+        sys.stderr.write(f"hvdlite: rank {self._rank} failed with an uncaught {kind.__name__}; {self._what}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         # MPI's output forwarding reads our pipes asynchronously and the abort tears it down: give

@@ -10,8 +10,9 @@ from .harness import SCRIPTS, run_job
 pytestmark = pytest.mark.multirank
 
 
-def test_survivors_of_a_sigkill_re_form_the_job_and_finish_at_np_2():
-    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "elastic_shrink.py")], np=3, timeout=180)
+@pytest.mark.parametrize("failure", ["kill", "raise"])
+def test_survivors_of_a_dead_rank_re_form_the_job_and_finish_at_np_2(failure):
+    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "elastic_shrink.py"), failure], np=3, timeout=180)
     assert result.returncode == 0, result.output
     assert "the job went on without rank(s) [2] and finished" in result.output, result.output
     for rank in (0, 1):
@@ -24,6 +25,6 @@ def test_survivors_of_a_sigkill_re_form_the_job_and_finish_at_np_2():
 
 
 def test_fewer_survivors_than_min_np_end_the_job_with_the_reason():
-    result = run_job(["--min-np", "3", "python", str(SCRIPTS / "elastic_shrink.py")], np=3, timeout=180)
+    result = run_job(["--min-np", "3", "python", str(SCRIPTS / "elastic_shrink.py"), "kill"], np=3, timeout=180)
     assert result.returncode != 0, result.output
     assert "fewer than --min-np 3; the job cannot go on" in result.output, result.output

@@ -1,12 +1,14 @@
 """Elastic on one host: rank 2 of 3 is SIGKILLed mid-training; the two survivors keep their
 processes, re-form the job inside @hvd.elastic.run, restore the last commit and finish at size 2.
 
-Run with ``hvdliterun -np 3 --min-np 2``. Each survivor prints 'recovered <seconds>' (kill to the
+Usage: elastic_shrink.py kill|raise (rank 2 is SIGKILLed, or raises an uncaught exception). Run
+with ``hvdliterun -np 3 --min-np 2``. Each survivor prints 'recovered <seconds>' (kill to the
 first step completed in the new world), its new rank and size, and 'ok elastic shrink'.
 """
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -37,7 +39,9 @@ def main() -> None:
             if world_rank == 2 and step == KILL_AT:
                 with open(os.path.join(run_dir, "killed_at"), "w") as handle:
                     handle.write(str(time.time()))
-                os.kill(pid, signal.SIGKILL)
+                if sys.argv[1] == "kill":
+                    os.kill(pid, signal.SIGKILL)
+                raise RuntimeError("rank 2 fails in the middle of a step (on purpose)")
             optimizer.zero_grad()
             x = torch.full((2, 4), float(hvd.rank() + 1))
             model(x).sum().backward()
