@@ -71,6 +71,20 @@ def _log_level(text: str) -> str:
     return upper
 
 
+def _cooldown_range(text: str) -> tuple[float, float]:
+    parts = text.split()
+    if len(parts) != 2:
+        raise ValueError("expected two numbers, LOW HIGH")
+    low, high = (_non_negative_float(part) for part in parts)
+    if low > high:
+        raise ValueError(f"LOW {low} is above HIGH {high}")
+    return low, high
+
+
+def _pair(values: Any) -> str:
+    return " ".join(str(value) for value in values)
+
+
 def _text(text: str) -> str:
     return text
 
@@ -108,6 +122,11 @@ class Config:
     stall_shutdown_seconds: float = 600.0
     comm_timeout_seconds: float = 60.0
     elastic_min_np: int = 0  # elastic (survivors re-form the job) when > 0
+    elastic_max_np: int = 0  # 0: as many ranks as the hosts have slots
+    elastic_timeout_seconds: float = 600.0
+    elastic_reset_limit: int = 0  # 0: no limit
+    elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
+    elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
     log_level: str = "WARNING"
     run_dir: str = ""
     mpi_args: str = ""
@@ -156,6 +175,7 @@ class Flag:
     type: Callable[[str], Any] = str
     to_env: Callable[[Any], str] = str
     switch: str | None = None
+    nargs: int | None = None  # values the flag takes (None: one)
     note: str = ""  # what the flag's help adds to the setting's, when the flag's unit is not the variable's
 
     @property
@@ -244,6 +264,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_ELASTIC_MIN_NP", "elastic_min_np", _non_negative_int,
             "elastic: when a rank dies the others re-form the job without it, while at least this many "
             "remain (0: a dead rank ends the job)", Flag(("--min-np",), int)),
+    Setting("HVDLITE_ELASTIC_MAX_NP", "elastic_max_np", _non_negative_int,
+            "elastic: never more ranks than this (0: as many as the hosts have slots)", Flag(("--max-np",), int)),
+    Setting("HVDLITE_ELASTIC_TIMEOUT", "elastic_timeout_seconds", _non_negative_float,
+            "elastic: seconds to wait for --min-np slots before the job ends", Flag(("--elastic-timeout",), float)),
+    Setting("HVDLITE_ELASTIC_RESET_LIMIT", "elastic_reset_limit", _non_negative_int,
+            "elastic: the job ends after this many re-formations (0: no limit)", Flag(("--reset-limit",), int)),
+    Setting("HVDLITE_ELASTIC_COOLDOWN", "elastic_cooldown", _cooldown_range,
+            "elastic: 'LOW HIGH' seconds a host whose rank failed gets no new ranks, doubled per failure "
+            "(unset: never again)", Flag(("--blacklist-cooldown-range",), float, to_env=_pair, nargs=2)),
+    Setting("HVDLITE_ELASTIC_SPAWN_PREFIX", "elastic_spawn_prefix", _text,
+            "elastic: set for ranks the job spawned (by hvdlite itself)"),
     Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, f"log level: {', '.join(_LOG_LEVELS)}",
             Flag(("--log-level",))),
     Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),

@@ -6,9 +6,10 @@ updated); ``state.restore()`` brings back the last commit; ``state.sync()`` give
 and optimizers (``hvdlite.torch.elastic.TorchState``). ``run`` wraps a training function as
 Horovod's ``hvd.elastic.run`` does.
 
-**Issue #22 in progress:** in elastic mode (``hvdliterun --min-np N``) the survivors of a rank's
-death re-form the job on one host (:func:`hvdlite.runtime.reform`); growing the job, and more
-than one host, are not built yet.
+In elastic mode (``hvdliterun --min-np N``, ``--max-np``, ``--host-discovery-script``) the survivors
+of a rank's death re-form the job without it, and at a commit the job grows into free slots or lets
+ranks go whose host left the list (:mod:`hvdlite.reform`). Issue #22 is in progress: one host is
+tested; several hosts are not.
 """
 
 from __future__ import annotations
@@ -59,11 +60,19 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank at once if hosts were updated since the last check."""
+        """Raise ``HostsUpdatedInterrupt`` on every rank at once if hosts were updated since the last check.
+
+        In elastic mode rank 0 also plans the world's change (free slots to grow into, hosts that
+        left the list); ``hvd.elastic.run`` carries it out.
+        """
         latest = previous = self._last_updated_timestamp
         while not self._host_messages.empty():
             latest = max(latest, self._host_messages.get())
-        self._last_updated_timestamp = self._bcast_object(latest)  # rank 0 decides, so all ranks agree
+        # Rank 0 decides, so all ranks agree.
+        self._last_updated_timestamp, plan = self._bcast_object((latest, _propose()))
+        if plan:
+            _PENDING[:] = [plan]
+            raise HostsUpdatedInterrupt(skip_sync=not plan.spawn)
         if self._last_updated_timestamp > previous:
             raise HostsUpdatedInterrupt()
 
@@ -125,7 +134,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     raise
                 _reform()
             except HostsUpdatedInterrupt:
-                pass
+                if _PENDING:
+                    _apply(_PENDING.pop())
             reset = True
     return wrapper
 
@@ -137,7 +147,24 @@ def _elastic() -> bool:
     return is_initialized() and bool(current().config.elastic_min_np)
 
 
-def _reform() -> None:
-    from .runtime import reform
+_PENDING: list[Any] = []  # the plan check_host_updates agreed on, for run() to carry out
 
-    reform()
+
+def _propose() -> Any:
+    if not _elastic():
+        return None
+    from .reform import propose
+
+    return propose()
+
+
+def _apply(plan: Any) -> None:
+    from .reform import apply
+
+    apply(plan)
+
+
+def _reform() -> None:
+    from .reform import shrink
+
+    shrink()

@@ -65,14 +65,15 @@ HorovodInternalError = HvdliteShutdownError
 class PeerFailedError(HvdliteShutdownError):
     """A process of the job died (elastic mode: the survivors can re-form the job without it)."""
 
-    def __init__(self, dead_world_ranks: list[int] | str) -> None:
-        if isinstance(dead_world_ranks, str):  # re-raised from a handle with its message
-            super().__init__(dead_world_ranks)
-            self.dead: list[int] = []
+    def __init__(self, dead: list[str] | list[int] | str) -> None:
+        if isinstance(dead, str):  # re-raised from a handle with its message
+            super().__init__(dead)
+            self.dead: list[str] = []
             return
-        super().__init__(f"rank(s) {dead_world_ranks} of the job died (COMM_WORLD ranks); hvd.elastic.run "
-                         "re-forms the job without them")
-        self.dead = dead_world_ranks
+        # Process ids: the launch's COMM_WORLD rank ("2"), or "g<N>.<rank>" for a rank the job spawned.
+        self.dead = [str(process_id) for process_id in dead]
+        super().__init__(f"rank(s) [{', '.join(self.dead)}] of the job died (process ids: the launch's ranks, "
+                         "g<N>.<r> for spawned ones); hvd.elastic.run re-forms the job without them")
 
 
 class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name

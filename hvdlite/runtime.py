@@ -19,7 +19,7 @@ from .communicators import Communicators
 from .config import Config, load_config
 from .describe import Descriptions
 from .engine import Engine
-from .errors import CommTimeoutError, HvdliteError, NotInitializedError, PeerFailedError
+from .errors import CommTimeoutError, HvdliteError, NotInitializedError
 from .naming import NameGenerator
 from .pipeline.scope import JOB, Scope
 from .process_sets import ProcessSet
@@ -50,10 +50,12 @@ class Runtime:
     caller: threading.local = dataclasses.field(default_factory=threading.local)  # .waits: see api.blocking
     exception_hook: failure.AbortOnUncaught | None = None  # ends the job when a rank dies of an exception
     adapter_state: dict[str, Any] = dataclasses.field(default_factory=dict)  # framework adapters' caches, by name
+    hosts: tuple[str, ...] = ()  # every rank's host name, by rank
+    process_ids: tuple[str, ...] = ()  # every rank's process id: launch rank "2", or "g1.0" if spawned
+    book: Any = None  # elastic: the job's HostBook (hvdlite.elastic_hosts), kept across world changes
 
 
 _runtime: Runtime | None = None
-_REFORM_TAG = 7_301  # MPI_Comm_create_group's tag when survivors re-form the job
 _atexit_registered = False
 
 
@@ -108,26 +110,30 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     config = load_config()
     from mpi4py import MPI
 
-    base = _resolve_comm(MPI, comm)
+    joined = _join_elastic_job(config) if comm is None else None
+    base = joined[0] if joined else _resolve_comm(MPI, comm)
     rank = base.Get_rank()
     _configure_logging(config, rank)
-    hosts = base.allgather(MPI.Get_processor_name())
-    topology = topology_from_hosts(hosts, rank)
+    process_id = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())
+    hosts, ids = zip(*base.allgather((MPI.Get_processor_name(), process_id)), strict=True)
+    topology = topology_from_hosts(list(hosts), rank)
 
     def make_engine(set_comm: Any, ranks: list[int], process_set_id: int) -> tuple[Engine, tuple[Any, ...]]:
         scope = Scope(process_set_id, tuple(ranks)) if process_set_id else JOB
-        return _start_engine(config, set_comm, [hosts[r] for r in ranks], topology.local_rank, scope)
+        return _start_engine(config, set_comm, [hosts[r] for r in ranks], topology.local_rank, scope,
+                             [ids[r] for r in ranks])
 
     engine, private = make_engine(base, list(range(topology.size)), 0)
     dynamic = process_sets == "dynamic" or config.dynamic_process_sets
     communicators = Communicators(base, engine, make_engine, dynamic)
-    _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators)
+    _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators,
+                       hosts=hosts, process_ids=ids, book=joined[1] if joined else None)
     for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
         communicators.add(process_set, dynamic=False)
     if config.timeline:
         start_timeline(config.timeline, config.timeline_mark_cycles)
     if config.run_dir:
-        _write_pid_file(config.run_dir, MPI.COMM_WORLD.Get_rank())
+        _write_pid_file(config.run_dir, process_id)
     if topology.size > 1 and config.elastic_min_np:  # elastic: the others re-form the job without this rank
         _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.exit_rank,
                                                                   "ending this rank; the others go on without it")
@@ -138,8 +144,17 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         _atexit_registered = True
 
 
+def _join_elastic_job(config: Config) -> tuple[Any, Any] | None:
+    """A rank an elastic job spawned joins it: its world and host book (see :mod:`hvdlite.reform`)."""
+    if not (config.elastic_min_np and config.elastic_spawn_prefix):
+        return None
+    from .reform import join_parent
+
+    return join_parent()
+
+
 def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
-                  scope: Scope) -> tuple[Engine, tuple[Any, ...]]:
+                  scope: Scope, ids: list[str]) -> tuple[Engine, tuple[Any, ...]]:
     """A started engine on private duplicates of ``comm`` (collective over ``comm``), and those duplicates."""
     from mpi4py import MPI
 
@@ -149,12 +164,16 @@ def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
 
     control, data = comm.Dup(), comm.Dup()
     poll_seconds = config.poll_time_ms / 1000
-    probe = DeathWatch(MPI.COMM_WORLD, comm) if config.elastic_min_np else None  # elastic: a dead peer ends waits
+    # elastic: a dead peer ends waits
+    probe = DeathWatch(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir) if config.elastic_min_np else None
+    # MPICH cannot share memory between processes of different launches (a job that spawned ranks):
+    # Win_allocate_shared fails with "not in the same shared memory domain".
+    shm = config.shm and len({process_id.rpartition(".")[0] for process_id in ids}) == 1
     engine = Engine(
         config,
-        MpiControlChannel(control, poll_seconds, config.comm_timeout, config.shm, probe),
+        MpiControlChannel(control, poll_seconds, config.comm_timeout, shm, probe),
         Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
-                                config.shm_min_bytes if config.shm else None, probe),
+                                config.shm_min_bytes if shm else None, probe),
                  comm.Get_rank(), comm.Get_size(),
                  device_runner=_device_runner(config, data, hosts, local_rank)),
         abort=failure.abort_job,
@@ -173,57 +192,27 @@ def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank:
     return make
 
 
-def _write_pid_file(run_dir: str, world_rank: int) -> None:
+def _write_pid_file(run_dir: str, process_id: str) -> None:
     """Lets hvdliterun name the rank behind a PID that MPI reports as killed, and reap its host's ranks."""
     try:
-        with open(os.path.join(run_dir, f"rank.{world_rank}.pid"), "w") as handle:
+        with open(os.path.join(run_dir, f"rank.{process_id}.pid"), "w") as handle:
             handle.write(f"{os.getpid()} {socket.gethostname()}")
     except OSError as exc:
         log.debug("could not write pid file in %s: %s", run_dir, exc)
 
 
-def reform() -> list[int]:
-    """Elastic: re-form the job without the processes that died, keeping this process; returns their
-    ``COMM_WORLD`` ranks. Collective over the survivors (``hvd.elastic.run`` calls it).
+def stop_without_communicating(runtime: Runtime, error: Exception) -> None:
+    """Elastic: a peer died. Stop the engines without a word to the others and forget the runtime.
 
-    The old engines stop without communicating and their MPI resources are left behind (freeing
-    them is collective, and the dead never join). The survivors agree on the dead from MPI's own
-    list (``MPIX_Comm_get_failed``), build their communicator with ``MPI_Comm_create_group`` and
-    start hvdlite on it: ranks, sizes and topology are the new world's; process sets are not
-    carried over.
+    Their MPI resources are left behind: freeing them is collective, and the dead never join.
     """
     global _runtime
-    from mpi4py import MPI
-
-    from .utils.failed_peers import failed_world_ranks
-
-    runtime = current()
-    if not runtime.config.elastic_min_np:
-        raise HvdliteError("re-forming the job needs elastic mode (hvdliterun --min-np N)")
-    dead = failed_world_ranks(MPI.COMM_WORLD)
-    runtime.communicators.abandon(PeerFailedError(dead))
+    runtime.communicators.abandon(error)
     _close_timeline(runtime.communicators)
     if runtime.exception_hook is not None:
         runtime.exception_hook.uninstall()
-    base = runtime.comm
-    in_base = MPI.Group.Translate_ranks(MPI.COMM_WORLD.Get_group(), dead, base.Get_group())
-    survivors = base.Get_group().Excl([r for r in in_base if r != MPI.UNDEFINED])
-    if survivors.Get_size() < runtime.config.elastic_min_np:
-        raise HvdliteError(f"only {survivors.Get_size()} rank(s) remain after rank(s) {dead} died, fewer than "
-                           f"--min-np {runtime.config.elastic_min_np}; the job cannot go on")
-    comm = base.Create_group(survivors, tag=_REFORM_TAG)
-    _runtime = None
     runtime.adapter_state.clear()
-    init(comm=comm)
-    if runtime.config.run_dir and current().topology.rank == 0:
-        _record_removed(runtime.config.run_dir, dead)
-    return dead
-
-
-def _record_removed(run_dir: str, dead: list[int]) -> None:
-    """Tell hvdliterun which ranks the job went on without: their exit does not fail the job."""
-    with open(os.path.join(run_dir, "elastic.removed"), "a") as handle:
-        handle.write("".join(f"{rank}\n" for rank in dead))
+    _runtime = None
 
 
 def shutdown() -> None:

@@ -19,6 +19,7 @@ import tempfile
 from hvdlite.config import SETTING_FLAGS, ConfigError, environ, load_config
 
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
+from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
 from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
 
 USAGE_ERROR = 2
@@ -41,6 +42,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostfile", help="file of 'host slots=N' lines")
     p.add_argument("-x", "--env", dest="env", action="append", default=[], metavar="VAR[=VALUE]",
                    help="set VAR for every rank (or check that it is set here); repeatable")
+    p.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="elastic: a program printing the available 'host:slots' lines; polled every second")
+    p.add_argument("--slots-per-host", type=int, default=1, metavar="N",
+                   help="elastic: slots of a discovered host printed without ':slots' (default 1)")
     p.add_argument("--check-build", action="store_true", help="show available frameworks and operations")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     _add_setting_flags(p)
@@ -60,7 +65,9 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flag.names, dest=flag.dest, action="store_true", default=None,
                                help=f"{text} [{setting.env}={flag.switch}]")
         else:
-            group.add_argument(*flag.names, dest=flag.dest, type=flag.type, help=f"{text} [{setting.env}]")
+            group.add_argument(*flag.names, dest=flag.dest, type=flag.type, nargs=flag.nargs,
+                               metavar=("LOW", "HIGH") if flag.nargs == 2 else None,
+                               help=f"{text} [{setting.env}]")
 
 
 def find_mpiexec() -> str:
@@ -139,11 +146,20 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
     if args.check_build:
         return LaunchSpec(0, ()), env, args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    hosts = _hosts(args)
+    if args.min_np is None and env.get("HVDLITE_ELASTIC_MIN_NP", "").isdigit():  # the variable instead of the flag
+        args.min_np = int(env["HVDLITE_ELASTIC_MIN_NP"])
+    elastic = wants_elastic(args)
+    if elastic:
+        try:
+            hosts = first_hosts(args, hosts)
+            args.num_proc, args.min_np = elastic_sizes(args, hosts)
+        except ElasticLaunchError as exc:
+            raise LaunchError(str(exc)) from None
     if args.num_proc is None:
         raise LaunchError("-np is required")
     if args.num_proc < 1:
         raise LaunchError(f"-np must be at least 1, got {args.num_proc}")
-    hosts = _hosts(args)
     if hosts and args.num_proc > total_slots(hosts):
         raise LaunchError(f"-np {args.num_proc} needs more processes than the {total_slots(hosts)} slots in "
                           f"{', '.join(f'{h.host}:{h.slots}' for h in hosts)}")
@@ -164,9 +180,6 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
     if config.network_interface:
         # The user's own transport settings win over the ones the interface implies.
         rank_env = {**_interface_environment(config.network_interface), **rank_env}
-    elastic = config.elastic_min_np > 0
-    if elastic and config.elastic_min_np > args.num_proc:
-        raise LaunchError(f"--min-np {config.elastic_min_np} is more than -np {args.num_proc}")
     if elastic:
         rank_env["MPI4PY_RC_FINALIZE"] = "0"  # MPI_Finalize waits for ever on a dead peer
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
@@ -205,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(argv_out), flush=True)
         if args.dry_run:
             return 0
-        return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir, all_hosts_local(spec.hosts),
-                           spec.num_proc if spec.elastic else 0)
+        poller = publish_hosts(run_dir, args, spec.hosts, spec.num_proc) if spec.elastic else None
+        try:
+            return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir,
+                               all_hosts_local(spec.hosts), spec.num_proc if spec.elastic else 0)
+        finally:
+            if poller is not None:
+                poller.stop()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Mapping
 
 from hvdlite.config import SETTING_FLAGS
+from hvdlite.reform import RANK_WRAPPER  # elastic: each rank runs under a shell that outlives it
 
 from .hosts import HostSlots
 
@@ -33,15 +34,6 @@ class LaunchSpec:
     elastic: bool = False  # survivors of a dead rank go on (hvdliterun --min-np)
 
 
-# Elastic mode runs each rank under a shell that outlives it: Hydra's proxy SIGKILLs every rank it
-# started on a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not
-# when one exits (docs/elastic-probe/FINDINGS.md). The shell turns a death into an exit status,
-# ignores (and makes the rank ignore) Hydra's SIGUSR1 failure notice, and records the status for
-# hvdliterun, which decides the job's exit code from the ranks the job did not go on without.
-ELASTIC_RANK_WRAPPER = ("trap '' USR1; \"$@\"; status=$?; "
-                        "echo $status > \"$HVDLITE_RUN_DIR/rank.$PMI_RANK.status\" 2>/dev/null; exit $status")
-
-
 def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
     """The argv that runs ``spec`` with the Hydra ``mpiexec`` at path ``mpiexec``."""
     argv = [mpiexec, "-n", str(spec.num_proc)]
@@ -60,7 +52,7 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
         argv += ["-disable-auto-cleanup"]
     argv += shlex.split(spec.mpi_args)
     if spec.elastic:
-        return argv + ["sh", "-c", ELASTIC_RANK_WRAPPER, "hvdlite-rank", *spec.command]
+        return argv + ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", *spec.command]
     return argv + list(spec.command)
 
 

@@ -16,7 +16,8 @@ class HostSlots:
     slots: int
 
 
-_HOST = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+$")
+# A name may not begin with "-": ssh would read it as an option (-oProxyCommand=...).
+_HOST = re.compile(r"^[A-Za-z0-9_.\[\]:][A-Za-z0-9_.\-\[\]:]*$")
 
 
 def _entry(text: str, slots_text: str | None, where: str) -> HostSlots:

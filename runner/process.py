@@ -30,7 +30,7 @@ def _pump(stream, sink, seen: list[str]) -> None:
     sink.flush()
 
 
-def read_pid_files(run_dir: str, host: str | None = None) -> dict[int, tuple[int, str]]:
+def read_pid_files(run_dir: str, host: str | None = None) -> dict[int | str, tuple[int, str]]:
     """``{rank: (pid, host)}`` from the pid files ``hvdlite.init`` writes; only ``host``'s ranks if given.
 
     Ranks on other hosts write theirs only where the run directory is a shared file system; their
@@ -42,18 +42,20 @@ def read_pid_files(run_dir: str, host: str | None = None) -> dict[int, tuple[int
     except OSError:
         return ranks
     for name in names:
-        match = re.fullmatch(r"rank\.(\d+)\.pid", name)
+        # A launched rank's file is rank.N.pid; one an elastic job spawned is rank.gG.N.pid.
+        match = re.fullmatch(r"rank\.((g\d+\.)?\d+)\.pid", name)
         if match:
             try:
                 with open(os.path.join(run_dir, name)) as handle:
                     pid_text, rank_host = handle.read().split()
-                ranks[int(match.group(1))] = (int(pid_text), rank_host)
+                key = match.group(1)
+                ranks[key if match.group(2) else int(key)] = (int(pid_text), rank_host)
             except (OSError, ValueError):
                 continue
     return {rank: found for rank, found in ranks.items() if host is None or found[1] == host}
 
 
-def local_pids(run_dir: str) -> dict[int, int]:
+def local_pids(run_dir: str) -> dict[int | str, int]:
     """``{rank: pid}`` of the ranks on this host."""
     return {rank: pid for rank, (pid, _) in read_pid_files(run_dir, socket.gethostname()).items()}
 
@@ -95,7 +97,7 @@ class FirstExitWatcher:
             ready = poller.poll(0 if gone else 20)
             gone += [fds[fd] for fd, _ in ready]
             if gone:
-                self.first = sorted(gone)
+                self.first = sorted(gone, key=lambda item: (isinstance(item[0], str), item[0]))
                 break
         for fd in fds:
             os.close(fd)
@@ -161,7 +163,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def _reap_ranks(pids: dict[int, int], grace: float = 2.0) -> None:
+def _reap_ranks(pids: dict[int | str, int], grace: float = 2.0) -> None:
     """Give local ranks ``grace`` seconds to exit after mpiexec did, then kill them: no orphans."""
     deadline = time.monotonic() + grace
     while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
@@ -216,22 +218,36 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
 def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
     """An elastic job's exit code: 0 when every rank the job did not go on without exited 0.
 
-    The ranks' wrappers write ``rank.N.status``; the survivors' new rank 0 lists the ranks they
-    re-formed the job without in ``elastic.removed``. ``code`` (mpiexec's) counts if a status is missing.
+    The ranks' wrappers write ``rank.ID.status`` (ID: the launch's rank, or ``gG.N`` for a rank the
+    job spawned); the new rank 0 lists the ranks the job went on without in ``elastic.removed``.
+    ``code`` (mpiexec's) counts if a launched rank's status is missing.
     """
     try:
         with open(os.path.join(run_dir, "elastic.removed")) as handle:
-            removed = {int(line) for line in handle if line.strip()}
+            removed = {line.strip() for line in handle if line.strip()}
     except OSError:
         removed = set()
-    for rank in sorted(set(range(num_proc)) - removed):
-        try:
-            with open(os.path.join(run_dir, f"rank.{rank}.status")) as handle:
-                status = int(handle.read().strip() or code)
-        except (OSError, ValueError):
+    statuses = _rank_statuses(run_dir)
+    for process_id in [str(rank) for rank in range(num_proc)] + sorted(statuses):
+        if process_id in removed:
+            continue
+        if process_id not in statuses:
             return code
-        if status != 0:
-            return status
+        if statuses[process_id] != 0:
+            return statuses[process_id]
     if removed:
-        sys.stderr.write(f"hvdliterun: the job went on without rank(s) {sorted(removed)} and finished\n")
+        sys.stderr.write(f"hvdliterun: the job went on without rank(s) [{', '.join(sorted(removed))}] and finished\n")
     return 0
+
+
+def _rank_statuses(run_dir: str) -> dict[str, int]:
+    statuses = {}
+    for name in os.listdir(run_dir):
+        match = re.fullmatch(r"rank\.((?:g\d+\.)?\d+)\.status", name)
+        if match:
+            try:
+                with open(os.path.join(run_dir, name)) as handle:
+                    statuses[match.group(1)] = int(handle.read().strip())
+            except (OSError, ValueError):
+                continue
+    return statuses

@@ -142,6 +142,14 @@ class TorchState(ObjectState):
             handler.sync()
         super().sync()
 
+    def on_reset(self) -> None:
+        # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.
+        for handler in self._handlers.values():
+            reducer = getattr(handler.value, "_hvdlite_reducer", None)
+            if reducer is not None:
+                reducer.world_changed()
+        super().on_reset()
+
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:  # a new model/optimizer object: track it from now on

@@ -115,6 +115,14 @@ class GradientSubmitter:
         for bucket in self._buckets or ():
             bucket.arrived = 0
 
+    def restart(self) -> None:
+        """A new world (elastic): plan buckets again after the next step, as a rank that just joined does."""
+        self.abandon()
+        self._prepared.clear()
+        self._in_place_cpu.clear()
+        if self._bucket_bytes:
+            self._buckets, self._bucket_of = None, {}
+
     def submit(self, param: torch.Tensor) -> None:
         """``param.grad`` is final for this step: start its reduction (or its group's or bucket's, once complete)."""
         bucket = self._bucket_of.get(param)

@@ -87,6 +87,13 @@ class GradientReducer:
                 self._delay[param] = self.backward_passes_per_step
         self._synchronized = True
 
+    def world_changed(self) -> None:
+        """Elastic: the job re-formed; requests start as in a new optimizer, the same on every rank."""
+        self._submitter.restart()
+        for param in self._delay:
+            self._delay[param] = self.backward_passes_per_step
+        self._synchronized = False
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Inside this block ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import time
 from typing import Any
 
@@ -42,20 +43,45 @@ def failed_world_ranks(world: Any) -> list[int]:
     return sorted(ranks)
 
 
-class DeathWatch:
-    """Raises :class:`~hvdlite.errors.PeerFailedError` from waits once a process of ``comm`` has died.
+def status_file(run_dir: str, process_id: str) -> str:
+    """Where the rank wrapper records the exit status of process ``process_id`` (see ``hvdlite.reform``)."""
+    return os.path.join(run_dir, f"rank.{process_id}.status")
 
-    Called by every wait of the engine (``wait_until``'s probe); asks MPI at most every ``every``
-    seconds, so a wait that spins stays cheap. Processes that died before ``comm`` was formed
-    without them (a re-formed job) stay in MPI's list, and do not count.
+
+def dead_members(world: Any, prefix: str, member_ids: list[str], run_dir: str) -> list[str]:
+    """The ids of ``member_ids`` whose processes died: in MPI's list (this process's own world, its
+    ids ``prefix`` + world rank) or, for any member on this host, in a nonzero status file.
+
+    MPI's list is fast and crosses hosts but covers only this process's ``COMM_WORLD``; spawned
+    processes are in another one, and are seen by their wrapper's status file.
+    """
+    dead = {prefix + str(rank) for rank in failed_world_ranks(world)}
+    for process_id in member_ids:
+        if process_id not in dead and _failed_status(run_dir, process_id):
+            dead.add(process_id)
+    return [process_id for process_id in member_ids if process_id in dead]
+
+
+def _failed_status(run_dir: str, process_id: str) -> bool:
+    if not run_dir:
+        return False
+    try:
+        with open(status_file(run_dir, process_id)) as handle:
+            return handle.read().strip() not in ("", "0")
+    except OSError:
+        return False
+
+
+class DeathWatch:
+    """Raises :class:`~hvdlite.errors.PeerFailedError` from waits once a member of a communicator has died.
+
+    Called by every wait of the engine (``wait_until``'s probe); looks at most every ``every``
+    seconds, so a wait that spins stays cheap. ``member_ids``: the process ids of the
+    communicator's ranks; processes that died before it was formed without them do not count.
     """
 
-    def __init__(self, world: Any, comm: Any, every: float = 0.02) -> None:
-        from mpi4py import MPI
-
-        self._world = world
-        self._members = set(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
-                                                       world.Get_group()))
+    def __init__(self, world: Any, prefix: str, member_ids: list[str], run_dir: str, every: float = 0.02) -> None:
+        self._world, self._prefix, self._members, self._run_dir = world, prefix, member_ids, run_dir
         self._every = every
         self._next = 0.0
 
@@ -64,7 +90,7 @@ class DeathWatch:
         if now < self._next:
             return
         self._next = now + self._every
-        dead = [rank for rank in failed_world_ranks(self._world) if rank in self._members]
+        dead = dead_members(self._world, self._prefix, self._members, self._run_dir)
         if dead:
             from ..errors import PeerFailedError
 

@@ -27,4 +27,47 @@ def test_survivors_of_a_dead_rank_re_form_the_job_and_finish_at_np_2(failure):
 def test_fewer_survivors_than_min_np_end_the_job_with_the_reason():
     result = run_job(["--min-np", "3", "python", str(SCRIPTS / "elastic_shrink.py"), "kill"], np=3, timeout=180)
     assert result.returncode != 0, result.output
-    assert "fewer than --min-np 3; the job cannot go on" in result.output, result.output
+    assert "fewer than --min-np 3, and no free slot can appear" in result.output, result.output
+
+
+def _hosts_job(tmp_path, mode: str, slots: int, target: int, flags: list[str], np: int):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(f"localhost:{slots}\n")
+    return run_job([*flags, "python", str(SCRIPTS / "elastic_hosts.py"), mode, str(hosts), str(target)],
+                   np=np, timeout=240)
+
+
+def _finished_at(result, size: int) -> list[str]:
+    return [line for line in result.output.splitlines() if "ok elastic hosts" in line and line.endswith(f" {size}")]
+
+
+def test_the_job_grows_into_a_slot_the_discovery_script_adds(tmp_path):
+    script = f"cat {tmp_path / 'hosts.txt'}"
+    result = _hosts_job(tmp_path, "grow", 2, 3, ["--min-np", "2", "--host-discovery-script", script], np=2)
+    assert result.returncode == 0, result.output
+    assert len(_finished_at(result, 3)) == 3, result.output  # two launched ranks and the one spawned
+    assert "started 1 rank(s) on" in result.output and "resets [3] sizes [2, 3]" in result.output, result.output
+
+
+def test_a_rank_leaves_when_its_slot_leaves_the_host_list(tmp_path):
+    script = f"cat {tmp_path / 'hosts.txt'}"
+    result = _hosts_job(tmp_path, "leave", 3, 2, ["--min-np", "2", "--host-discovery-script", script], np=3)
+    assert result.returncode == 0, result.output
+    assert len(_finished_at(result, 2)) == 2, result.output
+    assert "this rank's host left the job's host list" in result.output, result.output
+    assert "the job went on without rank(s) [2] and finished" in result.output, result.output
+
+
+def test_a_dead_ranks_slot_is_refilled_after_its_hosts_cooldown(tmp_path):
+    flags = ["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1"]
+    result = _hosts_job(tmp_path, "refill", 3, 3, flags, np=3)
+    assert result.returncode == 0, result.output
+    assert len(_finished_at(result, 3)) == 3, result.output
+    assert "the job went on without rank(s) [2] and finished" in result.output, result.output
+
+
+def test_more_resets_than_the_limit_end_the_job(tmp_path):
+    flags = ["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "--reset-limit", "1"]
+    result = _hosts_job(tmp_path, "refill", 3, 3, flags, np=3)
+    assert result.returncode != 0, result.output
+    assert "--reset-limit 1 reached; the job ends" in result.output, result.output

@@ -1,14 +1,16 @@
 """hvdliterun's elastic mode as pure logic: the mpiexec command and the job's exit code."""
 
-from runner.command import ELASTIC_RANK_WRAPPER, LaunchSpec, build_mpiexec_command
+import subprocess
+
+from hvdlite.reform import RANK_WRAPPER
+from runner.command import LaunchSpec, build_mpiexec_command
 from runner.process import elastic_exit_code
 
 
 def test_elastic_ranks_run_under_a_wrapper_that_outlives_them_and_hydra_keeps_the_survivors():
     argv = build_mpiexec_command(LaunchSpec(3, ("python", "train.py"), elastic=True), "mpiexec")
     assert "-disable-auto-cleanup" in argv
-    assert argv[-6:] == ["sh", "-c", ELASTIC_RANK_WRAPPER, "hvdlite-rank", "python", "train.py"]
-    assert "trap '' USR1" in ELASTIC_RANK_WRAPPER and "rank.$PMI_RANK.status" in ELASTIC_RANK_WRAPPER
+    assert argv[-6:] == ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "python", "train.py"]
     static = build_mpiexec_command(LaunchSpec(3, ("python", "train.py")), "mpiexec")
     assert "-disable-auto-cleanup" not in static and static[-2:] == ["python", "train.py"]
 
@@ -23,3 +25,23 @@ def test_the_exit_code_is_the_survivors(tmp_path):
     assert elastic_exit_code(str(tmp_path), 3, 137) == 1  # a survivor failed
     (tmp_path / "rank.0.status").unlink()
     assert elastic_exit_code(str(tmp_path), 3, 9) == 9  # unknown: mpiexec's code
+
+
+def test_the_wrapper_records_each_ranks_status_under_its_process_id(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HVDLITE_RUN_DIR": str(tmp_path), "PMI_RANK": "1"}
+    killed = ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "sh", "-c", "kill -9 $$"]
+    assert subprocess.run(killed, env=env).returncode == 137  # a death by a signal becomes an exit
+    assert (tmp_path / "rank.1.status").read_text().strip() == "137"
+    spawned = ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "sh", "-c", "exit 3"]
+    assert subprocess.run(spawned, env={**env, "HVDLITE_ELASTIC_SPAWN_PREFIX": "g2."}).returncode == 3
+    assert (tmp_path / "rank.g2.1.status").read_text().strip() == "3"
+
+
+def test_spawned_ranks_count_in_the_exit_code_unless_removed(tmp_path):
+    for name, status in (("0", 0), ("1", 0), ("g1.0", 0)):
+        (tmp_path / f"rank.{name}.status").write_text(f"{status}\n")
+    assert elastic_exit_code(str(tmp_path), 2, 5) == 0
+    (tmp_path / "rank.g1.1.status").write_text("1\n")
+    assert elastic_exit_code(str(tmp_path), 2, 5) == 1
+    (tmp_path / "elastic.removed").write_text("g1.1\n")
+    assert elastic_exit_code(str(tmp_path), 2, 5) == 0

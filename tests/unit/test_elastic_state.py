@@ -36,7 +36,8 @@ def test_a_host_update_interrupts_the_next_commit_once():
     with pytest.raises(HostsUpdatedInterrupt):
         state.commit()
     state.commit()  # the same update does not interrupt twice
-    assert sent == [0, 7, 7]  # every check broadcasts rank 0's latest timestamp
+    # Every check broadcasts rank 0's latest timestamp (and its plan: none outside elastic mode).
+    assert sent == [(0, None), (7, None), (7, None)]
 
 
 def test_run_resets_after_a_host_update_and_restores_then_raises_on_a_failure():

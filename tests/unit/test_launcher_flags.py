@@ -8,13 +8,14 @@ from hvdlite.config import SETTING_FLAGS, SETTINGS_BY_ENV
 
 # horovodrun's flag names are the API: every option hvdliterun has had, written out once more on purpose.
 LAUNCHER_OPTIONS = {"-h", "--help", "-np", "--num-proc", "-H", "--hosts", "--hostfile", "-x", "--env",
-                    "--check-build", "--dry-run"}
+                    "--check-build", "--dry-run", "--host-discovery-script", "--slots-per-host"}
 SETTING_OPTIONS = {
     "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--autotune", "--autotune-log-file",
     "--hierarchical-allreduce", "--timeline-filename", "--timeline-mark-cycles", "--stall-check-warning-time-seconds",
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--network-interface",
-    "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np"}
+    "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--reset-limit",
+    "--blacklist-cooldown-range"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
 ROUND_TRIPS = [
@@ -41,6 +42,9 @@ ROUND_TRIPS = [
     (["--comm-timeout-seconds", "0"], {"HVDLITE_COMM_TIMEOUT_SECONDS": "0.0"}),
     (["--process-sets-dynamic"], {"HVDLITE_DYNAMIC_PROCESS_SETS": "1"}),
     (["--min-np", "2"], {"HVDLITE_ELASTIC_MIN_NP": "2"}),
+    (["--max-np", "5", "--reset-limit", "3"], {"HVDLITE_ELASTIC_MAX_NP": "5", "HVDLITE_ELASTIC_RESET_LIMIT": "3"}),
+    (["--elastic-timeout", "30"], {"HVDLITE_ELASTIC_TIMEOUT": "30.0"}),
+    (["--blacklist-cooldown-range", "1", "10"], {"HVDLITE_ELASTIC_COOLDOWN": "1.0 10.0"}),
     ([], {}),
 ]
 

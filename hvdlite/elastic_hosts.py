@@ -1,0 +1,111 @@
+"""The elastic job's host bookkeeping: which hosts offer slots, which are blacklisted, what to change.
+
+Horovod keeps this in a driver process; hvdlite keeps it in the ranks. Every rank holds the same
+:class:`HostBook` (failures are recorded alike on every survivor; a spawned rank receives rank 0's
+copy when it joins) and rank 0's :meth:`HostBook.plan` decides, so a new rank 0 after a failure
+knows what the old one knew. Pure logic: no MPI, no files but :func:`read_hosts_file`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+
+HOSTS_FILE = "elastic.hosts"  # in the launcher's run directory: {"hosts": {host: slots}, "discovery": bool}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A change of the world: new ranks per host, and the current ranks (comm ranks) that leave."""
+
+    spawn: tuple[tuple[str, int], ...] = ()
+    remove: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.spawn or self.remove)
+
+    @property
+    def new_ranks(self) -> int:
+        return sum(count for _, count in self.spawn)
+
+
+@dataclasses.dataclass
+class HostBook:
+    """Slots per host (the launcher's list), failures and blacklist, shared by every rank.
+
+    ``cooldown``: (low, high) seconds a host whose rank failed gets no new rank, doubled for each
+    further failure; ``(0, 0)`` blacklists it for the rest of the job, as Horovod does without
+    ``--blacklist-cooldown-range``. Unlike Horovod, ranks still alive on a blacklisted host keep
+    running: only new ranks go elsewhere.
+    """
+
+    max_np: int = 0
+    cooldown: tuple[float, float] = (0.0, 0.0)
+    hosts: dict[str, int] = dataclasses.field(default_factory=dict)
+    discovery: bool = False  # the host list can still change (a discovery script is polled)
+    failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    blacklisted_until: dict[str, float] = dataclasses.field(default_factory=dict)
+    generation: int = 0  # spawns so far: names the spawned ranks' status files
+    resets: int = 0  # world changes so far (failures and host updates)
+
+    def record_failure(self, host: str, now: float) -> None:
+        """A rank on ``host`` died: the host gets no new rank until its cooldown ends (or ever)."""
+        count = self.failures[host] = self.failures.get(host, 0) + 1
+        low, high = self.cooldown
+        if high <= 0:
+            self.blacklisted_until[host] = math.inf
+            return
+        # Seeded by host and count: every rank draws the same delay without communicating.
+        delay = random.Random(f"{host}:{count}").uniform(low, high) * 2 ** (count - 1)
+        self.blacklisted_until[host] = now + delay
+
+    def usable(self, host: str, now: float) -> bool:
+        return self.blacklisted_until.get(host, -math.inf) <= now
+
+    def plan(self, member_hosts: list[str], now: float) -> Plan:
+        """What to change for the world whose rank r runs on ``member_hosts[r]``.
+
+        Ranks on a host the list no longer has, or beyond its slots, leave (highest ranks first); free
+        slots on usable hosts get new ranks, in the list's order, up to ``max_np``.
+        """
+        if not self.hosts:
+            return Plan()
+        remove: list[int] = []
+        kept: dict[str, int] = {}
+        for rank, host in enumerate(member_hosts):
+            if kept.get(host, 0) < self.hosts.get(host, 0):
+                kept[host] = kept.get(host, 0) + 1
+            else:
+                remove.append(rank)
+        room = math.inf if self.max_np <= 0 else self.max_np - sum(kept.values())
+        spawn = []
+        for host, slots in self.hosts.items():
+            free = min(slots - kept.get(host, 0), room) if self.usable(host, now) else 0
+            if free > 0:
+                spawn.append((host, int(free)))
+                room -= free
+        return Plan(tuple(spawn), tuple(remove))
+
+    def can_grow_later(self, now: float) -> bool:
+        """Could a later plan add ranks without a new host list? (a cooldown ends, or discovery runs)"""
+        return self.discovery or any(now < until < math.inf for until in self.blacklisted_until.values())
+
+
+def read_hosts_file(path: str) -> tuple[dict[str, int], bool] | None:
+    """The launcher's host list and whether it is discovered, or None while there is none."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return {str(host): int(slots) for host, slots in data["hosts"].items()}, bool(data.get("discovery"))
+
+
+def write_hosts_file(path: str, hosts: dict[str, int], discovery: bool) -> None:
+    """Replace the host list atomically (ranks read it at any time)."""
+    with open(path + ".tmp", "w") as handle:
+        json.dump({"hosts": hosts, "discovery": discovery}, handle)
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,198 @@
+"""Elastic world changes on MPI itself: shrink without the dead, remove ranks, spawn new ones.
+
+Every change is collective over the processes that stay, and ends with hvdlite started again on the
+new communicator (:func:`hvdlite.runtime.init`): ranks, sizes, topology, engines, shared memory,
+response caches, fusion buffers and autotune are the new world's; process sets are not carried
+over. What MPICH 5 + Hydra can do, measured: ``docs/elastic-probe/FINDINGS.md``.
+
+- :func:`shrink`: a member died. The survivors agree on the dead from what every one of them sees
+  alike (MPI's list of dead processes, and the status file each rank's wrapper writes), abandon the
+  old engines without communicating, and build their communicator with ``MPI_Comm_create_group``.
+- :func:`apply`: a :class:`~hvdlite.elastic_hosts.Plan` decided at a commit (hosts added or
+  removed, a blacklisted host's cooldown over): the old world shuts down normally, leaving ranks
+  exit, and ``MPI_Comm_spawn_multiple`` starts new ranks (``host`` info key) that the stayers
+  ``MPI_Intercomm_merge`` with; the new ranks join from :func:`join_parent` inside their ``init()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+from .elastic_hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
+from .errors import HvdliteError, PeerFailedError
+
+log = logging.getLogger("hvdlite")
+
+# Each rank runs under this shell, which outlives it: Hydra's proxy SIGKILLs every rank it started on
+# a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not when one exits
+# (docs/elastic-probe/FINDINGS.md). The shell turns a death into an exit status, ignores (and makes
+# the rank ignore) Hydra's SIGUSR1 failure notice, and records the status: hvdliterun decides the
+# job's exit code from it, and the rank's peers on this host see a spawned rank's death in it (MPI's
+# list of dead processes covers only their own launch). Spawned ranks' files carry their prefix.
+RANK_WRAPPER = ("trap '' USR1; \"$@\"; status=$?; echo $status > "
+                "\"$HVDLITE_RUN_DIR/rank.${HVDLITE_ELASTIC_SPAWN_PREFIX}$PMI_RANK.status\" 2>/dev/null; exit $status")
+_CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
+_REMOVED_FILE = "elastic.removed"
+
+
+def shrink() -> list[str]:
+    """Re-form the job without the members that died, keeping this process; returns their process ids.
+
+    Collective over the survivors (``hvd.elastic.run`` calls it on ``HorovodInternalError``). If
+    fewer than ``--min-np`` remain, waits up to ``--elastic-timeout`` for slots to grow back into.
+    """
+    from mpi4py import MPI
+
+    from .runtime import current, stop_without_communicating
+    from .utils.failed_peers import dead_members
+
+    runtime = current()
+    config, book = runtime.config, _book(runtime)
+    ids = list(runtime.process_ids)
+    dead = dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)
+    stop_without_communicating(runtime, PeerFailedError(dead))
+    survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
+    now = time.time()
+    for rank, process_id in enumerate(ids):
+        if process_id in dead:
+            book.record_failure(runtime.hosts[rank], now)
+    _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died")
+    comm = runtime.comm.Create_group(runtime.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
+    _restart(comm, book)
+    _record_removed(dead)
+    if len(survivors) < config.elastic_min_np:
+        _grow_to_min_np(dead)
+    return dead
+
+
+def propose() -> Plan:
+    """Rank 0's plan for the current world (empty outside elastic mode); other ranks get it by broadcast."""
+    from .runtime import current
+
+    runtime = current()
+    if not runtime.config.elastic_min_np or runtime.topology.rank != 0:
+        return Plan()
+    book = _book(runtime)
+    _refresh_hosts(book, runtime.config.run_dir)
+    return book.plan(list(runtime.hosts), time.time())
+
+
+def apply(plan: Plan) -> None:
+    """Carry out ``plan`` (every rank of the job calls it with the same plan): see the module's doc."""
+    from .runtime import current, shutdown
+
+    runtime = current()
+    book, base, rank = _book(runtime), runtime.comm, runtime.topology.rank
+    stay = [r for r in range(runtime.topology.size) if r not in plan.remove]
+    _count_reset(book, runtime.config.elastic_reset_limit, "the hosts changed")
+    leaving = [runtime.process_ids[r] for r in plan.remove]
+    shutdown()  # collective: every member is healthy
+    if rank in plan.remove:
+        log.warning("this rank's host left the job's host list: it leaves the job")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # MPI_Finalize would wait for the ranks that go on
+    comm = base.Create_group(base.Get_group().Incl(stay), tag=_CREATE_TAG) if plan.remove else base
+    if plan.spawn:
+        comm = _spawn(comm, plan.spawn, book)
+    _restart(comm, book)
+    _record_removed(leaving)
+
+
+def join_parent() -> tuple[Any, HostBook] | None:
+    """In a rank the job spawned: the merged world and the job's host book; None in any other process."""
+    from mpi4py import MPI
+
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        return None
+    merged = parent.Merge(high=True)  # after the ranks that spawned it, in their order
+    return merged, merged.bcast(None, root=0)
+
+
+def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any:
+    """Start the new ranks (this program, with this interpreter and arguments) and merge with them."""
+    from mpi4py import MPI
+
+    book.generation += 1
+    prefix = f"g{book.generation}."
+    command = shutil.which("env") or "/usr/bin/env"
+    args = [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", "sh", "-c", RANK_WRAPPER, "hvdlite-rank",
+            sys.executable, *sys.orig_argv[1:]]
+    infos = []
+    for host, _ in spawn:
+        info = MPI.Info.Create()
+        info.Set("host", host)
+        info.Set("wdir", os.getcwd())
+        infos.append(info)
+    started = time.monotonic()
+    inter = comm.Spawn_multiple([command] * len(spawn), [args] * len(spawn), [count for _, count in spawn],
+                                infos, root=0)
+    merged = inter.Merge(high=False)
+    merged.bcast(book, root=0)
+    if comm.Get_rank() == 0:
+        log.warning("started %d rank(s) on %s in %.2f s", sum(c for _, c in spawn),
+                    ", ".join(f"{h}:{c}" for h, c in spawn), time.monotonic() - started)
+    return merged
+
+
+def _restart(comm: Any, book: HostBook) -> None:
+    from .runtime import current, init
+
+    init(comm=comm)
+    current().book = book
+
+
+def _grow_to_min_np(dead: list[str]) -> None:
+    """Fewer than --min-np ranks: wait (--elastic-timeout) for slots that bring the job back to it."""
+    from .runtime import current
+
+    runtime = current()
+    config = runtime.config
+    deadline = time.monotonic() + config.elastic_timeout_seconds
+    while True:
+        plan, can_wait = runtime.comm.bcast((propose(), _book(runtime).can_grow_later(time.time())), root=0)
+        if runtime.topology.size + plan.new_ranks >= config.elastic_min_np:
+            apply(plan)
+            return
+        if not can_wait or time.monotonic() > deadline:
+            raise HvdliteError(
+                f"only {runtime.topology.size} rank(s) remain after rank(s) [{', '.join(dead)}] died, fewer than "
+                f"--min-np {config.elastic_min_np}, and no free slot "
+                + ("appeared" if can_wait else "can appear (the failed hosts are blacklisted; see "
+                   "--blacklist-cooldown-range)") + "; the job cannot go on")
+        time.sleep(0.5)
+
+
+def _count_reset(book: HostBook, limit: int, why: str) -> None:
+    book.resets += 1
+    if limit and book.resets > limit:
+        raise HvdliteError(f"{why}, but the job has re-formed {limit} time(s) already: --reset-limit {limit} "
+                           "reached; the job ends")
+
+
+def _book(runtime: Any) -> HostBook:
+    if runtime.book is None:
+        runtime.book = HostBook(runtime.config.elastic_max_np, runtime.config.elastic_cooldown)
+    return runtime.book
+
+
+def _refresh_hosts(book: HostBook, run_dir: str) -> None:
+    found = read_hosts_file(os.path.join(run_dir, HOSTS_FILE)) if run_dir else None
+    if found is not None:
+        book.hosts, book.discovery = found
+
+
+def _record_removed(process_ids: list[str]) -> None:
+    """Tell hvdliterun which ranks the job went on without: their exit does not fail the job."""
+    from .runtime import current
+
+    runtime = current()
+    if process_ids and runtime.config.run_dir and runtime.topology.rank == 0:
+        with open(os.path.join(runtime.config.run_dir, _REMOVED_FILE), "a") as handle:
+            handle.write("".join(f"{process_id}\n" for process_id in process_ids))

@@ -1,0 +1,60 @@
+"""hvdliterun's elastic mode: which flags turn it on, the first host list, and publishing the list to the ranks."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from hvdlite.elastic_hosts import HOSTS_FILE, write_hosts_file
+
+from .discovery import DiscoveryError, DiscoveryPoller, discover, published
+from .hosts import HostSlots, total_slots
+
+
+class ElasticLaunchError(ValueError):
+    """An elastic flag that cannot be used; the message says which and why."""
+
+
+def wants_elastic(args: argparse.Namespace) -> bool:
+    """Horovod's rule: any of --min-np, --max-np, --host-discovery-script makes the job elastic."""
+    return bool(args.min_np or args.max_np or args.host_discovery_script)
+
+
+def first_hosts(args: argparse.Namespace, hosts: tuple[HostSlots, ...]) -> tuple[HostSlots, ...]:
+    """The hosts to launch on: the discovery script's first answer, or ``hosts`` (-H / --hostfile)."""
+    if not args.host_discovery_script:
+        return hosts
+    if hosts:
+        raise ElasticLaunchError("give either -H/--hostfile or --host-discovery-script, not both")
+    try:
+        found = tuple(discover(args.host_discovery_script, args.slots_per_host))
+    except DiscoveryError as exc:
+        raise ElasticLaunchError(str(exc)) from None
+    if not found:
+        raise ElasticLaunchError(f"--host-discovery-script {args.host_discovery_script!r} printed no hosts")
+    return found
+
+
+def elastic_sizes(args: argparse.Namespace, hosts: tuple[HostSlots, ...]) -> tuple[int, int]:
+    """(-np, --min-np) of an elastic job: -np defaults to the slots found (up to --max-np), --min-np to -np."""
+    num_proc = args.num_proc
+    if num_proc is None and hosts:
+        num_proc = min(total_slots(list(hosts)), args.max_np or total_slots(list(hosts)))
+    if num_proc is None:
+        raise ElasticLaunchError("-np is required")
+    min_np = args.min_np or num_proc
+    if args.max_np and args.max_np < num_proc:
+        raise ElasticLaunchError(f"--max-np {args.max_np} is less than -np {num_proc}")
+    if min_np > num_proc:
+        raise ElasticLaunchError(f"--min-np {min_np} is more than -np {num_proc}")
+    return num_proc, min_np
+
+
+def publish_hosts(run_dir: str, args: argparse.Namespace, hosts: tuple[HostSlots, ...],
+                  num_proc: int) -> DiscoveryPoller | None:
+    """Write the ranks' host list; with a discovery script, keep it current (the caller stops the poller)."""
+    path = os.path.join(run_dir, HOSTS_FILE)
+    if args.host_discovery_script:
+        return DiscoveryPoller(args.host_discovery_script, args.slots_per_host, path, list(hosts))
+    write_hosts_file(path, published(list(hosts) or [HostSlots("localhost", num_proc)]), discovery=False)
+    return None

@@ -1,0 +1,80 @@
+"""The elastic job's host bookkeeping (hvdlite.elastic_hosts) and the launcher's discovery, as pure logic."""
+
+import math
+import os
+import stat
+
+import pytest
+
+from hvdlite.elastic_hosts import HostBook, Plan, read_hosts_file, write_hosts_file
+from runner.discovery import DiscoveryError, discover, published
+from runner.hosts import HostSlots
+
+
+def test_free_slots_are_filled_in_the_lists_order_up_to_max_np():
+    book = HostBook(hosts={"a": 2, "b": 2})
+    assert book.plan(["a", "a"], now=0) == Plan(spawn=(("b", 2),))
+    assert book.plan(["a", "b", "a", "b"], now=0) == Plan()
+    capped = HostBook(max_np=3, hosts={"a": 2, "b": 2})
+    assert capped.plan(["a"], now=0) == Plan(spawn=(("a", 1), ("b", 1)))
+    assert not Plan() and Plan(remove=(1,)) and Plan(spawn=(("a", 1),)).new_ranks == 1
+
+
+def test_ranks_on_a_host_that_left_or_shrank_leave_highest_first():
+    book = HostBook(hosts={"a": 1, "c": 1})
+    assert book.plan(["a", "b", "a", "b"], now=0) == Plan(spawn=(("c", 1),), remove=(1, 2, 3))
+    assert HostBook().plan(["a", "b"], now=0) == Plan()  # no list published yet: nothing to change
+
+
+def test_a_failed_host_is_blacklisted_for_good_without_a_cooldown_but_its_survivors_stay():
+    book = HostBook(hosts={"a": 3})
+    book.record_failure("a", now=10)
+    assert book.blacklisted_until["a"] == math.inf
+    assert book.plan(["a", "a"], now=1e9) == Plan()  # no replacement, and nobody removed
+    assert not book.can_grow_later(now=11)
+
+
+def test_a_cooldown_ends_and_doubles_with_each_failure_the_same_on_every_rank():
+    book, twin = HostBook(cooldown=(1, 2), hosts={"a": 3}), HostBook(cooldown=(1, 2), hosts={"a": 3})
+    book.record_failure("a", now=100)
+    twin.record_failure("a", now=100)
+    first = book.blacklisted_until["a"] - 100
+    assert 1 <= first <= 2 and twin.blacklisted_until == book.blacklisted_until  # no communication needed
+    assert book.plan(["a", "a"], now=100) == Plan() and book.can_grow_later(now=100)
+    assert book.plan(["a", "a"], now=100 + first) == Plan(spawn=(("a", 1),))
+    book.record_failure("a", now=200)
+    assert 2 <= book.blacklisted_until["a"] - 200 <= 4
+
+
+def test_the_hosts_file_round_trips_and_a_missing_one_is_none(tmp_path):
+    path = str(tmp_path / "elastic.hosts")
+    assert read_hosts_file(path) is None
+    write_hosts_file(path, {"a": 2}, discovery=True)
+    assert read_hosts_file(path) == ({"a": 2}, True)
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "discover.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_discovery_reads_host_and_host_slots_lines(tmp_path):
+    script = _script(tmp_path, "echo a:2\necho b\necho\n")
+    assert discover(script, slots_per_host=4) == [HostSlots("a", 2), HostSlots("b", 4)]
+    assert discover(_script(tmp_path, "true\n"), 1) == []
+
+
+@pytest.mark.parametrize("body,message", [("exit 3\n", "exited with 3"), ("echo 'a:x'\n", "slots for 'a'"),
+                                          ("echo '-oProxy:1'\n", "bad host name")])
+def test_a_failing_or_bad_discovery_script_is_named(tmp_path, body, message):
+    with pytest.raises(DiscoveryError, match=message):
+        discover(_script(tmp_path, body), 1)
+
+
+def test_this_machine_is_published_under_its_host_name():
+    import socket
+
+    table = published([HostSlots("localhost", 2), HostSlots("127.0.0.1", 1), HostSlots("b", 1)])
+    assert table == {socket.gethostname(): 3, "b": 1}
