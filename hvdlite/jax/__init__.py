@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
+from . import elastic  # hvd.elastic, as in Horovod
 from .collectives import (
     allgather,
     allreduce,
@@ -52,5 +53,5 @@ from .state import broadcast_optimizer_state, broadcast_parameters
 __all__ = [
     *_common_names, "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "barrier", "join", "broadcast_parameters",
-    "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "shard_indices",
+    "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "shard_indices", "elastic",
 ]

@@ -19,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
+from . import elastic  # hvd.elastic, as in Horovod
 from .collectives import (
     allgather,
     allreduce,
@@ -51,5 +52,5 @@ __all__ = [
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
     "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "Compression",
-    "Compressor", "broadcast_object_fn", "SyncBatchNormalization",
+    "Compressor", "broadcast_object_fn", "SyncBatchNormalization", "elastic",
 ]

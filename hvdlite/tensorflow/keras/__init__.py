@@ -19,7 +19,7 @@ from ...ops import ReduceOp
 from .. import collectives
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
-from . import callbacks
+from . import callbacks, elastic
 from .optimizer import DistributedOptimizer
 from .state import broadcast_global_variables, load_model
 
@@ -49,5 +49,5 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = Non
 
 __all__ = [
     *_common_names, "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
-    "broadcast", "reducescatter", "callbacks", "Compression",
+    "broadcast", "reducescatter", "callbacks", "elastic", "Compression",
 ]
