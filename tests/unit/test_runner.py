@@ -15,7 +15,8 @@ def test_parse_hosts():
 
 
 @pytest.mark.parametrize("spec,fragment", [("a:x", "slots for 'a' must be an integer"), ("a:0", "must be >= 1"),
-                                           ("", "empty host list"), ("a,,b", "bad host name ''")])
+                                           ("", "empty host list"), ("a,,b", "bad host name ''"),
+                                           ("-Efoo:1", "bad host name '-Efoo'")])  # ssh would take it as an option
 def test_bad_hosts(spec, fragment):
     with pytest.raises(HostError, match=None) as info:
         parse_hosts(spec)
