@@ -71,3 +71,11 @@ def test_more_resets_than_the_limit_end_the_job(tmp_path):
     result = _hosts_job(tmp_path, "refill", 3, 3, flags, np=3)
     assert result.returncode != 0, result.output
     assert "--reset-limit 1 reached; the job ends" in result.output, result.output
+
+
+def test_below_min_np_the_job_waits_the_elastic_timeout_for_slots_then_ends():
+    flags = ["--min-np", "3", "--blacklist-cooldown-range", "60", "90", "--elastic-timeout", "2"]
+    result = run_job([*flags, "python", str(SCRIPTS / "elastic_shrink.py"), "kill"], np=3, timeout=180)
+    assert result.returncode != 0, result.output
+    # The dead rank's slot would come back after its host's cooldown, which outlasts the 2 s wait.
+    assert "fewer than --min-np 3, and no free slot appeared" in result.output, result.output
