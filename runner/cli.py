@@ -182,6 +182,11 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         rank_env = {**_interface_environment(config.network_interface), **rank_env}
     if elastic:
         rank_env["MPI4PY_RC_FINALIZE"] = "0"  # MPI_Finalize waits for ever on a dead peer
+        if args.host_discovery_script or not all_hosts_local(hosts):
+            # Across hosts UCX crashed in 7 of 48 MPI_Comm_create_group calls after a death, libfabric's
+            # TCP provider in none of 28 (docs/elastic-probe/FINDINGS.md); the user's own choice wins.
+            if "MPIR_CVAR_CH4_NETMOD" not in rank_env:
+                rank_env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER=rank_env.get("FI_PROVIDER", "tcp"))
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
                       launcher_agent=config.launcher_agent, network_interface=config.network_interface,
                       elastic=elastic)

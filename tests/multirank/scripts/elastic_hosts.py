@@ -1,8 +1,8 @@
 """Elastic world changes at commits: the job grows into new slots, refills a dead rank's slot after its
 host's cooldown, or lets a rank go whose slot left the host list.
 
-Usage: elastic_hosts.py grow|refill|leave HOSTS_FILE TARGET_SIZE. The discovery script (if any) prints
-HOSTS_FILE. ``grow``: rank 0 writes one more slot into it at step 3. ``refill``: rank 2 of 3 is
+Usage: elastic_hosts.py grow|refill|leave HOSTS_FILE TARGET_SIZE [NEW_HOSTS]. The discovery script (if any) prints
+HOSTS_FILE. ``grow``: rank 0 writes one more slot into it at step 3 (or NEW_HOSTS, e.g. hostA:2,hostB:1). ``refill``: rank 2 of 3 is
 SIGKILLed at step 3. ``leave``: rank 0 writes one slot less at step 3. Every rank trains until the job
 has had TARGET_SIZE ranks for 3 steps, then checks the weights against the sizes the committed steps
 ran at (nothing lost or applied twice) and prints 'ok elastic hosts <rank> <size>'.
@@ -10,6 +10,7 @@ ran at (nothing lost or applied twice) and prints 'ok elastic hosts <rank> <size
 
 import os
 import signal
+import socket
 import sys
 
 import torch
@@ -17,6 +18,7 @@ import torch
 import hvdlite.torch as hvd
 
 MODE, HOSTS_FILE, TARGET = sys.argv[1], sys.argv[2], int(sys.argv[3])
+NEW_HOSTS = sys.argv[4].replace(",", "\n") if len(sys.argv) > 4 else ""
 MAX_STEPS, CHANGE_AT = 400, 3
 
 
@@ -24,7 +26,7 @@ def main() -> None:
     torch.set_num_threads(1)
     hvd.init()
     launch_rank, first_size = hvd.rank(), hvd.size()
-    print(f"started as rank {hvd.rank()} of {hvd.size()}", flush=True)
+    print(f"started as rank {hvd.rank()} of {hvd.size()} on {socket.gethostname()}", flush=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     initial = model.weight.detach().clone()
@@ -71,7 +73,7 @@ def change_world(step: int, launch_rank: int, first_size: int) -> None:
     if MODE in ("grow", "leave") and hvd.rank() == 0:
         slots = first_size + (1 if MODE == "grow" else -1)
         with open(HOSTS_FILE + ".tmp", "w") as handle:
-            handle.write(f"localhost:{slots}\n")
+            handle.write(f"{NEW_HOSTS or f'localhost:{slots}'}\n")
         os.replace(HOSTS_FILE + ".tmp", HOSTS_FILE)
 
 

@@ -1,8 +1,8 @@
 """Elastic on one host: rank 2 of 3 is SIGKILLed mid-training; the two survivors keep their
 processes, re-form the job inside @hvd.elastic.run, restore the last commit and finish at size 2.
 
-Usage: elastic_shrink.py kill|raise (rank 2 is SIGKILLed, or raises an uncaught exception). Run
-with ``hvdliterun -np 3 --min-np 2``. Each survivor prints 'recovered <seconds>' (kill to the
+Usage: elastic_shrink.py kill|raise [VICTIM] (launch rank VICTIM, default 2, is SIGKILLed, or raises an
+uncaught exception). Run with ``hvdliterun -np 3 --min-np 2`` (or any -np N: the job finishes at N - 1). Each survivor prints 'recovered <seconds>' (kill to the
 first step completed in the new world), its new rank and size, and 'ok elastic shrink'.
 """
 
@@ -16,12 +16,13 @@ import torch
 import hvdlite.torch as hvd
 
 STEPS, KILL_AT = 8, 3
+VICTIM = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 
 
 def main() -> None:
     torch.set_num_threads(1)
     hvd.init()
-    world_rank, pid = hvd.rank(), os.getpid()
+    world_rank, pid, first_size = hvd.rank(), os.getpid(), hvd.size()
     run_dir = os.environ["HVDLITE_RUN_DIR"]
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -36,12 +37,12 @@ def main() -> None:
     @hvd.elastic.run
     def train(state):
         for step in range(state.step, STEPS):
-            if world_rank == 2 and step == KILL_AT:
+            if world_rank == VICTIM and step == KILL_AT:
                 with open(os.path.join(run_dir, "killed_at"), "w") as handle:
                     handle.write(str(time.time()))
                 if sys.argv[1] == "kill":
                     os.kill(pid, signal.SIGKILL)
-                raise RuntimeError("rank 2 fails in the middle of a step (on purpose)")
+                raise RuntimeError(f"rank {VICTIM} fails in the middle of a step (on purpose)")
             optimizer.zero_grad()
             x = torch.full((2, 4), float(hvd.rank() + 1))
             model(x).sum().backward()
@@ -53,12 +54,13 @@ def main() -> None:
             state.commit()
 
     train(state)
-    assert hvd.size() == 2 and state.step == STEPS and resets == [2], (hvd.size(), state.step, resets)
+    size = first_size - 1
+    assert hvd.size() == size and state.step == STEPS and resets == [size], (hvd.size(), state.step, resets)
     weights = hvd.allgather_object(model.weight.detach().tolist())
-    assert weights[0] == weights[1], weights  # the survivors trained in step
+    assert all(w == weights[0] for w in weights), weights  # the survivors trained in step
     # Nothing lost or applied twice: the weight's gradient is 2 * x per step (two rows of x), averaged
-    # over the ranks: x = 1, 2, 3 for the KILL_AT steps at size 3, then 1, 2 for the rest at size 2.
-    expected = initial - 0.1 * (KILL_AT * 2 * 2.0 + (STEPS - KILL_AT) * 2 * 1.5)
+    # over the ranks: x = 1..N for the KILL_AT steps at size N, then 1..N-1 for the rest: 2 * mean = N + 1, N.
+    expected = initial - 0.1 * (KILL_AT * (first_size + 1) + (STEPS - KILL_AT) * first_size)
     assert torch.allclose(model.weight, expected, atol=1e-5), (model.weight, expected)
     print(f"recovered {timings['recovered']:.3f}", flush=True)
     print(f"new rank {hvd.rank()} size {hvd.size()}", flush=True)

@@ -1,0 +1,53 @@
+"""Elastic jobs across two "hosts" (network namespaces, see netns.py): a remote rank's death and a
+rank spawned onto the other host. hvdliterun runs on hostA; hostB is reached through the launch
+agent. Root only: skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from .harness import ONE_THREAD, SCRIPTS, hvdliterun
+from .netns import IFACE, make_two_hosts, unavailable
+
+pytestmark = [pytest.mark.multirank, pytest.mark.netns]
+_WHY_NOT = unavailable()
+if _WHY_NOT:
+    pytestmark.append(pytest.mark.skip(reason=f"two-host tests need network namespaces: {_WHY_NOT}"))
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    two = make_two_hosts(tmp_path_factory.mktemp("hosts"))
+    yield two
+    two.close()
+
+
+def _run(hosts, args: list[str]) -> subprocess.CompletedProcess:
+    # No transport flags: in elastic mode across hosts hvdliterun picks libfabric's TCP provider itself.
+    argv = hosts.command_on("hostA", [hvdliterun()]) + ["--launcher-agent", hosts.agent,
+                                                         "--network-interface", IFACE, "--min-np", "2", *args]
+    return subprocess.run(argv, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=240)
+
+
+def test_a_remote_ranks_death_leaves_the_other_hosts_ranks_and_its_host_mate_training(hosts):
+    done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "python", str(SCRIPTS / "elastic_shrink.py"),
+                        "kill", "3"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    for rank in (0, 1, 2):  # rank 2 runs on hostB beside the dead rank 3
+        assert f"[{rank}]: new rank {rank} size 3" in output and f"[{rank}]: ok elastic shrink" in output, output
+    assert "the job went on without rank(s) [3] and finished" in output, output
+
+
+def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
+    listed = tmp_path / "hosts.txt"
+    listed.write_text("hostA:2\n")
+    done = _run(hosts, ["--host-discovery-script", f"cat {listed}", "python", str(SCRIPTS / "elastic_hosts.py"),
+                        "grow", str(listed), "3", "hostA:2,hostB:1"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "started as rank 2 of 3 on hostB" in output, output  # spawned onto the other host
+    assert output.count("ok elastic hosts") == 3 and "started 1 rank(s) on hostB:1" in output, output
