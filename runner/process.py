@@ -135,6 +135,12 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
         while process.poll() is None:
             if stopping and time.monotonic() - stopping[0] > _GRACE_SECONDS:
                 _signal_group(process, signal.SIGKILL)
+            if elastic_np and not stopping and (early := died_before_init(run_dir)):
+                # The others wait for it inside MPI's start-up collectives, where nothing can see a death.
+                sys.stderr.write(f"hvdliterun: rank {early} died before it finished hvd.init(); elastic "
+                                 "recovery starts once every rank is up, so the job ends\n")
+                stopping.append(time.monotonic() - _GRACE_SECONDS)
+                _signal_group(process, signal.SIGKILL)
             time.sleep(0.05)
     finally:
         for signum, handler in previous.items():
@@ -238,6 +244,14 @@ def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
     if removed:
         sys.stderr.write(f"hvdliterun: the job went on without rank(s) [{', '.join(sorted(removed))}] and finished\n")
     return 0
+
+
+def died_before_init(run_dir: str) -> str | None:
+    """An elastic rank that exited with an error before its ``hvd.init()`` wrote its pid file, if any."""
+    for process_id, status in _rank_statuses(run_dir).items():
+        if status != 0 and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid")):
+            return process_id
+    return None
 
 
 def _rank_statuses(run_dir: str) -> dict[str, int]:

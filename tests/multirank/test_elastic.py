@@ -79,3 +79,10 @@ def test_below_min_np_the_job_waits_the_elastic_timeout_for_slots_then_ends():
     assert result.returncode != 0, result.output
     # The dead rank's slot would come back after its host's cooldown, which outlasts the 2 s wait.
     assert "fewer than --min-np 3, and no free slot appeared" in result.output, result.output
+
+
+def test_a_rank_that_dies_before_init_ends_the_elastic_job_with_the_reason():
+    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "elastic_early_death.py")], np=3, timeout=120)
+    assert result.returncode != 0, result.output
+    assert "rank 2 died before it finished hvd.init()" in result.output, result.output
+    assert "unreachable" not in result.output, result.output
