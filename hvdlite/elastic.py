@@ -117,7 +117,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     ``HorovodInternalError`` (a peer died) the last commit is restored; in elastic mode
     (``hvdliterun --min-np N``) the survivors then re-form the job without the dead ranks, call the
     reset callbacks, sync the state from the new rank 0 and call ``func`` again. Outside elastic
-    mode the error is raised after the restore.
+    mode the error is raised after the restore. A failure while syncing is handled the same way.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
@@ -125,8 +125,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             if reset:
                 state.on_reset()
-            state.sync()
             try:
+                state.sync()  # a peer may die here too: the survivors re-form and sync again
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()

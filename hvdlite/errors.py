@@ -50,8 +50,13 @@ class HvdliteShutdownError(HvdliteError):
 class CommTimeoutError(HvdliteShutdownError):
     """A collective or negotiation made no progress within ``HVDLITE_COMM_TIMEOUT_SECONDS``.
 
-    The message names the ranks that did not answer afterwards (unreachable, or stopped).
+    The message names the ranks that did not answer afterwards (unreachable, or stopped);
+    ``unreachable`` lists them (ranks of the communicator that timed out).
     """
+
+    def __init__(self, message: str, unreachable: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable or []
 
 
 class DeviceError(HvdliteShutdownError):
@@ -100,4 +105,4 @@ def comm_timeout(rank: int, size: int, doing: str, seconds: float, answered: set
     else:
         who = f"every rank answered afterwards, so one made no progress; raise {setting} if a step needs longer"
     return CommTimeoutError(f"rank {rank}: {doing} made no progress for {seconds:g} s ({setting}); {who}; "
-                            "the job cannot continue")
+                            "the job cannot continue", missing)

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from .elastic_hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
-from .errors import HvdliteError, PeerFailedError
+from .errors import CommTimeoutError, HvdliteError, PeerFailedError
 
 log = logging.getLogger("hvdlite")
 
@@ -55,8 +55,13 @@ def shrink() -> list[str]:
     config, book = runtime.config, _book(runtime)
     ids = list(runtime.process_ids)
     dead = dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)
+    # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
+    timed_out = runtime.engine.fatal
+    unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
+    dead = [process_id for rank, process_id in enumerate(ids) if process_id in dead or rank in unreachable]
     stop_without_communicating(runtime, PeerFailedError(dead))
     survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
+    _check_quorum(survivors, len(ids), runtime.topology.rank, dead)
     now = time.time()
     for rank, process_id in enumerate(ids):
         if process_id in dead:
@@ -68,6 +73,17 @@ def shrink() -> list[str]:
     if len(survivors) < config.elastic_min_np:
         _grow_to_min_np(dead)
     return dead
+
+
+def _check_quorum(survivors: list[int], size: int, rank: int, dead: list[str]) -> None:
+    """Only one side of a split job goes on: more than half of the old world, or half with its rank 0.
+
+    Both sides of a cut link see the other as dead; without this rule each would train on alone.
+    """
+    if 2 * len(survivors) > size or (2 * len(survivors) == size and 0 in survivors):
+        return
+    raise HvdliteError(f"rank {rank} can reach only rank(s) {survivors} of the {size} (rank(s) [{', '.join(dead)}] "
+                       "are dead or unreachable): the job goes on on the other side of the split, without this rank")
 
 
 def propose() -> Plan:

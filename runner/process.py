@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import select
@@ -131,10 +132,19 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
             _signal_group(process, signal.SIGINT)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    finished_at: list[float] = []
     try:
         while process.poll() is None:
             if stopping and time.monotonic() - stopping[0] > _GRACE_SECONDS:
                 _signal_group(process, signal.SIGKILL)
+            if elastic_np and not finished_at and elastic_job_finished(run_dir, elastic_np):
+                finished_at.append(time.monotonic())
+            if finished_at and time.monotonic() - finished_at[0] > _GRACE_SECONDS:
+                # Every rank the job went on with has exited; mpiexec still waits for a host it cannot
+                # reach (its link is down), which it would until TCP gives up.
+                sys.stderr.write("hvdliterun: every remaining rank has exited; not waiting for unreachable hosts\n")
+                _signal_group(process, signal.SIGKILL)
+                finished_at[0] = math.inf
             if elastic_np and not stopping and (early := died_before_init(run_dir)):
                 # The others wait for it inside MPI's start-up collectives, where nothing can see a death.
                 sys.stderr.write(f"hvdliterun: rank {early} died before it finished hvd.init(); elastic "
@@ -244,6 +254,18 @@ def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
     if removed:
         sys.stderr.write(f"hvdliterun: the job went on without rank(s) [{', '.join(sorted(removed))}] and finished\n")
     return 0
+
+
+def elastic_job_finished(run_dir: str, num_proc: int) -> bool:
+    """Whether the job went on without some ranks and every other rank (launched or spawned) has exited."""
+    removed_file = os.path.join(run_dir, "elastic.removed")
+    if not os.path.exists(removed_file):
+        return False
+    with open(removed_file) as handle:
+        removed = {line.strip() for line in handle if line.strip()}
+    statuses = _rank_statuses(run_dir)
+    started = {str(rank) for rank in range(num_proc)} | {str(rank) for rank in read_pid_files(run_dir)}
+    return all(process_id in statuses for process_id in started - removed)
 
 
 def died_before_init(run_dir: str) -> str | None:

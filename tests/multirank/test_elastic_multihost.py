@@ -5,12 +5,17 @@ agent. Root only: skipped with the reason elsewhere."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
+import uuid
 
 import pytest
 
 from .harness import ONE_THREAD, SCRIPTS, hvdliterun
 from .netns import IFACE, make_two_hosts, unavailable
+from .test_multihost import PROBE_SECONDS, TIMEOUT_SECONDS, _assert_nothing_left
 
 pytestmark = [pytest.mark.multirank, pytest.mark.netns]
 _WHY_NOT = unavailable()
@@ -51,3 +56,50 @@ def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     assert done.returncode == 0, output
     assert "started as rank 2 of 3 on hostB" in output, output  # spawned onto the other host
     assert output.count("ok elastic hosts") == 3 and "started 1 rank(s) on hostB:1" in output, output
+
+
+def test_a_host_whose_link_goes_down_is_left_behind_and_the_other_host_finishes(hosts, tmp_path):
+    marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
+    argv = hosts.command_on("hostA", [hvdliterun()]) + [
+        "--launcher-agent", hosts.agent, "--network-interface", IFACE, "--min-np", "2", "-x", marker,
+        "--comm-timeout-seconds", str(TIMEOUT_SECONDS), "-np", "4", "-H", "hostA:2,hostB:2",
+        "python", str(SCRIPTS / "elastic_hosts.py"), "cut", str(tmp_path / "unused"), "2"]
+    process = subprocess.Popen(argv, env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if sum("started as rank" in x for x in lines) == 4:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(90), "ranks did not start:\n" + "".join(lines)
+        time.sleep(2)  # mid-training
+        hosts.set_link("hostB", up=False)
+        down_at = time.monotonic()
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job did not end within 120 s of the link going down:\n" + "".join(lines))
+        ended = time.monotonic() - down_at
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        hosts.set_link("hostB", up=True)
+    reader.join(5)
+    output = "".join(lines)
+    assert process.returncode == 0, output
+    for rank in (0, 1):  # hostA's ranks re-formed the job without hostB's and finished at size 2
+        assert f"[{rank}]: ok elastic hosts {rank} 2" in output, output
+    assert "the job went on without rank(s) [2, 3] and finished" in output, output
+    # The deadline + its probe window, then the steps at size 2 and the launcher's 5 s grace for the
+    # unreachable host's proxy, with room for a loaded machine.
+    assert ended < TIMEOUT_SECONDS + PROBE_SECONDS + 5 + 30, f"job ended {ended:.1f} s after the link went down\n{output}"
+    # hostB's ranks see the other side as unreachable too, have no quorum, and end by themselves.
+    _assert_nothing_left(marker, within=60)

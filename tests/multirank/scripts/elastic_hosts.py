@@ -1,9 +1,10 @@
 """Elastic world changes at commits: the job grows into new slots, refills a dead rank's slot after its
 host's cooldown, or lets a rank go whose slot left the host list.
 
-Usage: elastic_hosts.py grow|refill|leave HOSTS_FILE TARGET_SIZE [NEW_HOSTS]. The discovery script (if any) prints
+Usage: elastic_hosts.py grow|refill|leave|cut HOSTS_FILE TARGET_SIZE [NEW_HOSTS]. The discovery script (if any) prints
 HOSTS_FILE. ``grow``: rank 0 writes one more slot into it at step 3 (or NEW_HOSTS, e.g. hostA:2,hostB:1). ``refill``: rank 2 of 3 is
-SIGKILLed at step 3. ``leave``: rank 0 writes one slot less at step 3. Every rank trains until the job
+SIGKILLed at step 3. ``leave``: rank 0 writes one slot less at step 3. ``cut``: nothing here (the test cuts a host's link).
+Steps are paced at 50 ms. Every rank trains until the job
 has had TARGET_SIZE ranks for 3 steps, then checks the weights against the sizes the committed steps
 ran at (nothing lost or applied twice) and prints 'ok elastic hosts <rank> <size>'.
 """
@@ -12,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import torch
 
@@ -32,10 +34,17 @@ def main() -> None:
     initial = model.weight.detach().clone()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
-    # sizes: the world size each committed step ran at; at_target: committed steps at TARGET ranks after a change.
-    state = hvd.elastic.TorchState(model, optimizer, step=0, sizes=[], at_target=0)
+    # sizes: the world size each committed step ran at; at_target: committed steps at TARGET ranks after a change;
+    # changed: the world has changed.
+    state = hvd.elastic.TorchState(model, optimizer, step=0, sizes=[], at_target=0, changed=False)
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    def on_reset():
+        resets.append(hvd.size())
+        state.changed = True  # committed (the state is the last commit here), so the sync carries it to new ranks
+        state.save()
+
+    state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run
     def train(state):
@@ -48,9 +57,10 @@ def main() -> None:
             optimizer.step()
             state.sizes = state.sizes + [hvd.size()]
             # Only steps after the world changed count (a refilled job starts at its target size too).
-            state.at_target += hvd.size() == TARGET and any(size != TARGET for size in state.sizes)
+            state.at_target += hvd.size() == TARGET and state.changed
             state.step = step + 1
             state.commit()
+            time.sleep(0.05)  # paced, so that a cooldown or the launcher's 1 s poll ends within the run
         raise AssertionError(f"the job never had {TARGET} ranks for 3 steps (sizes {state.sizes})")
 
     train(state)
