@@ -86,3 +86,14 @@ def test_a_rank_that_dies_before_init_ends_the_elastic_job_with_the_reason():
     assert result.returncode != 0, result.output
     assert "rank 2 died before it finished hvd.init()" in result.output, result.output
     assert "unreachable" not in result.output, result.output
+
+
+def test_a_second_failure_during_the_recovery_is_recovered_too():
+    # np=4: rank 3 is killed mid-step, then rank 2 dies in its reset callback while the job re-forms.
+    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "elastic_shrink.py"), "double", "3"], np=4,
+                     timeout=180)
+    assert result.returncode == 0, result.output
+    assert "the job went on without rank(s) [2, 3] and finished" in result.output, result.output
+    for rank in (0, 1):
+        lines = result.lines(rank)
+        assert "ok elastic shrink" in lines and f"new rank {rank} size 2" in lines, result.output

@@ -1,8 +1,10 @@
 """Elastic on one host: rank 2 of 3 is SIGKILLed mid-training; the two survivors keep their
 processes, re-form the job inside @hvd.elastic.run, restore the last commit and finish at size 2.
 
-Usage: elastic_shrink.py kill|raise [VICTIM] (launch rank VICTIM, default 2, is SIGKILLed, or raises an
-uncaught exception). Run with ``hvdliterun -np 3 --min-np 2`` (or any -np N: the job finishes at N - 1). Each survivor prints 'recovered <seconds>' (kill to the
+Usage: elastic_shrink.py kill|raise|double [VICTIM] (launch rank VICTIM, default 2, is SIGKILLed, or raises
+an uncaught exception; ``double``: VICTIM is SIGKILLed and launch rank VICTIM - 1 dies in the recovery, in
+its reset callback). Run with ``hvdliterun -np 3 --min-np 2`` (or any -np N: the job finishes at N - 1,
+or N - 2 with ``double``). Each survivor prints 'recovered <seconds>' (kill to the
 first step completed in the new world), its new rank and size, and 'ok elastic shrink'.
 """
 
@@ -31,7 +33,14 @@ def main() -> None:
                                          named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     resets = []
-    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    double = sys.argv[1] == "double"
+
+    def on_reset():
+        resets.append(hvd.size())
+        if double and world_rank == VICTIM - 1:  # a second failure, while the job re-forms
+            os.kill(pid, signal.SIGKILL)
+
+    state.register_reset_callbacks([on_reset])
     timings = {}
 
     @hvd.elastic.run
@@ -40,7 +49,7 @@ def main() -> None:
             if world_rank == VICTIM and step == KILL_AT:
                 with open(os.path.join(run_dir, "killed_at"), "w") as handle:
                     handle.write(str(time.time()))
-                if sys.argv[1] == "kill":
+                if sys.argv[1] in ("kill", "double"):
                     os.kill(pid, signal.SIGKILL)
                 raise RuntimeError(f"rank {VICTIM} fails in the middle of a step (on purpose)")
             optimizer.zero_grad()
@@ -54,13 +63,14 @@ def main() -> None:
             state.commit()
 
     train(state)
-    size = first_size - 1
-    assert hvd.size() == size and state.step == STEPS and resets == [size], (hvd.size(), state.step, resets)
+    size = first_size - (2 if double else 1)
+    expected_resets = [size + 1, size] if double else [size]
+    assert hvd.size() == size and state.step == STEPS and resets == expected_resets, (hvd.size(), state.step, resets)
     weights = hvd.allgather_object(model.weight.detach().tolist())
     assert all(w == weights[0] for w in weights), weights  # the survivors trained in step
     # Nothing lost or applied twice: the weight's gradient is 2 * x per step (two rows of x), averaged
-    # over the ranks: x = 1..N for the KILL_AT steps at size N, then 1..N-1 for the rest: 2 * mean = N + 1, N.
-    expected = initial - 0.1 * (KILL_AT * (first_size + 1) + (STEPS - KILL_AT) * first_size)
+    # over the ranks: x = 1..N for the KILL_AT steps at size N, then 1..F at the final size F: 2 * mean = N + 1, F + 1.
+    expected = initial - 0.1 * (KILL_AT * (first_size + 1) + (STEPS - KILL_AT) * (size + 1))
     assert torch.allclose(model.weight, expected, atol=1e-5), (model.weight, expected)
     print(f"recovered {timings['recovered']:.3f}", flush=True)
     print(f"new rank {hvd.rank()} size {hvd.size()}", flush=True)
