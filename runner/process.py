@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import re
@@ -17,6 +18,7 @@ from .tagging import LineTagger
 
 _KILLED_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 _GRACE_SECONDS = 5.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _pump(stream, sink, seen: list[str]) -> None:
@@ -116,7 +118,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     ``elastic_np``: elastic mode with this many ranks; the job's code is then its survivors'.
     """
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_die_with_parent)
     seen: list[str] = []
     pumps = [threading.Thread(target=_pump, args=(process.stdout, sys.stdout, seen), daemon=True),
              threading.Thread(target=_pump, args=(process.stderr, sys.stderr, seen), daemon=True)]
@@ -168,6 +170,12 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     if stopping:
         return 130 if code in (0, None) else (code if code > 0 else 128 - code)
     return code if code >= 0 else 128 - code
+
+
+def _die_with_parent() -> None:
+    """In mpiexec, before it starts: the kernel SIGKILLs it if hvdliterun dies (no orphaned job)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def alive(pid: int) -> bool:
