@@ -8,8 +8,8 @@ Horovod's ``hvd.elastic.run`` does.
 
 In elastic mode (``hvdliterun --min-np N``, ``--max-np``, ``--host-discovery-script``) the survivors
 of a rank's death re-form the job without it, and at a commit the job grows into free slots or lets
-ranks go whose host left the list (:mod:`hvdlite.reform`). Issue #22 is in progress: one host is
-tested; several hosts are not.
+ranks go whose host left the list (:mod:`hvdlite.reform`). The README's "Elastic training" says
+what is tested and what is not yet (issue #22).
 """
 
 from __future__ import annotations

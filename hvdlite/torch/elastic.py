@@ -4,8 +4,8 @@
 ``state_dict``), optimizers, learning-rate schedulers, ``ElasticSampler``s and any picklable
 attribute. ``ElasticSampler`` shards a dataset like ``DistributedSampler`` and remembers how many
 samples the job has processed this epoch, so a restored or re-synced state resumes the epoch where
-its last commit was, with no sample seen twice or skipped. See :mod:`hvdlite.elastic` for what
-works today (issue #22 is in progress: the world is not re-formed after a failure yet).
+its last commit was, with no sample seen twice or skipped. See :mod:`hvdlite.elastic` for how the
+job re-forms, grows and shrinks.
 """
 
 from __future__ import annotations
