@@ -10,8 +10,8 @@ processes, restore the last commit and go on), and under ``torchrun --nproc-per-
 checkpoint rank 0 saved every step). It reports the seconds from the kill to the first step
 completed afterwards, their ratio, and the cost of hvdlite's ``state.commit()`` per MB of state.
 A third job per rep measures a join: np=2 under ``--host-discovery-script``, one slot added
-mid-run, from the host list's change to the first step of the grown world. Not measured yet
-(#22): Keras and JAX.
+mid-run, from the host list's change to the first step of the grown world. Then torch, Keras and
+JAX recover from the same kill in the tests' shrink scripts (a small model).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,22 @@ def run_once(mode: str) -> dict[str, float]:
                 for name in ("recovered", "commit_ms_per_mb", "joined") if os.path.exists(os.path.join(results, name))}
 
 
+SHRINK_SCRIPTS = {framework: str(ROOT / "tests" / "multirank" / "scripts" / name) for framework, name in
+                  (("torch", "elastic_shrink.py"), ("keras", "keras_elastic_shrink.py"), ("jax", "jax_elastic_shrink.py"))}
+
+
+def recovery_by_framework(framework: str) -> float:
+    """One of three ranks SIGKILLed in the tests' shrink script (a small model): the slower survivor's
+    seconds from the kill to its first completed step."""
+    hvdliterun = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
+    done = subprocess.run([hvdliterun, "-np", "3", "--min-np", "2", sys.executable, SHRINK_SCRIPTS[framework], "kill"],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    seconds = [float(match.group(1)) for match in re.finditer(r"recovered (\S+)", done.stdout)]
+    if done.returncode != 0 or len(seconds) != 2:
+        raise SystemExit(f"{framework} shrink failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return max(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -72,6 +89,10 @@ def main() -> None:
     print(f"| torchrun --max-restarts 1 (all restart, reload) | {torchrun:.3f} | {', '.join(f'{x:.3f}' for x in theirs)} |")
     print(f"\nhvdlite / torchrun: {hvd / torchrun:.3f}; target (#22): under 2 s -> {'met' if hvd < 2 else 'NOT met'}")
     print(f"state.commit(): {statistics.median(commits):.2f} ms per MB of state (weights and Adam's moments)")
+    by_framework = {name: [recovery_by_framework(name) for _ in range(args.reps)] for name in SHRINK_SCRIPTS}
+    print("\n| small model, np=3 -> 2 | kill to next step, s (median) | all reps |\n|---|---|---|")
+    for name, values in by_framework.items():
+        print(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{x:.3f}' for x in values)} |")
     print(f"join 2 -> 3 (discovery file written -> first step of 3 ranks, incl. the launcher's 1 s poll and "
           f"the new rank's start-up): median {statistics.median(joins):.2f} s, all {', '.join(f'{x:.2f}' for x in joins)}")
 
