@@ -139,20 +139,8 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
         while process.poll() is None:
             if stopping and time.monotonic() - stopping[0] > _GRACE_SECONDS:
                 _signal_group(process, signal.SIGKILL)
-            if elastic_np and not finished_at and elastic_job_finished(run_dir, elastic_np):
-                finished_at.append(time.monotonic())
-            if finished_at and time.monotonic() - finished_at[0] > _GRACE_SECONDS:
-                # Every rank the job went on with has exited; mpiexec still waits for a host it cannot
-                # reach (its link is down), which it would until TCP gives up.
-                sys.stderr.write("hvdliterun: every remaining rank has exited; not waiting for unreachable hosts\n")
-                _signal_group(process, signal.SIGKILL)
-                finished_at[0] = math.inf
-            if elastic_np and not stopping and (early := died_before_init(run_dir)):
-                # The others wait for it inside MPI's start-up collectives, where nothing can see a death.
-                sys.stderr.write(f"hvdliterun: rank {early} died before it finished hvd.init(); elastic "
-                                 "recovery starts once every rank is up, so the job ends\n")
-                stopping.append(time.monotonic() - _GRACE_SECONDS)
-                _signal_group(process, signal.SIGKILL)
+            if elastic_np:
+                _watch_elastic(process, run_dir, elastic_np, stopping, finished_at)
             time.sleep(0.05)
     finally:
         for signum, handler in previous.items():
@@ -170,6 +158,26 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     if stopping:
         return 130 if code in (0, None) else (code if code > 0 else 128 - code)
     return code if code >= 0 else 128 - code
+
+
+def _watch_elastic(process: subprocess.Popen, run_dir: str, num_proc: int, stopping: list[float],
+                   finished_at: list[float]) -> None:
+    """One look at an elastic job: end mpiexec when it only waits for an unreachable host, or when a
+    rank died before every rank was up (both notes record when, across calls)."""
+    if not finished_at and elastic_job_finished(run_dir, num_proc):
+        finished_at.append(time.monotonic())
+    if finished_at and time.monotonic() - finished_at[0] > _GRACE_SECONDS:
+        # Every rank the job went on with has exited; mpiexec still waits for a host it cannot reach
+        # (its link is down), which it would until TCP gives up.
+        sys.stderr.write("hvdliterun: every remaining rank has exited; not waiting for unreachable hosts\n")
+        _signal_group(process, signal.SIGKILL)
+        finished_at[0] = math.inf
+    if not stopping and (early := died_before_init(run_dir)):
+        # The others wait for it inside MPI's start-up collectives, where nothing can see a death.
+        sys.stderr.write(f"hvdliterun: rank {early} died before it finished hvd.init(); elastic "
+                         "recovery starts once every rank is up, so the job ends\n")
+        stopping.append(time.monotonic() - _GRACE_SECONDS)
+        _signal_group(process, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:
