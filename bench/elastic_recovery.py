@@ -10,7 +10,9 @@ processes, restore the last commit and go on), and under ``torchrun --nproc-per-
 checkpoint rank 0 saved every step). It reports the seconds from the kill to the first step
 completed afterwards, their ratio, and the cost of hvdlite's ``state.commit()`` per MB of state.
 A third job per rep measures a join: np=2 under ``--host-discovery-script``, one slot added
-mid-run, from the host list's change to the first step of the grown world. Then torch, Keras and
+mid-run, from the host list's change to the first step of the grown world. A fourth stops (SIGSTOP)
+the last rank instead of killing it: a silent rank, in no list of the dead, found at the
+communication deadline (SILENT_DEADLINE s) plus the probe window; reported beyond the deadline. Then torch, Keras and
 JAX recover from the same kill in the tests' shrink scripts (a small model).
 """
 
@@ -34,12 +36,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
        "TORCH_GLOO_LAZY_INIT": "1"}
 
 
+SILENT_DEADLINE = 4.0  # --comm-timeout-seconds of the silent-rank job
+
+
 def run_once(mode: str) -> dict[str, float]:
     """One job; its results directory's numbers."""
     with tempfile.TemporaryDirectory(prefix=f"elastic-{mode}-") as results:
         hvdliterun = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
-        if mode == "hvdlite":
-            command = [hvdliterun, "-np", "3", "--min-np", "2", sys.executable, WORKER, mode, results]
+        if mode in ("hvdlite", "silent"):
+            deadline = ["--comm-timeout-seconds", str(SILENT_DEADLINE)] if mode == "silent" else []
+            command = [hvdliterun, "-np", "3", "--min-np", "2", *deadline, sys.executable, WORKER, mode, results]
         elif mode == "join":
             with open(os.path.join(results, "hosts"), "w") as handle:
                 handle.write("localhost:2\n")
@@ -75,13 +81,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    ours, theirs, commits, joins = [], [], [], []
+    ours, theirs, commits, joins, silent = [], [], [], [], []
     for _ in range(args.reps):  # interleaved, so both see the same state of the machine
         result = run_once("hvdlite")
         ours.append(result["recovered"])
         commits.append(result["commit_ms_per_mb"])
         theirs.append(run_once("torchrun")["recovered"])
         joins.append(run_once("join")["joined"])
+        silent.append(run_once("silent")["recovered"] - SILENT_DEADLINE)
     hvd, torchrun = statistics.median(ours), statistics.median(theirs)
     print(f"| np=3 -> 2, MLP 1024x3, Adam | kill to next step, s (median of {args.reps}) | all reps |")
     print("|---|---|---|")
@@ -95,6 +102,10 @@ def main() -> None:
         print(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{x:.3f}' for x in values)} |")
     print(f"join 2 -> 3 (discovery file written -> first step of 3 ranks, incl. the launcher's 1 s poll and "
           f"the new rank's start-up): median {statistics.median(joins):.2f} s, all {', '.join(f'{x:.2f}' for x in joins)}")
+    beyond = statistics.median(silent)
+    print(f"silent rank (SIGSTOP), stop to next step beyond the {SILENT_DEADLINE:g} s deadline: median {beyond:.2f} s, "
+          f"all {', '.join(f'{x:.2f}' for x in silent)}; target (#22): within deadline + 2 s -> "
+          f"{'met' if beyond <= 2 else 'NOT met'}")
 
 
 if __name__ == "__main__":

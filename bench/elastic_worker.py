@@ -1,7 +1,7 @@
 """One worker of bench/elastic_recovery.py: trains an MLP and, once, loses the last rank mid-run.
 
-Usage: elastic_worker.py hvdlite|torchrun RESULTS_DIR. The last rank SIGKILLs itself at step
-KILL_AT after writing the time; the first step a surviving (hvdlite) or restarted (torchrun)
+Usage: elastic_worker.py hvdlite|silent|torchrun|join RESULTS_DIR. The last rank SIGKILLs itself
+(``silent``: SIGSTOPs itself, a process that neither dies nor answers) at step KILL_AT after writing the time; the first step a surviving (hvdlite) or restarted (torchrun)
 worker completes afterwards writes the recovery time. hvdlite also times ``state.commit()``.
 """
 
@@ -36,10 +36,11 @@ def record(results: str, name: str, value: float) -> None:
         handle.write(json.dumps(value))
 
 
-def die_if_due(results: str, rank: int, size: int, at: int, first_attempt: bool) -> None:
+def die_if_due(results: str, rank: int, size: int, at: int, first_attempt: bool,
+               how: signal.Signals = signal.SIGKILL) -> None:
     if first_attempt and rank == size - 1 and at == KILL_AT:
         record(results, "killed_at", time.time())
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), how)
 
 
 def recovered(results: str) -> None:
@@ -48,7 +49,7 @@ def recovered(results: str) -> None:
             record(results, "recovered", time.time() - json.load(handle))
 
 
-def hvdlite_worker(results: str) -> None:
+def hvdlite_worker(results: str, how: signal.Signals = signal.SIGKILL) -> None:
     import hvdlite.torch as hvd
 
     hvd.init()
@@ -61,7 +62,7 @@ def hvdlite_worker(results: str) -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         for at in range(state.step, STEPS):
-            die_if_due(results, hvd.rank(), hvd.size(), at, hvd.size() == first_size)
+            die_if_due(results, hvd.rank(), hvd.size(), at, hvd.size() == first_size, how)
             step(model, optimizer)
             if hvd.size() < first_size and hvd.rank() == 0:
                 recovered(results)
@@ -140,4 +141,6 @@ def torchrun_worker(results: str) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"hvdlite": hvdlite_worker, "torchrun": torchrun_worker, "join": join_worker}[sys.argv[1]](sys.argv[2])
+    workers = {"hvdlite": hvdlite_worker, "torchrun": torchrun_worker, "join": join_worker,
+               "silent": lambda results: hvdlite_worker(results, signal.SIGSTOP)}
+    workers[sys.argv[1]](sys.argv[2])

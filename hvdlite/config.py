@@ -150,9 +150,11 @@ class Config:
     def probe_window_seconds(self) -> float:
         """How long a rank that timed out waits for its peers to answer, to name the missing ones.
 
-        Healthy peers time out on the same step within about one idle cycle of each other.
+        Healthy peers time out on the same step within one idle cycle of each other (an idle rank
+        joins a round that late); the second is margin for a loaded machine. In elastic mode the
+        ranks the probe misses are taken as dead, so this window is part of a silent host's cost.
         """
-        return min(self.comm_timeout_seconds, 2 * self.idle_cycle_seconds + 1.0)
+        return min(self.comm_timeout_seconds, self.idle_cycle_seconds + 1.0)
 
     @property
     def python_log_level(self) -> int:
@@ -305,6 +307,8 @@ SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
 # The settings hvdliterun has a flag for: its parser and the ranks' environment are both built from these.
 SETTING_FLAGS: tuple[tuple[Setting, Flag], ...] = tuple((s, s.flag) for s in SETTINGS if s.flag is not None)
 
+ELASTIC_IDLE_CYCLE_SECONDS = 0.5  # elastic jobs' default HVDLITE_IDLE_CYCLE_SECONDS (see load_config)
+
 # Variables read by other programs in the hvdlite family (tests), accepted but not parsed here.
 _RESERVED_PREFIXES = ("HVDLITE_TEST_",)
 
@@ -333,6 +337,10 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             values[setting.field] = setting.parse(text)
         except ValueError as exc:
             raise ConfigError(f"{name}={text!r} is invalid: {exc}") from None
+    if values.get("elastic_min_np") and "idle_cycle_seconds" not in values:
+        # A silent host costs the deadline plus a probe window of an idle cycle + 1 s: elastic jobs
+        # cycle twice as often by default to find it within the deadline + 1.5 s.
+        values["idle_cycle_seconds"] = ELASTIC_IDLE_CYCLE_SECONDS
     values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() not in ("", "0")
     config = Config(**values)
     if config.stall_shutdown_seconds < config.stall_check_seconds:

@@ -28,7 +28,7 @@ if _WHY_NOT:
     pytestmark.append(pytest.mark.skip(reason=f"two-host tests need network namespaces: {_WHY_NOT}"))
 
 TIMEOUT_SECONDS = 4  # hvdlite's communication deadline in the fault tests
-PROBE_SECONDS = 3  # the probe window that follows it (2 x idle cycle + 1 s)
+PROBE_SECONDS = 2  # the probe window that follows it (idle cycle + 1 s; 1.5 s in elastic jobs)
 
 
 @pytest.fixture(scope="module")

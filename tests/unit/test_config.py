@@ -51,12 +51,20 @@ def test_config_is_frozen():
 
 
 def test_comm_timeout_must_outlast_an_idle_cycle():
-    assert load_config({}).comm_timeout == 60.0 and load_config({}).probe_window_seconds == 3.0
+    assert load_config({}).comm_timeout == 60.0 and load_config({}).probe_window_seconds == 2.0
     assert load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "0"}).comm_timeout is None  # 0: wait forever
     with pytest.raises(ConfigError, match=r"HVDLITE_COMM_TIMEOUT_SECONDS=1.5 must be 0 or at least twice "
                                           r"HVDLITE_IDLE_CYCLE_SECONDS=1.0"):
         load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "1.5"})
     assert load_config({"HVDLITE_COMM_TIMEOUT_SECONDS": "2", "HVDLITE_IDLE_CYCLE_SECONDS": "0.5"}).comm_timeout == 2
+
+
+def test_elastic_jobs_cycle_faster_by_default_so_a_silent_host_is_found_sooner():
+    elastic = load_config({"HVDLITE_ELASTIC_MIN_NP": "2"})
+    assert elastic.idle_cycle_seconds == 0.5 and elastic.probe_window_seconds == 1.5
+    chosen = load_config({"HVDLITE_ELASTIC_MIN_NP": "2", "HVDLITE_IDLE_CYCLE_SECONDS": "2"})
+    assert chosen.idle_cycle_seconds == 2.0 and chosen.probe_window_seconds == 3.0
+    assert load_config({"HVDLITE_IDLE_CYCLE_SECONDS": "0.2", "HVDLITE_COMM_TIMEOUT_SECONDS": "0.5"}).probe_window_seconds == 0.5
 
 
 def test_wait_until_gives_up_at_its_deadline():
