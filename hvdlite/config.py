@@ -127,6 +127,8 @@ class Config:
     elastic_reset_limit: int = 0  # 0: no limit
     elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
+    elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic_channel.py)
+    elastic_token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of logs
     log_level: str = "WARNING"
     run_dir: str = ""
     mpi_args: str = ""
@@ -277,6 +279,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(unset: never again)", Flag(("--blacklist-cooldown-range",), float, to_env=_pair, nargs=2)),
     Setting("HVDLITE_ELASTIC_SPAWN_PREFIX", "elastic_spawn_prefix", _text,
             "elastic: set for ranks the job spawned (by hvdlite itself)"),
+    Setting("HVDLITE_ELASTIC_SERVICE", "elastic_service", _text,
+            "elastic: HOST:PORT[,...] of hvdliterun's control channel (set by hvdliterun)"),
+    Setting("HVDLITE_ELASTIC_TOKEN", "elastic_token", _text,
+            "elastic: the job's secret for that channel (set by hvdliterun)"),
     Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, f"log level: {', '.join(_LOG_LEVELS)}",
             Flag(("--log-level",))),
     Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),

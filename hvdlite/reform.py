@@ -31,11 +31,24 @@ log = logging.getLogger("hvdlite")
 # Each rank runs under this shell, which outlives it: Hydra's proxy SIGKILLs every rank it started on
 # a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not when one exits
 # (docs/elastic-probe/FINDINGS.md). The shell turns a death into an exit status, ignores (and makes
-# the rank ignore) Hydra's SIGUSR1 failure notice, and records the status: hvdliterun decides the
-# job's exit code from it, and the rank's peers on this host see a spawned rank's death in it (MPI's
-# list of dead processes covers only their own launch). Spawned ranks' files carry their prefix.
-RANK_WRAPPER = ("trap '' USR1; \"$@\"; status=$?; echo $status > "
-                "\"$HVDLITE_RUN_DIR/rank.${HVDLITE_ELASTIC_SPAWN_PREFIX}$PMI_RANK.status\" 2>/dev/null; exit $status")
+# the rank ignore) Hydra's SIGUSR1 failure notice, and records the status: in the run directory,
+# where the rank's peers on this host see a spawned rank's death (MPI's list of dead processes
+# covers only their own launch), and through the control channel to hvdliterun, which decides the
+# job's exit code from it wherever it runs. Its arguments: PYTHON CHANNEL_SCRIPT COMMAND...
+RANK_WRAPPER = ("trap '' USR1; py=$1; channel=$2; shift 2; \"$@\"; status=$?; "
+                "id=${HVDLITE_ELASTIC_SPAWN_PREFIX}$PMI_RANK; "
+                "echo $status > \"$HVDLITE_RUN_DIR/rank.$id.status\" 2>/dev/null; "
+                "[ -z \"$HVDLITE_ELASTIC_SERVICE\" ] || printf %s \"$HVDLITE_ELASTIC_TOKEN\" | "
+                "\"$py\" -I \"$channel\" exited \"$HVDLITE_ELASTIC_SERVICE\" \"$id\" $status; exit $status")
+
+
+def wrapped(command: list[str], python: str = sys.executable) -> list[str]:
+    """``command`` under :data:`RANK_WRAPPER`, reporting through ``python`` (the same path on every host)."""
+    from . import elastic_channel
+
+    return ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", python, os.path.abspath(elastic_channel.__file__), *command]
+
+
 _CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
 _REMOVED_FILE = "elastic.removed"
 
@@ -94,7 +107,9 @@ def propose() -> Plan:
     if not runtime.config.elastic_min_np or runtime.topology.rank != 0:
         return Plan()
     book = _book(runtime)
-    _refresh_hosts(book, runtime.config.run_dir)
+    found = _launcher_hosts(runtime.config)
+    if found is not None:
+        book.hosts, book.discovery = found
     return book.plan(list(runtime.hosts), time.time())
 
 
@@ -138,8 +153,7 @@ def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any
     book.generation += 1
     prefix = f"g{book.generation}."
     command = shutil.which("env") or "/usr/bin/env"
-    args = [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", "sh", "-c", RANK_WRAPPER, "hvdlite-rank",
-            sys.executable, *sys.orig_argv[1:]]
+    args = [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *wrapped([sys.executable, *sys.orig_argv[1:]])]
     infos = []
     for host, _ in spawn:
         info = MPI.Info.Create()
@@ -198,10 +212,19 @@ def _book(runtime: Any) -> HostBook:
     return runtime.book
 
 
-def _refresh_hosts(book: HostBook, run_dir: str) -> None:
-    found = read_hosts_file(os.path.join(run_dir, HOSTS_FILE)) if run_dir else None
-    if found is not None:
-        book.hosts, book.discovery = found
+def _launcher_hosts(config: Any) -> tuple[dict[str, int], bool] | None:
+    """hvdliterun's current host list (through its control channel, or its run directory without one)."""
+    if not config.elastic_service:
+        return read_hosts_file(os.path.join(config.run_dir, HOSTS_FILE)) if config.run_dir else None
+    from .elastic_channel import ChannelError, request
+
+    try:
+        reply = request(config.elastic_service, config.elastic_token, {"op": "hosts"})
+    except ChannelError as exc:
+        log.warning("rank 0 could not get the host list from hvdliterun, so the hosts stay as they are: %s", exc)
+        return None
+    hosts = reply.get("hosts")
+    return None if hosts is None else ({str(h): int(n) for h, n in hosts.items()}, bool(reply.get("discovery")))
 
 
 def _record_removed(process_ids: list[str]) -> None:
@@ -209,6 +232,16 @@ def _record_removed(process_ids: list[str]) -> None:
     from .runtime import current
 
     runtime = current()
-    if process_ids and runtime.config.run_dir and runtime.topology.rank == 0:
-        with open(os.path.join(runtime.config.run_dir, _REMOVED_FILE), "a") as handle:
+    config = runtime.config
+    if not process_ids or runtime.topology.rank != 0:
+        return
+    if config.elastic_service:
+        from .elastic_channel import ChannelError, request
+
+        try:
+            request(config.elastic_service, config.elastic_token, {"op": "removed", "ids": process_ids})
+        except ChannelError as exc:
+            log.warning("could not tell hvdliterun that the job went on without rank(s) %s: %s", process_ids, exc)
+    elif config.run_dir:
+        with open(os.path.join(config.run_dir, _REMOVED_FILE), "a") as handle:
             handle.write("".join(f"{process_id}\n" for process_id in process_ids))

@@ -132,8 +132,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         communicators.add(process_set, dynamic=False)
     if config.timeline:
         start_timeline(config.timeline, config.timeline_mark_cycles)
-    if config.run_dir:
-        _write_pid_file(config.run_dir, process_id)
+    _announce(config, process_id)
     if topology.size > 1 and config.elastic_min_np:  # elastic: the others re-form the job without this rank
         _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.exit_rank,
                                                                   "ending this rank; the others go on without it")
@@ -190,6 +189,28 @@ def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank:
 
         return GpuRunner(host, config, data_comm, hosts, local_rank)
     return make
+
+
+def _announce(config: Config, process_id: str) -> None:
+    """Tell hvdliterun this process runs (once per process): a pid file in its run directory, and in
+    elastic mode its control channel too, which reaches a launcher on another host."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    if config.run_dir:
+        _write_pid_file(config.run_dir, process_id)
+    if config.elastic_service:
+        from .elastic_channel import ChannelError, request
+
+        try:
+            request(config.elastic_service, config.elastic_token,
+                    {"op": "started", "id": process_id, "pid": os.getpid(), "host": socket.gethostname()})
+        except ChannelError as exc:
+            log.warning("could not tell hvdliterun that rank %s started: %s", process_id, exc)
+
+
+_announced = False  # this process told hvdliterun it runs (re-formed worlds call init again)
 
 
 def _write_pid_file(run_dir: str, process_id: str) -> None:

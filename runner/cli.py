@@ -20,6 +20,7 @@ from hvdlite.config import SETTING_FLAGS, ConfigError, environ, load_config
 
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
+from .elastic_service import ElasticService, service_addresses
 from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
 
 USAGE_ERROR = 2
@@ -223,14 +224,22 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(argv_out), flush=True)
         if args.dry_run:
             return 0
+        try:  # elastic: the ranks' channel to this launcher, wherever they run
+            service = ElasticService(run_dir, *service_addresses(all_hosts_local(spec.hosts),
+                                                                 config.network_interface)) if spec.elastic else None
+        except OSError as exc:
+            print(f"hvdliterun: error: cannot listen for the elastic job's ranks: {exc}", file=sys.stderr)
+            return USAGE_ERROR
         poller = publish_hosts(run_dir, args, spec.hosts, spec.num_proc) if spec.elastic else None
+        rank_env = {**rank_env, "HVDLITE_RUN_DIR": run_dir, **(service.environment() if service else {})}
         try:
-            return process.run(argv_out, {**rank_env, "HVDLITE_RUN_DIR": run_dir}, run_dir,
-                               all_hosts_local(spec.hosts), spec.num_proc if spec.elastic else 0)
+            return process.run(argv_out, rank_env, run_dir, all_hosts_local(spec.hosts),
+                               spec.num_proc if spec.elastic else 0)
         finally:
             if poller is not None:
                 poller.stop()
-
+            if service is not None:
+                service.stop()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 
 from hvdlite.config import SETTING_FLAGS
-from hvdlite.reform import RANK_WRAPPER  # elastic: each rank runs under a shell that outlives it
+from hvdlite.reform import wrapped  # elastic: each rank runs under a shell that outlives it
 
 from .hosts import HostSlots
 
@@ -52,7 +52,7 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
         argv += ["-disable-auto-cleanup"]
     argv += shlex.split(spec.mpi_args)
     if spec.elastic:
-        return argv + ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", *spec.command]
+        return argv + wrapped(list(spec.command))
     return argv + list(spec.command)
 
 

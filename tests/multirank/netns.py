@@ -28,7 +28,7 @@ case "$host" in
 {cases}
   *) echo "launch agent: unknown host $host" >&2; exit 255 ;;
 esac
-exec env -i PATH=/usr/sbin:/usr/bin:/bin ip netns exec "$ns" unshare --uts sh -c "hostname $host && exec $*"
+exec env -i PATH=/usr/sbin:/usr/bin:/bin ip netns exec "$ns" unshare --uts {mount}sh -c "{tmpfs}hostname $host && exec $*"
 """
 
 
@@ -61,6 +61,16 @@ class TwoHosts:
         """``argv`` run on ``host``: in its namespace, under its host name, with this environment."""
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts",
                 "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
+
+    def agent_with_private_tmp(self, path: str) -> str:
+        """A launch agent (written to ``path``) that also gives every remote command a /tmp of its own: a host
+        that shares no scratch directory with the launcher, as real hosts do (hvdliterun's is in /tmp)."""
+        Path(path).write_text(_AGENT.format(cases=self._cases(), mount="--mount ", tmpfs="mount -t tmpfs tmp /tmp && "))
+        os.chmod(path, 0o755)
+        return path
+
+    def _cases(self) -> str:
+        return "\n".join(f"  {host}) ns={namespace} ;;" for host, namespace in self.namespaces.items())
 
     def set_link(self, host: str, up: bool) -> None:
         _ip("-n", self.namespaces[host], "link", "set", IFACE, "up" if up else "down")
@@ -104,7 +114,6 @@ def make_two_hosts(workdir: Path) -> TwoHosts:
     except BaseException:
         hosts.close()
         raise
-    cases = "\n".join(f"  {host}) ns={namespace} ;;" for host, namespace in namespaces.items())
-    Path(hosts.agent).write_text(_AGENT.format(cases=cases))
+    Path(hosts.agent).write_text(_AGENT.format(cases=hosts._cases(), mount="", tmpfs=""))
     os.chmod(hosts.agent, 0o755)
     return hosts

@@ -30,9 +30,9 @@ def hosts(tmp_path_factory):
     two.close()
 
 
-def _run(hosts, args: list[str]) -> subprocess.CompletedProcess:
+def _run(hosts, args: list[str], agent: str = "") -> subprocess.CompletedProcess:
     # No transport flags: in elastic mode across hosts hvdliterun picks libfabric's TCP provider itself.
-    argv = hosts.command_on("hostA", [hvdliterun()]) + ["--launcher-agent", hosts.agent,
+    argv = hosts.command_on("hostA", [hvdliterun()]) + ["--launcher-agent", agent or hosts.agent,
                                                          "--network-interface", IFACE, "--min-np", "2", *args]
     return subprocess.run(argv, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=240)
 
@@ -56,6 +56,21 @@ def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     assert done.returncode == 0, output
     assert "started as rank 2 of 3 on hostB" in output, output  # spawned onto the other host
     assert output.count("ok elastic hosts") == 3 and "started 1 rank(s) on hostB:1" in output, output
+
+
+def test_rank_0_on_a_host_without_the_launchers_directory_runs_the_job_through_its_channel(hosts, tmp_path):
+    """hostB (ranks 0 and 1) gets a /tmp of its own, so hvdliterun's run directory is not there: rank 0
+    learns the host list, the ranks' starts and exits and the rank the job went on without reach the
+    launcher only through its control channel. Rank 2 on hostA is killed; once hostA's cooldown ends,
+    rank 0 refills its slot."""
+    agent = hosts.agent_with_private_tmp(str(tmp_path / "private-tmp-agent.sh"))
+    done = _run(hosts, ["--blacklist-cooldown-range", "0.5", "1", "-np", "3", "-H", "hostB:2,hostA:1",
+                        "python", str(SCRIPTS / "elastic_hosts.py"), "refill", str(tmp_path / "unused"), "3"], agent)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "started as rank 0 of 3 on hostB" in output and "started as rank 2 of 3 on hostA" in output, output
+    assert "started 1 rank(s) on hostA:1" in output and output.count("ok elastic hosts") == 3, output
+    assert "the job went on without rank(s) [2] and finished" in output, output
 
 
 def test_a_host_whose_link_goes_down_is_left_behind_and_the_other_host_finishes(hosts, tmp_path):

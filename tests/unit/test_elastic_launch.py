@@ -1,16 +1,19 @@
 """hvdliterun's elastic mode as pure logic: the mpiexec command and the job's exit code."""
 
 import subprocess
+import sys
 
-from hvdlite.reform import RANK_WRAPPER
+from hvdlite.reform import RANK_WRAPPER, wrapped
 from runner.command import LaunchSpec, build_mpiexec_command
+from runner.elastic_service import ElasticService
 from runner.process import elastic_exit_code
 
 
 def test_elastic_ranks_run_under_a_wrapper_that_outlives_them_and_hydra_keeps_the_survivors():
     argv = build_mpiexec_command(LaunchSpec(3, ("python", "train.py"), elastic=True), "mpiexec")
     assert "-disable-auto-cleanup" in argv
-    assert argv[-6:] == ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "python", "train.py"]
+    assert argv[-8:-4] == ["sh", "-c", RANK_WRAPPER, "hvdlite-rank"] and argv[-2:] == ["python", "train.py"]
+    assert argv[-4] == sys.executable and argv[-3].endswith("hvdlite/elastic_channel.py")
     static = build_mpiexec_command(LaunchSpec(3, ("python", "train.py")), "mpiexec")
     assert "-disable-auto-cleanup" not in static and static[-2:] == ["python", "train.py"]
 
@@ -29,10 +32,10 @@ def test_the_exit_code_is_the_survivors(tmp_path):
 
 def test_the_wrapper_records_each_ranks_status_under_its_process_id(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HVDLITE_RUN_DIR": str(tmp_path), "PMI_RANK": "1"}
-    killed = ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "sh", "-c", "kill -9 $$"]
+    killed = wrapped(["sh", "-c", "kill -9 $$"])
     assert subprocess.run(killed, env=env).returncode == 137  # a death by a signal becomes an exit
     assert (tmp_path / "rank.1.status").read_text().strip() == "137"
-    spawned = ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", "sh", "-c", "exit 3"]
+    spawned = wrapped(["sh", "-c", "exit 3"])
     assert subprocess.run(spawned, env={**env, "HVDLITE_ELASTIC_SPAWN_PREFIX": "g2."}).returncode == 3
     assert (tmp_path / "rank.g2.1.status").read_text().strip() == "3"
 
@@ -45,3 +48,17 @@ def test_spawned_ranks_count_in_the_exit_code_unless_removed(tmp_path):
     assert elastic_exit_code(str(tmp_path), 2, 5) == 1
     (tmp_path / "elastic.removed").write_text("g1.1\n")
     assert elastic_exit_code(str(tmp_path), 2, 5) == 0
+
+
+def test_the_wrapper_reports_the_status_to_a_launcher_that_shares_no_directory_with_it(tmp_path):
+    launcher_dir, rank_dir = tmp_path / "launcher", tmp_path / "rank"
+    launcher_dir.mkdir()
+    service = ElasticService(str(launcher_dir), "127.0.0.1", ["127.0.0.1"])
+    try:
+        env = {"PATH": "/usr/bin:/bin", "HVDLITE_RUN_DIR": str(rank_dir), "PMI_RANK": "2",
+               "HVDLITE_ELASTIC_SPAWN_PREFIX": "g1.", **service.environment()}
+        assert subprocess.run(wrapped(["sh", "-c", "kill -9 $$"]), env=env).returncode == 137
+    finally:
+        service.stop()
+    assert (launcher_dir / "rank.g1.2.status").read_text().strip() == "137"
+    assert not rank_dir.exists()

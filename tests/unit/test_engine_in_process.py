@@ -144,7 +144,7 @@ def test_a_negotiation_timeout_names_the_ranks_that_did_not_answer():
             submit(ranks[rank], "g", np.ones(2)).wait(10)
         assert str(info.value) == (
             f"rank {rank}: negotiation made no progress for 2.5 s (HVDLITE_COMM_TIMEOUT_SECONDS=2.5); rank(s) [1] "
-            "did not answer a probe within 1.1 s (unreachable, or stopped answering); rank(s) [0, 2] did; "
+            "did not answer a probe within 1.05 s (unreachable, or stopped answering); rank(s) [0, 2] did; "
             "the job cannot continue")
         with pytest.raises(errors.CommTimeoutError):  # the engine is done: later work fails at once
             submit(ranks[rank], "h", np.ones(2))
