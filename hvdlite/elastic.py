@@ -36,6 +36,7 @@ class State:
         self._host_messages: queue.Queue[int] = queue.Queue()
         self._last_updated_timestamp = 0
         self._reset_callbacks: list[Callable[[], None]] = []
+        self.pending_plan: Any = None  # the world change a commit agreed on, for run() to carry out
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions to call after the world changed (e.g. to rescale the learning rate to the new size)."""
@@ -71,7 +72,7 @@ class State:
         # Rank 0 decides, so all ranks agree.
         self._last_updated_timestamp, plan = self._bcast_object((latest, _propose()))
         if plan:
-            _PENDING[:] = [plan]
+            self.pending_plan = plan
             raise HostsUpdatedInterrupt(skip_sync=not plan.spawn)
         if self._last_updated_timestamp > previous:
             raise HostsUpdatedInterrupt()
@@ -134,8 +135,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     raise
                 _reform()
             except HostsUpdatedInterrupt:
-                if _PENDING:
-                    _apply(_PENDING.pop())
+                plan, state.pending_plan = state.pending_plan, None
+                if plan:
+                    _apply(plan)
             reset = True
     return wrapper
 
@@ -145,9 +147,6 @@ def _elastic() -> bool:
     from .runtime import current
 
     return is_initialized() and bool(current().config.elastic_min_np)
-
-
-_PENDING: list[Any] = []  # the plan check_host_updates agreed on, for run() to carry out
 
 
 def _propose() -> Any:

@@ -55,16 +55,22 @@ def dead_members(world: Any, prefix: str, member_ids: list[str], run_dir: str) -
     MPI's list is fast and crosses hosts but covers only this process's ``COMM_WORLD``; spawned
     processes are in another one, and are seen by their wrapper's status file.
     """
-    dead = {prefix + str(rank) for rank in failed_world_ranks(world)}
-    for process_id in member_ids:
-        if process_id not in dead and _failed_status(run_dir, process_id):
-            dead.add(process_id)
+    dead = {prefix + str(rank) for rank in failed_world_ranks(world)} | _failed_statuses(run_dir, member_ids)
     return [process_id for process_id in member_ids if process_id in dead]
 
 
+def _failed_statuses(run_dir: str, member_ids: list[str]) -> set[str]:
+    """The members whose status file records a failure: one directory listing, then only the files
+    there are (a rank's file appears once it exited; waits call this every few milliseconds)."""
+    try:
+        names = set(os.listdir(run_dir)) if run_dir else set()
+    except OSError:
+        return set()
+    return {process_id for process_id in member_ids
+            if os.path.basename(status_file(run_dir, process_id)) in names and _failed_status(run_dir, process_id)}
+
+
 def _failed_status(run_dir: str, process_id: str) -> bool:
-    if not run_dir:
-        return False
     try:
         with open(status_file(run_dir, process_id)) as handle:
             return handle.read().strip() not in ("", "0")
