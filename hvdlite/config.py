@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -89,6 +90,20 @@ def _text(text: str) -> str:
     return text
 
 
+def _env_forward(text: str) -> str:
+    """``all``, ``none`` or a comma-separated list of ``NAME`` / ``PREFIX*`` (see ``runner/environment.py``)."""
+    text = text.strip()
+    if text in ("all", "none"):
+        return text
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError("give all, none, or a comma-separated list of variable names (NAME or PREFIX*)")
+    for item in items:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", item):
+            raise ValueError(f"{item!r} is not a variable name or PREFIX*")
+    return ",".join(items)
+
+
 def _gpu_operations(text: str) -> str:
     upper = text.strip().upper()
     if upper not in ("NCCL", "MPI"):
@@ -136,6 +151,7 @@ class Config:
     ssh_port: int = 0
     ssh_identity_file: str = ""
     launcher_agent: str = ""
+    env_forward: str = "all"  # which variables travel to other hosts: all, none, or NAME,PREFIX*,...
     network_interface: str = ""
     verbose: bool = False
     gpu_operations: str = "NCCL"
@@ -297,6 +313,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_LAUNCHER_AGENT", "launcher_agent", _text,
             "program that starts processes on remote hosts instead of ssh (AGENT [-x] HOST COMMAND...)",
             Flag(("--launcher-agent",))),
+    Setting("HVDLITE_ENV_FORWARD", "env_forward", _env_forward,
+            "which of hvdliterun's environment variables are sent to ranks on other hosts: all (default, "
+            "as Horovod), none (only HVDLITE_*, MPI transport settings and -x), or NAME,PREFIX*,... in "
+            "addition to those", Flag(("--env-forward",))),
     Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", _text,
             "network interface (e.g. eth1) for MPI's control and data traffic", Flag(("--network-interface",))),
     Setting("HVDLITE_VERBOSE", "verbose", _flag, "hvdliterun prints the mpiexec command", _switch("--verbose")),

@@ -21,6 +21,7 @@ from hvdlite.config import SETTING_FLAGS, ConfigError, environ, load_config
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
 from .elastic_service import ElasticService, service_addresses
+from .environment import forwarded_names, unmatched
 from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
 
 USAGE_ERROR = 2
@@ -188,9 +189,13 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
             # TCP provider in none of 28 (docs/elastic-probe/FINDINGS.md); the user's own choice wins.
             if "MPIR_CVAR_CH4_NETMOD" not in rank_env:
                 rank_env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER=rank_env.get("FI_PROVIDER", "tcp"))
+    for item in unmatched(config.env_forward, rank_env):
+        print(f"hvdliterun: warning: --env-forward {item}: no such variable here; nothing forwarded for it",
+              file=sys.stderr)
+    named = [item.partition("=")[0] for item in args.env]
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
                       launcher_agent=config.launcher_agent, network_interface=config.network_interface,
-                      elastic=elastic)
+                      elastic=elastic, env_forward=forwarded_names(config.env_forward, rank_env, named))
     return spec, rank_env, args
 
 

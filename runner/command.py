@@ -32,6 +32,7 @@ class LaunchSpec:
     launcher_agent: str = ""  # executable Hydra uses instead of plain ssh (port / identity file, or the user's)
     network_interface: str = ""  # Hydra's control connections use this interface
     elastic: bool = False  # survivors of a dead rank go on (hvdliterun --min-np)
+    env_forward: tuple[str, ...] | None = None  # the variables sent to other hosts (None: all)
 
 
 def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
@@ -48,6 +49,8 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
                  "-errfile-pattern", f"{spec.output_dir}/rank.%r/stderr"]
     else:
         argv += ["-prepend-pattern", TAG_PATTERN]
+    if spec.env_forward is not None:  # names only: the values stay off the command line
+        argv += ["-genvlist", ",".join(spec.env_forward)]
     if spec.elastic:
         argv += ["-disable-auto-cleanup"]
     argv += shlex.split(spec.mpi_args)

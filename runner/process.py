@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from .leftovers import remove_leftover_segments, segments
 from .tagging import LineTagger
 
 _KILLED_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
@@ -117,6 +118,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     first in the job (with remote hosts it may not be, and only MPI's report is quoted).
     ``elastic_np``: elastic mode with this many ranks; the job's code is then its survivors'.
     """
+    segments_before = segments()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True, preexec_fn=_die_with_parent)
     seen: list[str] = []
@@ -151,6 +153,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     code = process.returncode
     watcher.stop()
     _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
+    remove_leftover_segments(segments_before)
     if elastic_np and not stopping:
         code = elastic_exit_code(run_dir, elastic_np, code)
     if code != 0 and not stopping:

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -107,6 +108,26 @@ def test_ranks_know_their_host_and_get_the_environment(hosts):
     for host, before in sent_before.items():
         assert hosts.bytes_sent(host) - before >= megabytes * 2**20 / 2, f"{host} sent too little over {IFACE}"
     _assert_nothing_left(marker, within=5)
+
+
+_SHOW_ENV = ("import os, socket; print('env', socket.gethostname(), *(os.environ.get(name, '-') for name in "
+             "('AWS_SECRET_ACCESS_KEY', 'HVDLITE_TEST_FORWARDED', 'MY_SETTING', 'HVDLITE_FUSION_THRESHOLD')))")
+
+
+@pytest.mark.parametrize("forward, remote", [
+    ([], "hostB planted yes mine 1048576"),  # Horovod's default: everything travels, secrets too
+    (["--env-forward", "PATH,MY_*"], "hostB - yes mine 1048576"),  # only what is named, hvdlite's and -x
+    (["--env-forward", "none"], "hostB - yes - 1048576"),
+])
+def test_env_forward_decides_what_travels_to_other_hosts(hosts, forward, remote):
+    env = {"AWS_SECRET_ACCESS_KEY": "planted", "MY_SETTING": "mine", "HVDLITE_FUSION_THRESHOLD": "1048576"}
+    # Python by its full path: with "none" the remote ranks do not get hvdliterun's PATH.
+    result = run_job(_launch_args(hosts) + [*forward, "-x", "HVDLITE_TEST_FORWARDED=yes", sys.executable, "-c", _SHOW_ENV],
+                     wrap=hosts.command_on("hostA", []), env=env, timeout=120)
+    local = [line for rank in (0, 1) for line in result.lines(rank) if line.startswith("env ")]
+    assert local == ["env hostA planted yes mine 1048576"] * 2, result.output  # nothing travels to hostA's ranks
+    assert result.returncode == 0, result.output
+    assert [line for rank in (2, 3) for line in result.lines(rank) if line.startswith("env ")] == [f"env {remote}"] * 2
 
 
 def test_killed_remote_rank_ends_the_job_and_is_named(hosts, tmp_path):

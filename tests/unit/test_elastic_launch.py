@@ -3,10 +3,11 @@
 import subprocess
 import sys
 
+from hvdlite.runner.command import LaunchSpec, build_mpiexec_command
+from hvdlite.runner.elastic_service import ElasticService
+from hvdlite.runner.process import elastic_exit_code
+
 from hvdlite.reform import RANK_WRAPPER, wrapped
-from runner.command import LaunchSpec, build_mpiexec_command
-from runner.elastic_service import ElasticService
-from runner.process import elastic_exit_code
 
 
 def test_elastic_ranks_run_under_a_wrapper_that_outlives_them_and_hydra_keeps_the_survivors():

@@ -5,11 +5,11 @@ import os
 import socket
 
 import pytest
+from hvdlite.runner.elastic_service import ElasticService, interface_address, service_addresses
+from hvdlite.runner.process import read_pid_files
 
 from hvdlite.elastic_channel import ChannelError, addresses, request
 from hvdlite.elastic_hosts import HOSTS_FILE, write_hosts_file
-from runner.elastic_service import ElasticService, interface_address, service_addresses
-from runner.process import read_pid_files
 
 
 @pytest.fixture

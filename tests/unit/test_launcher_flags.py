@@ -13,7 +13,7 @@ SETTING_OPTIONS = {
     "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--autotune", "--autotune-log-file",
     "--hierarchical-allreduce", "--timeline-filename", "--timeline-mark-cycles", "--stall-check-warning-time-seconds",
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
-    "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--network-interface",
+    "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--env-forward", "--network-interface",
     "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--reset-limit",
     "--blacklist-cooldown-range"}
 
@@ -38,6 +38,7 @@ ROUND_TRIPS = [
     (["-p", "2222", "--ssh-identity-file", "k"], {"HVDLITE_SSH_PORT": "2222", "HVDLITE_SSH_IDENTITY_FILE": "k"}),
     (["--ssh-port", "22", "-i", "/k"], {"HVDLITE_SSH_PORT": "22", "HVDLITE_SSH_IDENTITY_FILE": "/k"}),
     (["--launcher-agent", "agent"], {"HVDLITE_LAUNCHER_AGENT": "agent"}),
+    (["--env-forward", "PATH,NCCL_*"], {"HVDLITE_ENV_FORWARD": "PATH,NCCL_*"}),
     (["--network-interface", "eth1"], {"HVDLITE_NETWORK_INTERFACE": "eth1"}),
     (["--comm-timeout-seconds", "0"], {"HVDLITE_COMM_TIMEOUT_SECONDS": "0.0"}),
     (["--process-sets-dynamic"], {"HVDLITE_DYNAMIC_PROCESS_SETS": "1"}),
