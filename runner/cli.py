@@ -22,7 +22,8 @@ from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_ag
 from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
 from .elastic_service import ElasticService, service_addresses
 from .environment import forwarded_names, unmatched
-from .hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
+from .hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
+from .slurm import SlurmError, allocation_hosts, describe, in_allocation
 
 USAGE_ERROR = 2
 
@@ -131,6 +132,18 @@ def all_hosts_local(hosts: tuple[HostSlots, ...]) -> bool:
     return all(h.host in here for h in hosts)
 
 
+def _slurm_hosts(num_proc: int | None, env: dict[str, str]) -> tuple[HostSlots, ...]:
+    """The allocation's task slots, the first ``num_proc`` of them if given (more is an error)."""
+    try:
+        hosts = allocation_hosts(env)
+    except SlurmError as exc:
+        raise LaunchError(f"cannot read the Slurm allocation: {exc}") from None
+    if num_proc is not None and num_proc > total_slots(list(hosts)):
+        raise LaunchError(f"-np {num_proc} is more than the {total_slots(list(hosts))} task slots of {describe(env)}; "
+                          "ask Slurm for more tasks (-n) or give a smaller -np")
+    return first_slots(hosts, num_proc) if num_proc is not None else hosts
+
+
 def _check_program(command: list[str]) -> None:
     if not command:
         raise LaunchError("no program given; usage: hvdliterun -np N [options] program [args ...]")
@@ -149,6 +162,11 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         return LaunchSpec(0, ()), env, args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     hosts = _hosts(args)
+    slurm = not hosts and not args.host_discovery_script and in_allocation(env)
+    if slurm:
+        hosts = _slurm_hosts(args.num_proc, env)
+        if args.num_proc is None and not wants_elastic(args):  # one rank per task slot
+            args.num_proc = total_slots(list(hosts))
     if args.min_np is None and env.get("HVDLITE_ELASTIC_MIN_NP", "").isdigit():  # the variable instead of the flag
         args.min_np = int(env["HVDLITE_ELASTIC_MIN_NP"])
     elastic = wants_elastic(args)
@@ -195,7 +213,8 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
     named = [item.partition("=")[0] for item in args.env]
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
                       launcher_agent=config.launcher_agent, network_interface=config.network_interface,
-                      elastic=elastic, env_forward=forwarded_names(config.env_forward, rank_env, named))
+                      elastic=elastic, env_forward=forwarded_names(config.env_forward, rank_env, named),
+                      slurm=slurm and not config.launcher_agent)
     return spec, rank_env, args
 
 

@@ -33,6 +33,7 @@ class LaunchSpec:
     network_interface: str = ""  # Hydra's control connections use this interface
     elastic: bool = False  # survivors of a dead rank go on (hvdliterun --min-np)
     env_forward: tuple[str, ...] | None = None  # the variables sent to other hosts (None: all)
+    slurm: bool = False  # inside a Slurm allocation: Hydra starts its proxies with srun, not ssh
 
 
 def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
@@ -42,6 +43,8 @@ def build_mpiexec_command(spec: LaunchSpec, mpiexec: str) -> list[str]:
         argv += ["-hosts", ",".join(f"{h.host}:{h.slots}" for h in spec.hosts)]
     if spec.launcher_agent:
         argv += ["-launcher", "ssh", "-launcher-exec", spec.launcher_agent]
+    elif spec.slurm:
+        argv += ["-launcher", "slurm"]
     if spec.network_interface:
         argv += ["-iface", spec.network_interface]
     if spec.output_dir:

@@ -76,3 +76,14 @@ def _merge(entries: list[HostSlots]) -> list[HostSlots]:
 
 def total_slots(hosts: list[HostSlots]) -> int:
     return sum(h.slots for h in hosts)
+
+
+def first_slots(hosts: tuple[HostSlots, ...], count: int) -> tuple[HostSlots, ...]:
+    """The first ``count`` slots of ``hosts``, in order (hosts left with none are dropped)."""
+    chosen = []
+    for entry in hosts:
+        if count <= 0:
+            break
+        chosen.append(HostSlots(entry.host, min(entry.slots, count)))
+        count -= entry.slots
+    return tuple(chosen)

@@ -1,0 +1,67 @@
+"""A Slurm allocation read as hvdliterun's hosts (Slurm's variables, parsed in process)."""
+
+import pytest
+from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.command import build_mpiexec_command
+from hvdlite.runner.hosts import HostSlots, first_slots
+from hvdlite.runner.slurm import SlurmError, allocation_hosts, expand_counts, expand_hostlist, in_allocation
+
+ALLOCATION = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+@pytest.mark.parametrize("text, names", [
+    ("node01", ["node01"]),
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("a[1-2],b3,c[9-10]", ["a1", "a2", "b3", "c9", "c10"]),
+    ("gpu[1-2]-ib", ["gpu1-ib", "gpu2-ib"]),
+    ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+    ("n[008-010]", ["n008", "n009", "n010"]),
+    ("hostA,hostB", ["hostA", "hostB"]),
+])
+def test_compressed_host_lists_expand_in_slurms_order(text, names):
+    assert expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("node[01-", "unbalanced"), ("node[[1]]", "nested"), ("node[a-b]", "'a-b' is not N or N-M"),
+    ("node[5-2]", "range '5-2' runs backwards"), ("", "names no node"),
+])
+def test_bad_host_lists_are_named(text, fragment):
+    with pytest.raises(SlurmError, match="SLURM_JOB_NODELIST") as info:
+        expand_hostlist(text)
+    assert fragment in str(info.value)
+
+
+def test_task_counts_expand_repeats():
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert expand_counts("4") == [4]
+    for bad in ("x", "0", "2(3)", "2(x)"):
+        with pytest.raises(SlurmError, match="SLURM_TASKS_PER_NODE"):
+            expand_counts(bad)
+
+
+def test_the_allocation_becomes_hosts_with_slots():
+    assert not in_allocation({}) and in_allocation(ALLOCATION)
+    assert allocation_hosts(ALLOCATION) == (HostSlots("node01", 2), HostSlots("node02", 2))
+    with pytest.raises(SlurmError, match="gives 1 counts for the 2 nodes"):
+        allocation_hosts({**ALLOCATION, "SLURM_TASKS_PER_NODE": "2"})
+    assert first_slots((HostSlots("a", 2), HostSlots("b", 2)), 3) == (HostSlots("a", 2), HostSlots("b", 1))
+
+
+def test_inside_an_allocation_hvdliterun_needs_no_np_and_starts_proxies_with_srun():
+    spec, _, _ = prepare(["python"], ALLOCATION)
+    assert spec.num_proc == 4 and spec.hosts == (HostSlots("node01", 2), HostSlots("node02", 2))
+    argv = build_mpiexec_command(spec, "mpiexec")
+    assert argv[:7] == ["mpiexec", "-n", "4", "-hosts", "node01:2,node02:2", "-launcher", "slurm"]
+    smaller, _, _ = prepare(["-np", "3", "python"], ALLOCATION)
+    assert smaller.hosts == (HostSlots("node01", 2), HostSlots("node02", 1))  # the first slots
+    named, _, _ = prepare(["-np", "2", "-H", "other:2", "python"], ALLOCATION)
+    assert named.hosts == (HostSlots("other", 2),) and not named.slurm  # -H wins over the allocation
+
+
+def test_more_ranks_than_the_allocation_is_a_clear_error():
+    with pytest.raises(LaunchError, match=r"-np 5 is more than the 4 task slots of Slurm job 42 "
+                                          r"\(SLURM_JOB_NODELIST='node\[01-02\]'"):
+        prepare(["-np", "5", "python"], ALLOCATION)
+    with pytest.raises(LaunchError, match="cannot read the Slurm allocation: SLURM_JOB_NODELIST='n\\[1-': unbalanced brackets"):
+        prepare(["python"], {**ALLOCATION, "SLURM_JOB_NODELIST": "n[1-"})
