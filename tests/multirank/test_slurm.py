@@ -1,0 +1,122 @@
+"""hvdlite under a real Slurm (Debian's slurmctld, slurmd and munge) with two nodes: the two network-
+namespace hosts of netns.py. Jobs are submitted on hostA, where the controller runs; every rank and
+daemon talks over the namespaces' own link. Root only; skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from .harness import ONE_THREAD, SCRIPTS, hvdliterun
+from .netns import IFACE, make_two_hosts
+from .netns import unavailable as no_namespaces
+from .slurm_cluster import start_cluster
+from .slurm_cluster import unavailable as no_slurm
+from .test_multihost import _assert_nothing_left
+from .test_torch import EQUIVALENCE
+
+pytestmark = [pytest.mark.multirank, pytest.mark.netns]
+_WHY_NOT = no_namespaces() or no_slurm()
+if _WHY_NOT:
+    pytestmark.append(pytest.mark.skip(reason=f"Slurm tests need namespaces and Slurm: {_WHY_NOT}"))
+
+# Across namespaces MPI must use the veth, not shared memory; hvdliterun's flags say which interface.
+TRANSPORT = ["--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
+EXAMPLE = str(SCRIPTS.parent.parent.parent / "examples" / "numpy_allreduce.py")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    hosts = make_two_hosts(tmp_path_factory.mktemp("hosts"))
+    try:
+        running = start_cluster(hosts, tmp_path_factory.mktemp("slurm"))
+    except BaseException:
+        hosts.close()
+        raise
+    yield running
+    running.close()
+    hosts.close()
+
+
+def _run(cluster, argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ONE_THREAD, **cluster.env}
+    try:
+        return subprocess.run(cluster.on_controller(argv), env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{argv} outlived {timeout} s:\n{exc.stdout}\n{exc.stderr}\n{cluster.log()}") from None
+
+
+def _lines(output: str, prefix: str) -> list[str]:
+    return sorted(line.split(": ", 1)[1] for line in output.splitlines() if ": " in line
+                  and line.split(": ", 1)[1].startswith(prefix))
+
+
+@pytest.mark.parametrize("tasks", [2, 4])
+def test_salloc_runs_one_rank_per_task_slot_on_both_nodes_without_np(cluster, tasks):
+    per_host = tasks // 2
+    done = _run(cluster, ["salloc", "-N", "2", "--ntasks-per-node", str(per_host), hvdliterun(), *TRANSPORT,
+                          "python", str(SCRIPTS / "multihost.py"), "where", "1"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output + cluster.log()
+    where = _lines(output, "where ")
+    assert len(where) == tasks and output.count("ok where") == tasks, output
+    for rank in range(tasks):
+        host, local = ("hostA", rank) if rank < per_host else ("hostB", rank - per_host)
+        assert any(f"rank={rank} host={host} local={local}/{per_host} cross={rank // per_host}/2" in w for w in where), output
+
+
+def test_sbatch_trains_torch_across_the_nodes_as_one_process_does(cluster, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} python "
+                      f"{SCRIPTS / 'torch_training.py'} equivalence\n")
+    out = tmp_path / "job.out"
+    done = _run(cluster, ["sbatch", "--wait", "-N", "2", "-n", "4", "-o", str(out), str(script)], timeout=300)
+    output = out.read_text() if out.exists() else ""
+    assert done.returncode == 0, done.stdout + done.stderr + output + cluster.log()
+    for rank in range(4):
+        got = [line.split(" max diff")[0].removeprefix(f"[{rank}]: ok ") for line in output.splitlines()
+               if line.startswith(f"[{rank}]: ok ")]
+        assert got == EQUIVALENCE, output
+
+
+def test_more_ranks_than_the_allocation_is_refused_naming_it(cluster):
+    done = _run(cluster, ["salloc", "-N", "2", "-n", "2", hvdliterun(), "-np", "3", "python", "-c", "pass"])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "-np 3 is more than the 2 task slots of Slurm job" in done.stderr, done.stderr
+    assert "SLURM_JOB_NODELIST='host" in done.stderr, done.stderr
+
+
+def test_plain_srun_with_pmi2_runs_the_ranks_without_hvdliterun(cluster):
+    env = ["env", "UCX_TLS=tcp,self", f"UCX_NET_DEVICES={IFACE}"]
+    done = _run(cluster, ["srun", "--mpi=pmi2", "-N", "2", "-n", "4", *env, sys.executable, EXAMPLE])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output + cluster.log()
+    ranks = sorted(line.split(":")[0] for line in output.splitlines() if line.startswith("rank "))
+    assert ranks == [f"rank {r}/4" for r in range(4)], output
+
+
+def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path):
+    marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
+    script = tmp_path / "forever.sh"
+    script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} -x {marker} python "
+                      f"{SCRIPTS / 'allreduce_forever.py'}\n")
+    out = tmp_path / "forever.out"
+    submitted = _run(cluster, ["sbatch", "--parsable", "-N", "2", "-n", "4", "-o", str(out), str(script)])
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_text().count("up ") < 4) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert out.exists() and out.read_text().count("up ") == 4, (out.read_text() if out.exists() else "") + cluster.log()
+    cancelled_at = time.monotonic()
+    assert _run(cluster, ["scancel", job]).returncode == 0
+    seconds = _assert_nothing_left(marker, within=60)
+    assert seconds < 60, f"job {job}'s processes outlived scancel by {seconds:.1f} s"
+    while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() - cancelled_at < 60:
+        time.sleep(0.5)
+    assert not _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip(), "the job is still queued"
