@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Mapping
 
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("JAX", "jax"))
 
@@ -18,8 +19,30 @@ def _adapter_usable(framework: str) -> bool:
     return True
 
 
-def report() -> str:
-    """Horovod-style availability report."""
+def schedulers(env: Mapping[str, str]) -> list[str]:
+    """The schedulers hvdliterun finds in ``env``, one line each, as it would use them."""
+    from .mpi_job import MpiJobError
+    from .mpi_job import detect as detect_mpi_job
+    from .slurm import SlurmError, allocation_hosts, describe, in_allocation
+
+    lines = []
+    if in_allocation(env):
+        try:
+            slots = sum(host.slots for host in allocation_hosts(env))
+            lines.append(f"[X] Slurm: {describe(env)}: {slots} task slot(s); proxies start with srun")
+        except SlurmError as exc:
+            lines.append(f"[!] Slurm: {exc}")
+    try:
+        job = detect_mpi_job(env)
+        if job is not None:
+            lines.append(f"[X] Kubernetes MPI job: {job.describe()}")
+    except MpiJobError as exc:
+        lines.append(f"[!] Kubernetes MPI job: {exc}")
+    return lines or ["[ ] none (hosts come from -H, --hostfile or this machine)"]
+
+
+def report(env: Mapping[str, str] | None = None) -> str:
+    """Horovod-style availability report, with the schedulers found in ``env``."""
     import hvdlite
 
     def box(flag: bool) -> str:
@@ -30,5 +53,6 @@ def report() -> str:
     lines += ["", "Available Controllers:", f"    {box(True)} MPI", f"    {box(False)} Gloo", "",
               "Available Tensor Operations:", f"    {box(hvdlite.nccl_built() > 0)} NCCL",
               f"    {box(True)} MPI", f"    {box(False)} Gloo", "",
-              "Available Reduce Ops:", "    Average, Sum, Min, Max, Product"]
+              "Available Reduce Ops:", "    Average, Sum, Min, Max, Product", "",
+              "Detected Schedulers:", *(f"    {line}" for line in schedulers(env or {}))]
     return "\n".join(lines)

@@ -23,6 +23,8 @@ from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hos
 from .elastic_service import ElasticService, service_addresses
 from .environment import forwarded_names, unmatched
 from .hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
+from .mpi_job import MpiJobError
+from .mpi_job import detect as detect_mpi_job
 from .slurm import SlurmError, allocation_hosts, describe, in_allocation
 
 USAGE_ERROR = 2
@@ -132,15 +134,35 @@ def all_hosts_local(hosts: tuple[HostSlots, ...]) -> bool:
     return all(h.host in here for h in hosts)
 
 
-def _slurm_hosts(num_proc: int | None, env: dict[str, str]) -> tuple[HostSlots, ...]:
-    """The allocation's task slots, the first ``num_proc`` of them if given (more is an error)."""
+def _scheduler_hosts(args: argparse.Namespace, env: dict[str, str]) -> tuple[tuple[HostSlots, ...], bool]:
+    """Hosts from the scheduler hvdliterun runs under, when the user named none: (hosts, through Slurm).
+
+    A Slurm allocation's task slots, or a Kubernetes MPI job's hostfile (whose remote-start program
+    becomes the launcher agent unless one was given); the first ``-np`` slots if given.
+    """
+    if args.host_discovery_script:
+        return (), False
+    if in_allocation(env):
+        try:
+            hosts = allocation_hosts(env)
+        except SlurmError as exc:
+            raise LaunchError(f"cannot read the Slurm allocation: {exc}") from None
+        return _first(hosts, args.num_proc, describe(env), "ask Slurm for more tasks (-n) or give a smaller -np"), True
     try:
-        hosts = allocation_hosts(env)
-    except SlurmError as exc:
-        raise LaunchError(f"cannot read the Slurm allocation: {exc}") from None
+        job = detect_mpi_job(env)
+    except MpiJobError as exc:
+        raise LaunchError(str(exc)) from None
+    if job is None:
+        return (), False
+    if job.agent and not args.launcher_agent and not env.get("HVDLITE_LAUNCHER_AGENT"):
+        args.launcher_agent = job.agent
+    return _first(job.hosts, args.num_proc, job.describe(), "give a smaller -np"), False
+
+
+def _first(hosts: tuple[HostSlots, ...], num_proc: int | None, what: str, advice: str) -> tuple[HostSlots, ...]:
+    """The first ``num_proc`` slots of ``hosts`` (all without it); more than there are is an error."""
     if num_proc is not None and num_proc > total_slots(list(hosts)):
-        raise LaunchError(f"-np {num_proc} is more than the {total_slots(list(hosts))} task slots of {describe(env)}; "
-                          "ask Slurm for more tasks (-n) or give a smaller -np")
+        raise LaunchError(f"-np {num_proc} is more than the {total_slots(list(hosts))} task slots of {what}; {advice}")
     return first_slots(hosts, num_proc) if num_proc is not None else hosts
 
 
@@ -162,10 +184,10 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         return LaunchSpec(0, ()), env, args
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     hosts = _hosts(args)
-    slurm = not hosts and not args.host_discovery_script and in_allocation(env)
-    if slurm:
-        hosts = _slurm_hosts(args.num_proc, env)
-        if args.num_proc is None and not wants_elastic(args):  # one rank per task slot
+    slurm = False
+    if not hosts:
+        hosts, slurm = _scheduler_hosts(args, env)
+        if hosts and args.num_proc is None and not wants_elastic(args):  # one rank per task slot
             args.num_proc = total_slots(list(hosts))
     if args.min_np is None and env.get("HVDLITE_ELASTIC_MIN_NP", "").isdigit():  # the variable instead of the flag
         args.min_np = int(env["HVDLITE_ELASTIC_MIN_NP"])
@@ -226,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec, rank_env, args = prepare(sys.argv[1:] if argv is None else argv, environ())
         if args.check_build:
-            print(report())
+            print(report(environ()))
             return 0
         mpiexec = find_mpiexec()
     except LaunchError as exc:

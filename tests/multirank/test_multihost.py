@@ -110,6 +110,19 @@ def test_ranks_know_their_host_and_get_the_environment(hosts):
     _assert_nothing_left(marker, within=5)
 
 
+def test_a_kubernetes_mpi_jobs_hostfile_and_agent_need_no_flags(hosts, tmp_path):
+    """The MPI Operator's launcher pod: a mounted hostfile and a remote-start program (kubectl exec there,
+    the namespaces' launch agent here), named by HYDRA_HOST_FILE / HYDRA_LAUNCHER_EXEC."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("hostA:2\nhostB:2\n")
+    env = {"HYDRA_HOST_FILE": str(hostfile), "HYDRA_LAUNCHER_EXEC": hosts.agent}
+    result = run_job(["--network-interface", IFACE, "-x", "UCX_TLS=tcp,self", "python", str(SCRIPTS / "multihost.py"),
+                      "where", "1"], wrap=hosts.command_on("hostA", []), env=env, timeout=120)
+    assert result.returncode == 0, result.output
+    for rank, where in enumerate(["hostA local=0/2", "hostA local=1/2", "hostB local=0/2", "hostB local=1/2"]):
+        assert any(f"rank={rank} host={where}" in line for line in result.lines(rank)), result.output
+
+
 _SHOW_ENV = ("import os, socket; print('env', socket.gethostname(), *(os.environ.get(name, '-') for name in "
              "('AWS_SECRET_ACCESS_KEY', 'HVDLITE_TEST_FORWARDED', 'MY_SETTING', 'HVDLITE_FUSION_THRESHOLD')))")
 

@@ -65,3 +65,16 @@ def test_more_ranks_than_the_allocation_is_a_clear_error():
         prepare(["-np", "5", "python"], ALLOCATION)
     with pytest.raises(LaunchError, match="cannot read the Slurm allocation: SLURM_JOB_NODELIST='n\\[1-': unbalanced brackets"):
         prepare(["python"], {**ALLOCATION, "SLURM_JOB_NODELIST": "n[1-"})
+
+
+def test_check_build_reports_the_schedulers_it_finds(tmp_path):
+    from hvdlite.runner.check_build import schedulers
+
+    assert schedulers({}) == ["[ ] none (hosts come from -H, --hostfile or this machine)"]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("w-0:2\n")
+    found = schedulers({**ALLOCATION, "HYDRA_HOST_FILE": str(hostfile)})
+    assert found[0].startswith("[X] Slurm: Slurm job 42") and "4 task slot(s); proxies start with srun" in found[0]
+    assert found[1] == "[X] Kubernetes MPI job: MPI job hostfile from HYDRA_HOST_FILE (1 host(s), 2 slot(s)), " \
+                       "processes started with ssh"
+    assert schedulers({**ALLOCATION, "SLURM_TASKS_PER_NODE": "x"})[0].startswith("[!] Slurm: SLURM_TASKS_PER_NODE")
