@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"hvdliterun: error: cannot listen for the elastic job's ranks: {exc}", file=sys.stderr)
             return USAGE_ERROR
-        poller = publish_hosts(run_dir, args, spec.hosts, spec.num_proc) if spec.elastic else None
+        poller = publish_hosts(run_dir, args, spec.hosts, spec.num_proc, spec.slurm) if spec.elastic else None
         rank_env = {**rank_env, "HVDLITE_RUN_DIR": run_dir, **(service.environment() if service else {})}
         try:
             return process.run(argv_out, rank_env, run_dir, all_hosts_local(spec.hosts),

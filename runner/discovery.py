@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from hvdlite.elastic_hosts import write_hosts_file
 
@@ -55,11 +56,15 @@ def published(hosts: list[HostSlots]) -> dict[str, int]:
 
 
 class DiscoveryPoller:
-    """Runs the discovery script every ``interval`` seconds and republishes the list when it changes."""
+    """Asks ``find`` for the hosts every ``interval`` seconds and republishes the list when it changes.
 
-    def __init__(self, script: str, slots_per_host: int, path: str, first: list[HostSlots],
+    ``find``: the discovery script (:func:`discover`), or the usable nodes of a Slurm allocation; it
+    raises :class:`DiscoveryError` when it cannot tell, and the last list is kept.
+    """
+
+    def __init__(self, find: Callable[[], list[HostSlots]], path: str, first: list[HostSlots],
                  interval: float = 1.0) -> None:
-        self._script, self._slots, self._path, self._interval = script, slots_per_host, path, interval
+        self._find, self._path, self._interval = find, path, interval
         self._last = published(first)
         self._last_error = ""
         write_hosts_file(path, self._last, discovery=True)
@@ -70,7 +75,7 @@ class DiscoveryPoller:
     def _poll(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                table = published(discover(self._script, self._slots))
+                table = published(self._find())
             except DiscoveryError as exc:  # keep the last list; say so once per distinct failure
                 if str(exc) != self._last_error:
                     sys.stderr.write(f"hvdliterun: {exc}; keeping the last host list\n")

@@ -9,6 +9,7 @@ from hvdlite.elastic_hosts import HOSTS_FILE, write_hosts_file
 
 from .discovery import DiscoveryError, DiscoveryPoller, discover, published
 from .hosts import HostSlots, total_slots
+from .slurm import usable_nodes
 
 
 class ElasticLaunchError(ValueError):
@@ -51,10 +52,14 @@ def elastic_sizes(args: argparse.Namespace, hosts: tuple[HostSlots, ...]) -> tup
 
 
 def publish_hosts(run_dir: str, args: argparse.Namespace, hosts: tuple[HostSlots, ...],
-                  num_proc: int) -> DiscoveryPoller | None:
-    """Write the ranks' host list; with a discovery script, keep it current (the caller stops the poller)."""
+                  num_proc: int, slurm: bool = False) -> DiscoveryPoller | None:
+    """Write the ranks' host list; keep it current (the caller stops the poller) with a discovery
+    script, or in a Slurm allocation, whose drained or down nodes leave the list."""
     path = os.path.join(run_dir, HOSTS_FILE)
     if args.host_discovery_script:
-        return DiscoveryPoller(args.host_discovery_script, args.slots_per_host, path, list(hosts))
+        script, slots = args.host_discovery_script, args.slots_per_host
+        return DiscoveryPoller(lambda: discover(script, slots), path, list(hosts))
+    if slurm:
+        return DiscoveryPoller(lambda: usable_nodes(hosts), path, list(hosts))
     write_hosts_file(path, published(list(hosts) or [HostSlots("localhost", num_proc)]), discovery=False)
     return None

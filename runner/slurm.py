@@ -10,10 +10,14 @@ functions: the caller passes the environment in.
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Mapping
 
 from .hosts import HostSlots
 
+# sinfo's long state names (%T) of nodes that must get no rank: drained or draining, down, failing...
+# (A node that does not answer shows as e.g. "allocated*" and stays: the job's own deadline judges it.)
+_UNUSABLE = ("drain", "down", "fail", "maint", "reboot", "power")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
@@ -43,6 +47,30 @@ def describe(env: Mapping[str, str]) -> str:
     """The allocation in words, for messages: job id, node list and task counts."""
     return (f"Slurm job {env.get('SLURM_JOB_ID')} (SLURM_JOB_NODELIST={env.get('SLURM_JOB_NODELIST', '')!r}, "
             f"SLURM_TASKS_PER_NODE={env.get('SLURM_TASKS_PER_NODE', '')!r})")
+
+
+def usable_nodes(hosts: tuple[HostSlots, ...], timeout: float = 30.0) -> list[HostSlots]:
+    """The allocation's nodes that Slurm has not drained, downed or failed (asks ``sinfo``)."""
+    from .discovery import DiscoveryError
+
+    command = ["sinfo", "-h", "-N", "-n", ",".join(host.host for host in hosts), "-o", "%N %T"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DiscoveryError(f"{' '.join(command)} could not run: {exc}") from None
+    if done.returncode != 0:
+        raise DiscoveryError(f"{' '.join(command)} exited with {done.returncode}: {done.stderr.strip()[-300:]}")
+    usable = usable_from_sinfo(hosts, done.stdout)
+    if not any(host.host in done.stdout.split() for host in hosts):  # a transient answer: keep the last list
+        raise DiscoveryError(f"{' '.join(command)} listed none of the allocation's nodes")
+    return usable
+
+
+def usable_from_sinfo(hosts: tuple[HostSlots, ...], sinfo_output: str) -> list[HostSlots]:
+    """``hosts`` whose state in ``sinfo -N -o '%N %T'`` output is usable (a node it omits is not)."""
+    states = dict(line.split()[:2] for line in sinfo_output.splitlines() if len(line.split()) >= 2)
+    return [host for host in hosts
+            if host.host in states and not states[host.host].lower().startswith(_UNUSABLE)]
 
 
 def expand_hostlist(text: str) -> list[str]:

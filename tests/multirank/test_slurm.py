@@ -120,3 +120,30 @@ def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path)
     while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() - cancelled_at < 60:
         time.sleep(0.5)
     assert not _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip(), "the job is still queued"
+
+
+def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(cluster, tmp_path):
+    out = tmp_path / "drain.out"
+    script = tmp_path / "elastic.sh"
+    script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} --min-np 2 python "
+                      f"{SCRIPTS / 'elastic_hosts.py'} cut {tmp_path / 'unused'} 2\n")
+    submitted = _run(cluster, ["sbatch", "--parsable", "-N", "2", "--ntasks-per-node", "2", "-o", str(out), str(script)])
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 120
+        while (not out.exists() or out.read_text().count("started as rank") < 4) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert out.exists() and out.read_text().count("started as rank") == 4, cluster.log()
+        drained = _run(cluster, ["scontrol", "update", "NodeName=hostB", "State=DRAIN", "Reason=hvdlite-test"])
+        assert drained.returncode == 0, drained.stderr
+        while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() < deadline + 60:
+            time.sleep(0.5)
+    finally:
+        _run(cluster, ["scancel", job])
+        _run(cluster, ["scontrol", "update", "NodeName=hostB", "State=RESUME"])
+    output = out.read_text()
+    assert "hvdliterun: hosts now hostA:2" in output, output
+    for rank in (0, 1):  # hostA's ranks went on at size 2; hostB's left at a commit (exit 0)
+        assert f"[{rank}]: ok elastic hosts {rank} 2" in output, output
+    assert "the job went on without rank(s) [2, 3] and finished" in output, output

@@ -78,3 +78,12 @@ def test_check_build_reports_the_schedulers_it_finds(tmp_path):
     assert found[1] == "[X] Kubernetes MPI job: MPI job hostfile from HYDRA_HOST_FILE (1 host(s), 2 slot(s)), " \
                        "processes started with ssh"
     assert schedulers({**ALLOCATION, "SLURM_TASKS_PER_NODE": "x"})[0].startswith("[!] Slurm: SLURM_TASKS_PER_NODE")
+
+
+def test_drained_down_or_failing_nodes_leave_an_elastic_jobs_host_list():
+    from hvdlite.runner.slurm import usable_from_sinfo
+
+    hosts = tuple(HostSlots(f"n{i}", 2) for i in range(1, 7))
+    sinfo = "n1 allocated\nn2 draining\nn3 drained\nn4 down*\nn5 mixed\nn6 allocated*\n"
+    assert [h.host for h in usable_from_sinfo(hosts, sinfo)] == ["n1", "n5", "n6"]
+    assert usable_from_sinfo(hosts, "n1 idle\n") == [HostSlots("n1", 2)]  # a node sinfo omits gets no rank
