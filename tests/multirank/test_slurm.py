@@ -27,7 +27,6 @@ if _WHY_NOT:
 
 # Across namespaces MPI must use the veth, not shared memory; hvdliterun's flags say which interface.
 TRANSPORT = ["--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
-EXAMPLE = str(SCRIPTS.parent.parent.parent / "examples" / "numpy_allreduce.py")
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +92,14 @@ def test_more_ranks_than_the_allocation_is_refused_naming_it(cluster):
 
 def test_plain_srun_with_pmi2_runs_the_ranks_without_hvdliterun(cluster):
     env = ["env", "UCX_TLS=tcp,self", f"UCX_NET_DEVICES={IFACE}"]
-    done = _run(cluster, ["srun", "--mpi=pmi2", "-N", "2", "-n", "4", *env, sys.executable, EXAMPLE])
+    done = _run(cluster, ["srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", *env, sys.executable,
+                          str(SCRIPTS / "multihost.py"), "where", "1"])
     output = done.stdout + done.stderr
     assert done.returncode == 0, output + cluster.log()
-    ranks = sorted(line.split(":")[0] for line in output.splitlines() if line.startswith("rank "))
-    assert ranks == [f"rank {r}/4" for r in range(4)], output
+    assert output.count("ok where") == 4, output
+    for rank, where in enumerate(["hostA local=0/2 cross=0/2", "hostA local=1/2 cross=0/2",
+                                  "hostB local=0/2 cross=1/2", "hostB local=1/2 cross=1/2"]):
+        assert f"where rank={rank} host={where}" in output, output
 
 
 def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path):
