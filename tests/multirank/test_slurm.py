@@ -122,6 +122,8 @@ def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path)
     while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() - cancelled_at < 60:
         time.sleep(0.5)
     assert not _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip(), "the job is still queued"
+    output = out.read_text()  # Slurm's SIGTERM reached hvdliterun, which says so and stops the ranks
+    assert "CANCELLED" in output and "hvdliterun: got SIGTERM; stopping every rank" in output, output
 
 
 def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(cluster, tmp_path):
