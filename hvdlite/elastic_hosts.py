@@ -50,6 +50,7 @@ class HostBook:
     blacklisted_until: dict[str, float] = dataclasses.field(default_factory=dict)
     generation: int = 0  # spawns so far: names the spawned ranks' status files
     resets: int = 0  # world changes so far (failures and host updates)
+    ask_launcher_after: float = 0.0  # hvdliterun did not answer: rank 0 asks again only after this time
 
     def record_failure(self, host: str, now: float) -> None:
         """A rank on ``host`` died: the host gets no new rank until its cooldown ends (or ever)."""

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from .elastic_channel import ChannelError, request
 from .elastic_hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
 from .errors import CommTimeoutError, HvdliteError, PeerFailedError
 
@@ -49,6 +50,7 @@ def wrapped(command: list[str], python: str = sys.executable) -> list[str]:
     return ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", python, os.path.abspath(elastic_channel.__file__), *command]
 
 
+_LAUNCHER_RETRY_SECONDS = 30.0  # after hvdliterun did not answer rank 0's request for the host list
 _CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
 _REMOVED_FILE = "elastic.removed"
 
@@ -107,10 +109,17 @@ def propose() -> Plan:
     if not runtime.config.elastic_min_np or runtime.topology.rank != 0:
         return Plan()
     book = _book(runtime)
-    found = _launcher_hosts(runtime.config)
-    if found is not None:
-        book.hosts, book.discovery = found
-    return book.plan(list(runtime.hosts), time.time())
+    now = time.time()
+    if now >= book.ask_launcher_after:
+        try:
+            found = _launcher_hosts(runtime.config)
+        except ChannelError as exc:  # unreachable: commits must not wait for it every time
+            log.warning("rank 0 could not get the host list from hvdliterun, so the hosts stay as they are "
+                        "(asking again in %g s): %s", _LAUNCHER_RETRY_SECONDS, exc)
+            book.ask_launcher_after, found = now + _LAUNCHER_RETRY_SECONDS, None
+        if found is not None:
+            book.hosts, book.discovery = found
+    return book.plan(list(runtime.hosts), now)
 
 
 def apply(plan: Plan) -> None:
@@ -213,18 +222,15 @@ def _book(runtime: Any) -> HostBook:
 
 
 def _launcher_hosts(config: Any) -> tuple[dict[str, int], bool] | None:
-    """hvdliterun's current host list (through its control channel, or its run directory without one)."""
+    """hvdliterun's current host list (through its control channel, or its run directory without one);
+    None while it has published none. Raises ``ChannelError`` when hvdliterun cannot be reached."""
     if not config.elastic_service:
         return read_hosts_file(os.path.join(config.run_dir, HOSTS_FILE)) if config.run_dir else None
-    from .elastic_channel import ChannelError, request
-
-    try:
-        reply = request(config.elastic_service, config.elastic_token, {"op": "hosts"})
-    except ChannelError as exc:
-        log.warning("rank 0 could not get the host list from hvdliterun, so the hosts stay as they are: %s", exc)
-        return None
+    reply = request(config.elastic_service, config.elastic_token, {"op": "hosts"})
     hosts = reply.get("hosts")
-    return None if hosts is None else ({str(h): int(n) for h, n in hosts.items()}, bool(reply.get("discovery")))
+    if hosts is None:  # not published yet
+        return None
+    return {str(h): int(n) for h, n in hosts.items()}, bool(reply.get("discovery"))
 
 
 def _record_removed(process_ids: list[str]) -> None:
@@ -236,8 +242,6 @@ def _record_removed(process_ids: list[str]) -> None:
     if not process_ids or runtime.topology.rank != 0:
         return
     if config.elastic_service:
-        from .elastic_channel import ChannelError, request
-
         try:
             request(config.elastic_service, config.elastic_token, {"op": "removed", "ids": process_ids})
         except ChannelError as exc:

@@ -93,3 +93,25 @@ def test_the_service_listens_where_the_ranks_can_reach_it():
     assert interface_address("lo") == "127.0.0.1"
     with pytest.raises(OSError, match="network interface 'nosuch0' has no IPv4 address here"):
         interface_address("nosuch0")
+
+
+def test_rank_0_does_not_wait_for_an_unreachable_launcher_at_every_commit(monkeypatch):
+    import types
+
+    from hvdlite import reform, runtime
+    from hvdlite.config import Config
+    from hvdlite.elastic_hosts import HostBook
+
+    asked = []
+
+    def unreachable(*_args):
+        asked.append(1)
+        raise ChannelError("hvdliterun's elastic service is unreachable (test)")
+
+    fake = types.SimpleNamespace(config=Config(elastic_min_np=1, elastic_service="127.0.0.1:1"),
+                                 topology=types.SimpleNamespace(rank=0), hosts=("a",),
+                                 book=HostBook(hosts={"a": 1}))
+    monkeypatch.setattr(runtime, "current", lambda: fake)
+    monkeypatch.setattr(reform, "request", unreachable)
+    assert not reform.propose() and not reform.propose()  # the hosts stay as they are
+    assert len(asked) == 1 and fake.book.ask_launcher_after > 0  # asked once, then backs off
