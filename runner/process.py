@@ -101,6 +101,9 @@ class FirstExitWatcher:
             ready = poller.poll(0 if gone else 20)
             gone += [fds[fd] for fd, _ in ready]
             if gone:
+                # A rank already inside exit() may end after others that died later (seen: a killed
+                # rank tearing down its memory while MPI's clean-up killed the rest): it ended with them.
+                gone += [item for item in fds.values() if item not in gone and dying(item[1])]
                 self.first = sorted(gone, key=lambda item: (isinstance(item[0], str), item[0]))
                 break
         for fd in fds:
@@ -187,6 +190,19 @@ def _die_with_parent() -> None:
     """In mpiexec, before it starts: the kernel SIGKILLs it if hvdliterun dies (no orphaned job)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+_PF_EXITING = 0x4  # /proc/PID/stat flags: the process is inside exit()
+
+
+def dying(pid: int) -> bool:
+    """True if ``pid`` is inside exit() or already gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return True
+    return fields[0] in "ZX" or bool(int(fields[6]) & _PF_EXITING)
 
 
 def alive(pid: int) -> bool:

@@ -163,3 +163,20 @@ def test_remote_failure_is_named_from_mpis_pid_and_host(capsys):
     assert capsys.readouterr().err == ("hvdliterun: MPI reports rank 3 (pid 100 on hostB) terminated abnormally (it "
                                        "may name a rank it killed while cleaning up; the ranks' own output says "
                                        "more); the job failed\n")
+
+
+def test_a_process_inside_exit_counts_as_ending_with_the_first_seen(tmp_path):
+    import os
+    import subprocess
+    import time
+
+    from hvdlite.runner.process import dying
+
+    assert not dying(os.getpid())  # running
+    child = subprocess.Popen(["sh", "-c", "exit 0"])
+    deadline = time.monotonic() + 30
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dying(child.pid)  # a zombie: ended, not yet reaped
+    child.wait()
+    assert dying(child.pid)  # gone
