@@ -165,7 +165,7 @@ def test_remote_failure_is_named_from_mpis_pid_and_host(capsys):
                                        "more); the job failed\n")
 
 
-def test_a_process_inside_exit_counts_as_ending_with_the_first_seen(tmp_path):
+def test_a_process_inside_exit_counts_as_ending_with_the_first_seen():
     import os
     import subprocess
     import time
