@@ -24,6 +24,7 @@ from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
 from ..training.options import check_passes, predivide_scales
 from .grad_sync import GradientSubmitter, name_parameters
+from .local_sgd import LocalSGD
 
 ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -39,8 +40,10 @@ class GradientReducer:
     """The distributed half of a wrapped optimizer: hooks, in-flight reductions, synchronization."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
-                 submitter: GradientSubmitter, backward_passes_per_step: int) -> None:
+                 submitter: GradientSubmitter, backward_passes_per_step: int,
+                 local_sgd: LocalSGD | None = None) -> None:
         self._optimizer = optimizer
+        self.local_sgd = local_sgd
         self._submitter = submitter
         self._names = names
         self.backward_passes_per_step = backward_passes_per_step
@@ -50,6 +53,13 @@ class GradientReducer:
         self._original_zero_grad = optimizer.zero_grad
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in names]
         self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
+        if local_sgd is not None and names:
+            self._hooks.append(optimizer.register_step_post_hook(local_sgd.after_step))
+
+    @property
+    def communicating(self) -> bool:
+        """False in local SGD's local phase: gradients stay on their rank, parameters are averaged."""
+        return self.local_sgd is None or self.local_sgd.synchronous
 
     # ---- hooks -------------------------------------------------------------------------------
     def _on_gradient(self, param: torch.Tensor) -> None:
@@ -57,7 +67,7 @@ class GradientReducer:
             raise AssertionError(TOO_MANY_PASSES)
         self._delay[param] -= 1
         self._synchronized = False
-        if self._delay[param] == 0:
+        if self._delay[param] == 0 and self.communicating:
             self._submitter.submit(param)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -76,6 +86,10 @@ class GradientReducer:
         """Wait for every gradient's allreduce; gradients that never arrived are reduced as zeros."""
         if self._synchronized and not self._submitter.in_flight:
             return  # already done since the last backward: reducing again would only cost time
+        if not self.communicating:  # local SGD: this step's gradients are this rank's own
+            self._reset_delays()
+            self._synchronized = True
+            return
         try:
             self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
             self._submitter.wait_all()
@@ -83,16 +97,20 @@ class GradientReducer:
             self._submitter.abandon()
             raise
         finally:
-            for param in self._delay:
-                self._delay[param] = self.backward_passes_per_step
+            self._reset_delays()
         self._synchronized = True
+
+    def _reset_delays(self) -> None:
+        for param in self._delay:
+            self._delay[param] = self.backward_passes_per_step
 
     def world_changed(self) -> None:
         """Elastic: the job re-formed; requests start as in a new optimizer, the same on every rank."""
         self._submitter.restart()
-        for param in self._delay:
-            self._delay[param] = self.backward_passes_per_step
+        self._reset_delays()
         self._synchronized = False
+        if self.local_sgd is not None:
+            self.local_sgd.restart()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -120,7 +138,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
                          compression: type[Compressor] = NoneCompressor, backward_passes_per_step: int = 1,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | list[list[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set, local_sgd_period: int | None = None,
+                         local_sgd_warmup_steps: int = 0,
+                         local_sgd_average_state: bool = False) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
 
     With ``process_set``, gradients are averaged over that set's ranks only (on a rank outside
@@ -131,6 +151,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     ``gradient_predivide_factor`` splits the averaging into a division before the sum and the rest
     after it (only with ``op=Average``). Sparse gradients are allgathered, or densified with
     ``sparse_as_dense``.
+
+    ``local_sgd_period=K`` (local SGD, :mod:`hvdlite.torch.local_sgd`): after
+    ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K
+    steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -145,7 +169,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
                                   current().config.bucket_bytes, process_set)
     # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
-    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes)
+    local = None if local_sgd_period is None else LocalSGD(
+        optimizer, names, local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state, process_set)
+    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes, local)
     optimizer._hvdlite_reducer = reducer
     # Horovod's attribute (parameter -> its name in named_parameters); Horovod's helpers and user code read it.
     optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}

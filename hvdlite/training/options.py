@@ -14,13 +14,19 @@ from ..ops import ReduceOp
 
 def check_passes(passes: object) -> int:
     """``backward_passes_per_step`` as an int, or a ValueError if it is not a positive whole number."""
+    return check_count(passes, "backward_passes_per_step", minimum=1)
+
+
+def check_count(value: object, name: str, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum``, or a ValueError naming ``name`` and the value."""
     try:
-        # operator.index takes int and NumPy integers but not floats: 1.5 passes cannot be counted.
-        count = operator.index(passes) if not isinstance(passes, bool) else 0
+        # operator.index takes int and NumPy integers but not floats: 1.5 steps cannot be counted.
+        count = operator.index(value) if not isinstance(value, bool) else minimum - 1
     except TypeError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, got {passes!r}")
+        count = minimum - 1
+    if count < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
     return count
 
 

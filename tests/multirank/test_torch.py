@@ -103,3 +103,10 @@ def test_elastic_state_commits_restores_and_syncs_and_the_sampler_resumes_an_epo
     result = run_script("torch_elastic_state.py", np, timeout=180)
     for rank in range(np):
         assert "ok elastic state" in result.lines(rank), result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_local_sgd_steps_locally_and_averages_every_period_like_its_replay(np, kind):
+    result = run_script("torch_local_sgd.py", np, kind, timeout=120)
+    assert result.output.count("ok local sgd") == np, result.output

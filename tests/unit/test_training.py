@@ -180,3 +180,23 @@ def test_tensorflow_indexed_slices_with_min_or_max_are_refused_naming_tensor_and
         hvd.allreduce(slices, op=op, name="emb")
     with pytest.raises(UnsupportedOperationError, match=f"sparse tensor 1 of grouped_allreduce.*not {op.name}"):
         hvd.grouped_allreduce([tf.ones(2), slices], op=op)
+
+
+def test_local_sgd_counts_are_checked_by_name():
+    import torch
+
+    from hvdlite.process_sets import global_process_set
+    from hvdlite.torch.local_sgd import LocalSGD
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = {p: n for n, p in model.named_parameters()}
+    for period, warmup, message in ((0, 0, "local_sgd_period must be a positive integer, got 0"),
+                                    (2.5, 0, "local_sgd_period must be a positive integer, got 2.5"),
+                                    (2, -1, "local_sgd_warmup_steps must be an integer >= 0, got -1")):
+        with pytest.raises(ValueError, match=message):
+            LocalSGD(optimizer, names, period, warmup, False, global_process_set)
+    local = LocalSGD(optimizer, names, 2, 1, False, global_process_set)
+    assert local.synchronous
+    local.steps = 1
+    assert not local.synchronous

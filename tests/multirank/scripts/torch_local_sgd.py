@@ -1,0 +1,97 @@
+"""Local SGD with real ranks: each rank's parameters against a replay of every rank in one process.
+
+Usage: torch_local_sgd.py sgd|adam. Rank r trains a Linear(4, 1) on its own data (x = r + 1) for
+STEPS steps with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``; the replay steps a copy
+per rank (gradients averaged during the warm-up, local afterwards, parameters, and with Adam its
+state, averaged every PERIOD local steps). Prints 'ok local sgd <rank>'.
+"""
+
+import copy
+import sys
+
+import torch
+
+import hvdlite.torch as hvd
+
+STEPS, PERIOD, WARMUP = 9, 3, 2
+
+
+def make(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=0.05)
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+
+
+def loss_of(model: torch.nn.Module, rank: int) -> torch.Tensor:
+    x = torch.full((2, 4), float(rank + 1))
+    return ((model(x) - rank) ** 2).mean()
+
+
+def replay(kind: str, size: int) -> list[list[float]]:
+    """Every rank's parameters after each step, simulated in this process."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(4, 1) for _ in range(size)]
+    for model in models[1:]:
+        model.load_state_dict(models[0].state_dict())
+    optimizers = [make(kind, m) for m in models]
+    history = []
+    for step in range(STEPS):
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            optimizer.zero_grad()
+            loss_of(model, rank).backward()
+        if step < WARMUP:  # synchronous: every rank steps on the averaged gradient
+            for params in zip(*(m.parameters() for m in models), strict=True):
+                mean = torch.stack([p.grad for p in params]).mean(0)
+                for p in params:
+                    p.grad = mean.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+        local = step + 1 - WARMUP
+        if local > 0 and local % PERIOD == 0:
+            _average([list(m.parameters()) for m in models])
+            if kind == "adam":
+                _average([[v for p in o.param_groups[0]["params"] for _, v in sorted(o.state[p].items())]
+                          for o in optimizers])
+        history.append([torch.cat([p.detach().flatten() for p in m.parameters()]).tolist() for m in models])
+    return history
+
+
+def _average(per_rank: list[list[torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for tensors in zip(*per_rank, strict=True):
+            mean = torch.stack([t.float() for t in tensors]).mean(0)
+            for t in tensors:
+                t.copy_(mean.to(t.dtype))
+
+
+def main() -> None:
+    kind = sys.argv[1]
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    base = make(kind, model)
+    optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), local_sgd_period=PERIOD,
+                                         local_sgd_warmup_steps=WARMUP, local_sgd_average_state=kind == "adam")
+    expected = replay(kind, size)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        loss_of(model, rank).backward()
+        optimizer.step()
+        mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+        want = torch.tensor(expected[step][rank])
+        assert torch.allclose(mine, want, atol=1e-6), (rank, step, mine, want)
+        every = hvd.allgather_object(mine.tolist())
+        in_step = all(e == every[0] for e in every)
+        local = step + 1 - WARMUP
+        # Equal on every rank during the warm-up and right after an average; apart in between.
+        assert in_step == (local <= 0 or local % PERIOD == 0), (rank, step, every)
+    assert optimizer._hvdlite_reducer.local_sgd.averages == (STEPS - WARMUP) // PERIOD
+    print(f"ok local sgd {rank}", flush=True)
+    copy.deepcopy(optimizer.state_dict())  # the optimizer is still a plain torch optimizer
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
