@@ -62,10 +62,12 @@ class TwoHosts:
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts",
                 "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
 
-    def agent_with_private_tmp(self, path: str) -> str:
-        """A launch agent (written to ``path``) that also gives every remote command a /tmp of its own: a host
-        that shares no scratch directory with the launcher, as real hosts do (hvdliterun's is in /tmp)."""
-        Path(path).write_text(_AGENT.format(cases=self._cases(), mount="--mount ", tmpfs="mount -t tmpfs tmp /tmp && "))
+    def agent_without_run_dirs(self, path: str) -> str:
+        """A launch agent (written to ``path``) whose remote commands see empty, private directories in
+        place of hvdliterun's run directories (``/tmp/hvdliterun-*``): a host that shares no scratch
+        directory with the launcher, as real hosts do. The rest of the file system stays shared."""
+        hide = "for d in /tmp/hvdliterun-*; do mount -t tmpfs tmp \\$d; done && "
+        Path(path).write_text(_AGENT.format(cases=self._cases(), mount="--mount ", tmpfs=hide))
         os.chmod(path, 0o755)
         return path
 
