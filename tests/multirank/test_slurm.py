@@ -69,15 +69,17 @@ def test_salloc_runs_one_rank_per_task_slot_on_both_nodes_without_np(cluster, ta
         assert any(f"rank={rank} host={host} local={local}/{per_host} cross={rank // per_host}/2" in w for w in where), output
 
 
-def test_sbatch_trains_torch_across_the_nodes_as_one_process_does(cluster, tmp_path):
+@pytest.mark.parametrize("tasks", [2, 4])
+def test_sbatch_trains_torch_across_the_nodes_as_one_process_does(cluster, tmp_path, tasks):
     script = tmp_path / "job.sh"
     script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} python "
                       f"{SCRIPTS / 'torch_training.py'} equivalence\n")
     out = tmp_path / "job.out"
-    done = _run(cluster, ["sbatch", "--wait", "-N", "2", "-n", "4", "-o", str(out), str(script)], timeout=300)
+    done = _run(cluster, ["sbatch", "--wait", "-N", "2", "--ntasks-per-node", str(tasks // 2), "-o", str(out),
+                          str(script)], timeout=300)
     output = out.read_text() if out.exists() else ""
     assert done.returncode == 0, done.stdout + done.stderr + output + cluster.log()
-    for rank in range(4):
+    for rank in range(tasks):
         got = [line.split(" max diff")[0].removeprefix(f"[{rank}]: ok ") for line in output.splitlines()
                if line.startswith(f"[{rank}]: ok ")]
         assert got == EQUIVALENCE, output
