@@ -33,6 +33,7 @@ from ..training.options import check_passes, predivide_scales
 from .arrays import is_traced
 from .collectives import allreduce
 from .compression import Compression
+from .local_sgd import local_sgd
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -43,6 +44,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     gradient_predivide_factor: float = 1.0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
+    local_sgd_period: int | None = None,
+    local_sgd_warmup_steps: int = 0,
+    local_sgd_average_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them.
 
@@ -54,7 +58,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     as in Horovod. ``name`` fixes the request names; by default each wrapper gets
     ``DistributedOptimizer.<n>``, numbered in creation order among the wrappers on the same set of
     ranks, which is the same on every member and every step. ``process_set`` reduces over that
-    set's ranks only; a rank outside it keeps its updates local.
+    set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period=K``: local SGD
+    (:mod:`hvdlite.jax.local_sgd`), after ``local_sgd_warmup_steps`` synchronous updates; ``update``
+    then needs ``params``.
     """
     if op not in (Average, Sum):
         raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
@@ -77,6 +83,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
         return inner.update(reduce_updates(updates), state, params, **extra_args)
 
+    if local_sgd_period is not None:
+        if passes > 1:
+            raise ValueError(f"local_sgd_period={local_sgd_period} cannot be combined with backward_passes_per_step="
+                             f"{passes} in the optax DistributedOptimizer (not built)")
+        return local_sgd(inner, reduce_updates, local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state,
+                         base, member, process_set)
     if passes > 1:
         return _accumulating(inner, reduce_updates, passes)
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)

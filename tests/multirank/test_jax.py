@@ -33,3 +33,10 @@ def test_example_trains_and_checkpoints(tmp_path):
     losses = [float(line.split("loss ")[1].split()[0]) for line in result.lines(0) if line.startswith("epoch ")]
     assert len(losses) == 2 and losses[1] < losses[0], result.output
     assert not [line for line in result.lines(1) if line.startswith("epoch ")]  # rank 0 reports
+
+
+@pytest.mark.parametrize(("np", "kind", "mode"), [(2, "sgd", "jit"), (3, "adam", "jit"), (2, "adam", "eager"),
+                                                  (3, "sgd", "eager")])
+def test_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode):
+    result = run_script("jax_local_sgd.py", np, kind, mode, timeout=240)
+    assert result.output.count("ok jax local sgd") == np, result.output

@@ -73,3 +73,21 @@ def test_optimizer_arguments_are_checked_before_any_collective():
 def test_the_adapter_exports_the_core_names_and_its_own():
     for name in ("init", "rank", "Average", "StallError", "allreduce", "DistributedOptimizer", "shard_indices"):
         assert name in hvd.__all__ and hasattr(hvd, name)
+
+
+def test_local_sgd_needs_params_and_checks_its_counts():
+    from hvdlite.jax.local_sgd import local_sgd
+    from hvdlite.process_sets import global_process_set
+
+    inner = optax.with_extra_args_support(optax.sgd(0.1))
+    for period, warmup, message in ((0, 0, "local_sgd_period must be a positive integer, got 0"),
+                                    (2, -1, "local_sgd_warmup_steps must be an integer >= 0, got -1")):
+        with pytest.raises(ValueError, match=message):
+            local_sgd(inner, lambda u: u, period, warmup, False, "t", False, global_process_set)
+    tx = local_sgd(inner, lambda u: u, 2, 0, False, "t", False, global_process_set)
+    params = {"w": jnp.ones(3)}
+    state = tx.init(params)
+    with pytest.raises(ValueError, match="averages parameters: pass them"):
+        tx.update(params, state)
+    updates, state = tx.update(params, state, params)  # outside any process set: local steps only
+    assert int(state.step) == 1 and np.allclose(updates["w"], -0.1)
