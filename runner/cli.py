@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 
-from hvdlite.config import SETTING_FLAGS, ConfigError, environ, load_config
+from hvdlite.config import SETTING_FLAGS, Config, ConfigError, environ, load_config
 
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
@@ -166,6 +166,29 @@ def _first(hosts: tuple[HostSlots, ...], num_proc: int | None, what: str, advice
     return first_slots(hosts, num_proc) if num_proc is not None else hosts
 
 
+def _resolved_agent(config: Config) -> Config:
+    """``config`` with ``--launcher-agent`` as an absolute path; ssh's own flags do not go with it."""
+    if not config.launcher_agent:
+        return config
+    if config.ssh_port or config.ssh_identity_file:
+        raise LaunchError("-p/--ssh-port and -i/--ssh-identity-file are ssh options; "
+                          "--launcher-agent replaces ssh, so give them to the agent instead")
+    agent = shutil.which(config.launcher_agent)
+    if agent is None:
+        raise LaunchError(f"--launcher-agent {config.launcher_agent!r} is not an executable program")
+    return dataclasses.replace(config, launcher_agent=os.path.abspath(agent))
+
+
+def _elastic_environment(rank_env: dict[str, str], may_span_hosts: bool) -> dict[str, str]:
+    """The variables an elastic job's ranks need on top of ``rank_env``."""
+    rank_env = {**rank_env, "MPI4PY_RC_FINALIZE": "0"}  # MPI_Finalize waits for ever on a dead peer
+    if may_span_hosts and "MPIR_CVAR_CH4_NETMOD" not in rank_env:
+        # Across hosts UCX crashed in 7 of 48 MPI_Comm_create_group calls after a death, libfabric's
+        # TCP provider in none of 28 (docs/elastic-probe/FINDINGS.md); the user's own choice wins.
+        rank_env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER=rank_env.get("FI_PROVIDER", "tcp"))
+    return rank_env
+
+
 def _check_program(command: list[str]) -> None:
     if not command:
         raise LaunchError("no program given; usage: hvdliterun -np N [options] program [args ...]")
@@ -211,24 +234,12 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         config = load_config(rank_env)
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
-    if config.launcher_agent and (config.ssh_port or config.ssh_identity_file):
-        raise LaunchError("-p/--ssh-port and -i/--ssh-identity-file are ssh options; "
-                          "--launcher-agent replaces ssh, so give them to the agent instead")
-    if config.launcher_agent:
-        agent = shutil.which(config.launcher_agent)
-        if agent is None:
-            raise LaunchError(f"--launcher-agent {config.launcher_agent!r} is not an executable program")
-        config = dataclasses.replace(config, launcher_agent=os.path.abspath(agent))
+    config = _resolved_agent(config)
     if config.network_interface:
         # The user's own transport settings win over the ones the interface implies.
         rank_env = {**_interface_environment(config.network_interface), **rank_env}
     if elastic:
-        rank_env["MPI4PY_RC_FINALIZE"] = "0"  # MPI_Finalize waits for ever on a dead peer
-        if args.host_discovery_script or not all_hosts_local(hosts):
-            # Across hosts UCX crashed in 7 of 48 MPI_Comm_create_group calls after a death, libfabric's
-            # TCP provider in none of 28 (docs/elastic-probe/FINDINGS.md); the user's own choice wins.
-            if "MPIR_CVAR_CH4_NETMOD" not in rank_env:
-                rank_env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER=rank_env.get("FI_PROVIDER", "tcp"))
+        rank_env = _elastic_environment(rank_env, bool(args.host_discovery_script) or not all_hosts_local(hosts))
     for item in unmatched(config.env_forward, rank_env):
         print(f"hvdliterun: warning: --env-forward {item}: no such variable here; nothing forwarded for it",
               file=sys.stderr)

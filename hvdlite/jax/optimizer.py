@@ -58,9 +58,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     as in Horovod. ``name`` fixes the request names; by default each wrapper gets
     ``DistributedOptimizer.<n>``, numbered in creation order among the wrappers on the same set of
     ranks, which is the same on every member and every step. ``process_set`` reduces over that
-    set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period=K``: local SGD
-    (:mod:`hvdlite.jax.local_sgd`), after ``local_sgd_warmup_steps`` synchronous updates; ``update``
-    then needs ``params``.
+    set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period``: see
+    :mod:`hvdlite.jax.local_sgd` (``update`` then needs ``params``).
     """
     if op not in (Average, Sum):
         raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
@@ -84,14 +83,21 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         return inner.update(reduce_updates(updates), state, params, **extra_args)
 
     if local_sgd_period is not None:
-        if passes > 1:
-            raise ValueError(f"local_sgd_period={local_sgd_period} cannot be combined with backward_passes_per_step="
-                             f"{passes} in the optax DistributedOptimizer (not built)")
-        return local_sgd(inner, reduce_updates, local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state,
-                         base, member, process_set)
+        schedule = (local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state)
+        return _local(inner, reduce_updates, passes, schedule, base, member, process_set)
     if passes > 1:
         return _accumulating(inner, reduce_updates, passes)
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+def _local(inner: optax.GradientTransformationExtraArgs, reduce_updates: Any, passes: int,
+           schedule: tuple[int, int, bool], base: str, member: bool,
+           process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
+    """Local SGD's transformation; ``schedule``: (period, warm-up steps, average the state)."""
+    if passes > 1:
+        raise ValueError(f"local_sgd_period={schedule[0]} cannot be combined with backward_passes_per_step="
+                         f"{passes} in the optax DistributedOptimizer (not built)")
+    return local_sgd(inner, reduce_updates, *schedule, base, member, process_set)
 
 
 class AccumulationState(NamedTuple):
