@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import dtypes
+from .training.powersgd import PowerSGD
 
 
 class Compressor:
@@ -64,10 +65,13 @@ def build_compression(cast: Callable[[Any, str], Any], dtype_of: Callable[[Any],
         })
 
     class Compression:
-        """Compression algorithms for gradients: ``none``, ``fp16`` and ``bf16``."""
+        """Compression algorithms for gradients: ``none``, ``fp16`` and ``bf16``; and
+        ``powersgd(rank=, start_step=)``, a low-rank scheme with state that only the torch and
+        optax ``DistributedOptimizer`` run (see :mod:`hvdlite.training.powersgd`)."""
 
         none = NoneCompressor
         fp16 = cast_compressor("float16")
         bf16 = cast_compressor("bfloat16")
+        powersgd = staticmethod(PowerSGD)  # a configuration, not a Compressor: it needs two rounds and state
 
     return Compression

@@ -30,16 +30,19 @@ from ..ops import Average, Collective, ReduceOp, Sum
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
 from ..training.options import check_passes, predivide_scales
+from ..training.powersgd import PowerSGD, check_powersgd_options
 from .arrays import is_traced
 from .collectives import allreduce
 from .compression import Compression
 from .local_sgd import local_sgd
+from .powersgd import powersgd
+from .sharded import sharded
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
     tx: optax.GradientTransformation,
     op: ReduceOp = Average,
-    compression: type = Compression.none,
+    compression: type | PowerSGD = Compression.none,
     backward_passes_per_step: int = 1,
     gradient_predivide_factor: float = 1.0,
     name: str | None = None,
@@ -47,6 +50,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     local_sgd_period: int | None = None,
     local_sgd_warmup_steps: int = 0,
     local_sgd_average_state: bool = False,
+    shard_optimizer_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them.
 
@@ -59,7 +63,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     ``DistributedOptimizer.<n>``, numbered in creation order among the wrappers on the same set of
     ranks, which is the same on every member and every step. ``process_set`` reduces over that
     set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period``: see
-    :mod:`hvdlite.jax.local_sgd` (``update`` then needs ``params``).
+    :mod:`hvdlite.jax.local_sgd` (``update`` then needs ``params``). ``shard_optimizer_state``
+    keeps ``tx``'s state for 1/N of the parameters on each rank (ZeRO-1; exact for elementwise ``tx``
+    only): see :mod:`hvdlite.jax.sharded`. ``compression=Compression.powersgd(rank=, start_step=)``
+    averages weight matrices as low-rank approximations with error feedback (state:
+    :class:`hvdlite.jax.powersgd.PowerSGDState`).
     """
     if op not in (Average, Sum):
         raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
@@ -82,6 +90,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
         return inner.update(reduce_updates(updates), state, params, **extra_args)
 
+    if isinstance(compression, PowerSGD):
+        options = (op, gradient_predivide_factor, local_sgd_period, passes, shard_optimizer_state)
+        return _powersgd(inner, compression, options, base, member, process_set)
+    if shard_optimizer_state:
+        return _sharded(inner, passes, local_sgd_period, op, (prescale, postscale), compression, base, member,
+                        process_set)
     if local_sgd_period is not None:
         schedule = (local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state)
         return _local(inner, reduce_updates, passes, schedule, base, member, process_set)
@@ -98,6 +112,30 @@ def _local(inner: optax.GradientTransformationExtraArgs, reduce_updates: Any, pa
         raise ValueError(f"local_sgd_period={schedule[0]} cannot be combined with backward_passes_per_step="
                          f"{passes} in the optax DistributedOptimizer (not built)")
     return local_sgd(inner, reduce_updates, *schedule, base, member, process_set)
+
+
+def _sharded(inner: optax.GradientTransformationExtraArgs, passes: int, local_sgd_period: int | None,
+             op: ReduceOp, scales: tuple[float, float], compression: type, base: str, member: bool,
+             process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
+    """The sharded-state transformation (:mod:`hvdlite.jax.sharded`), refusing the options it lacks."""
+    for option, value, unset in (("local_sgd_period", local_sgd_period, None), ("backward_passes_per_step", passes, 1)):
+        if value != unset:
+            raise ValueError(f"shard_optimizer_state=True cannot be combined with {option}={value} in the optax "
+                             "DistributedOptimizer (not built)")
+    return sharded(inner, op, scales, compression, base, member, process_set)
+
+
+def _powersgd(inner: optax.GradientTransformationExtraArgs, config: PowerSGD, options: tuple, base: str,
+              member: bool, process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
+    """PowerSGD's transformation (:mod:`hvdlite.jax.powersgd`); ``options``: (op, gradient_predivide_factor,
+    local_sgd_period, backward_passes_per_step, shard_optimizer_state), the ones it lacks refused."""
+    op, predivide, local_sgd_period, passes, shard_state = options
+    check_powersgd_options(op, predivide, local_sgd_period)
+    if passes != 1 or shard_state:
+        given = f"backward_passes_per_step={passes}" if passes != 1 else "shard_optimizer_state=True"
+        raise ValueError(f"Compression.powersgd cannot be combined with {given} in the optax "
+                         "DistributedOptimizer (not built)")
+    return powersgd(inner, config, base, member, process_set)
 
 
 class AccumulationState(NamedTuple):

@@ -104,6 +104,9 @@ def _handler_for(value: Any) -> _Handler | None:
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):
+        if getattr(value, "_hvdlite_checkpoints", None) is not None:
+            raise ValueError("TorchState: an optimizer with shard_optimizer_state=True cannot be elastic state yet "
+                             "(re-sharding for a new world size is not built); use an unsharded DistributedOptimizer")
         return _OptimizerHandler(value)
     if isinstance(value, (torch.optim.lr_scheduler.LRScheduler, ElasticSampler)):
         return _Handler(value)

@@ -23,8 +23,10 @@ from ..ops import Average, Collective, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
 from ..training.options import check_passes, predivide_scales
+from ..training.powersgd import PowerSGD
 from .grad_sync import GradientSubmitter, name_parameters
 from .local_sgd import LocalSGD
+from .powersgd import PowerSGDReducer, powersgd_reducer
 
 ZERO_GRAD_RACE = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -41,9 +43,10 @@ class GradientReducer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
                  submitter: GradientSubmitter, backward_passes_per_step: int,
-                 local_sgd: LocalSGD | None = None) -> None:
+                 local_sgd: LocalSGD | None = None, powersgd: PowerSGDReducer | None = None) -> None:
         self._optimizer = optimizer
         self.local_sgd = local_sgd
+        self.powersgd = powersgd  # PowerSGD reduces the whole step in synchronize(), not in the hooks
         self._submitter = submitter
         self._names = names
         self.backward_passes_per_step = backward_passes_per_step
@@ -67,7 +70,7 @@ class GradientReducer:
             raise AssertionError(TOO_MANY_PASSES)
         self._delay[param] -= 1
         self._synchronized = False
-        if self._delay[param] == 0 and self.communicating:
+        if self._delay[param] == 0 and self.communicating and self.powersgd is None:
             self._submitter.submit(param)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -91,8 +94,11 @@ class GradientReducer:
             self._synchronized = True
             return
         try:
-            self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
-            self._submitter.wait_all()
+            if self.powersgd is not None:
+                self.powersgd.reduce()
+            else:
+                self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
+                self._submitter.wait_all()
         except errors.HvdliteShutdownError:  # a peer died (elastic: the step is redone in a new world)
             self._submitter.abandon()
             raise
@@ -111,6 +117,8 @@ class GradientReducer:
         self._synchronized = False
         if self.local_sgd is not None:
             self.local_sgd.restart()
+        if self.powersgd is not None:
+            self.powersgd.restart()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -135,12 +143,12 @@ class GradientReducer:
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-                         compression: type[Compressor] = NoneCompressor, backward_passes_per_step: int = 1,
+                         compression: type[Compressor] | PowerSGD = NoneCompressor, backward_passes_per_step: int = 1,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | list[list[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, local_sgd_period: int | None = None,
-                         local_sgd_warmup_steps: int = 0,
-                         local_sgd_average_state: bool = False) -> torch.optim.Optimizer:
+                         local_sgd_warmup_steps: int = 0, local_sgd_average_state: bool = False,
+                         shard_optimizer_state: bool = False) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
 
     With ``process_set``, gradients are averaged over that set's ranks only (on a rank outside
@@ -155,6 +163,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     ``local_sgd_period=K`` (local SGD, :mod:`hvdlite.torch.local_sgd`): after
     ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K
     steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged.
+
+    ``compression=Compression.powersgd(rank=r, start_step=s)`` (:mod:`hvdlite.torch.powersgd`):
+    after ``s`` plain steps, weight matrices are averaged as rank-r approximations with error
+    feedback, all in ``synchronize()``; the state is ``optimizer._hvdlite_reducer.powersgd.state``.
+
+    ``shard_optimizer_state=True`` (ZeRO-1/2, :mod:`hvdlite.torch.sharded`): each rank keeps the
+    optimizer state for 1/N of the parameters; gradients are reduce-scattered, the shards stepped and
+    all-gathered. Checkpoint with ``consolidate_state_dict(to=0)`` on every rank, then ``state_dict()``.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -165,13 +181,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
                                                "DistributedOptimizer's gradients")
     names = name_parameters(optimizer, named_parameters)
+    if shard_optimizer_state:
+        unsupported = {"compression": compression is not NoneCompressor, "groups": bool(groups or num_groups),
+                       "sparse_as_dense": sparse_as_dense, "local_sgd_period": local_sgd_period is not None}
+        return _sharded(optimizer, names if member else {}, passes, scales, op, process_set,
+                        [name for name, given in unsupported.items() if given])
     submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
                                   current().config.bucket_bytes, process_set)
     # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
     local = None if local_sgd_period is None else LocalSGD(
         optimizer, names, local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state, process_set)
-    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes, local)
+    powersgd = powersgd_reducer(compression, names if member else {}, op, gradient_predivide_factor,
+                                local_sgd_period, process_set)
+    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes, local, powersgd)
     optimizer._hvdlite_reducer = reducer
     # Horovod's attribute (parameter -> its name in named_parameters); Horovod's helpers and user code read it.
     optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}
@@ -179,6 +202,32 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     optimizer.skip_synchronize = reducer.skip_synchronize
     optimizer.zero_grad = reducer.zero_grad
     optimizer.set_backward_passes_per_step = reducer.set_backward_passes_per_step
+    return optimizer
+
+
+def _sharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], passes: int,
+             scales: tuple[float, float], op: ReduceOp, process_set: ProcessSet,
+             unsupported: list[str]) -> torch.optim.Optimizer:
+    """``optimizer`` with sharded state (see :mod:`hvdlite.torch.sharded`); ``names`` is empty off the set."""
+    from .sharded import ShardedReducer, check_shardable
+    from .sharded_state import ShardedCheckpoints
+
+    if unsupported:
+        raise ValueError(f"shard_optimizer_state=True cannot be combined with {', '.join(unsupported)} (not built)")
+    check_shardable(optimizer)
+    optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}
+    if not names:  # outside the process set the optimizer stays local, as an unsharded one does
+        return optimizer
+    reducer = ShardedReducer(optimizer, names, passes, scales, op, process_set, current().config.bucket_bytes)
+    checkpoints = ShardedCheckpoints(optimizer, reducer, process_set)
+    optimizer._hvdlite_reducer, optimizer._hvdlite_checkpoints = reducer, checkpoints
+    optimizer.synchronize = reducer.synchronize
+    optimizer.skip_synchronize = reducer.skip_synchronize
+    optimizer.zero_grad = reducer.zero_grad
+    optimizer.set_backward_passes_per_step = reducer.set_backward_passes_per_step
+    optimizer.consolidate_state_dict = checkpoints.consolidate_state_dict
+    optimizer.state_dict = checkpoints.state_dict
+    optimizer.load_state_dict = checkpoints.load_state_dict
     return optimizer
 
 

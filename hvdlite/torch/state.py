@@ -60,8 +60,14 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
     The root's ``state_dict()`` structure (including lazily created state other ranks do not
     have yet, and scalar hyperparameters such as the learning rate) travels as one object; its
-    tensors travel as tensor broadcasts, then every rank loads the result.
+    tensors travel as tensor broadcasts, then every rank loads the result. With
+    ``shard_optimizer_state=True`` each rank's state is its own slice: only the root's group settings
+    (learning rates...) travel.
     """
+    sharded = getattr(optimizer, "_hvdlite_checkpoints", None)
+    if sharded is not None:
+        sharded.broadcast_hyperparameters(root_rank)
+        return
     is_root = basics.rank() == root_rank
     tensors: list[torch.Tensor] = []  # the same order on every rank: the structure's traversal order
 

@@ -10,5 +10,7 @@ as :func:`hvdlite.compression.build_compression` does for compression:
   ``gradient_predivide_factor``) and the Average / prescale / postscale arithmetic;
 - :mod:`.gradients`: the gradient of each collective;
 - :mod:`.sparse`: sparse gradients reduced as an allgather of their rows;
-- :mod:`.broadcast`: several arrays broadcast as one group.
+- :mod:`.broadcast`: several arrays broadcast as one group;
+- :mod:`.powersgd`: PowerSGD's configuration and rules (which tensors are compressed, as what
+  matrix, the seeded starting factors); torch and JAX each write the math in their own ops.
 """

@@ -40,3 +40,16 @@ def test_example_trains_and_checkpoints(tmp_path):
 def test_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode):
     result = run_script("jax_local_sgd.py", np, kind, mode, timeout=240)
     assert result.output.count("ok jax local sgd") == np, result.output
+
+
+@pytest.mark.parametrize(("np", "kind", "mode"), [(2, "adam", "eager"), (3, "adam", "jit"), (3, "sgd", "jit")])
+def test_sharded_optimizer_state_matches_the_unsharded_wrapper_with_1_over_n_of_the_state(np, kind, mode):
+    result = run_script("jax_sharded.py", np, kind, mode, timeout=240)
+    assert result.output.count("ok jax sharded") == np, result.output
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_powersgd_updates_agree_bit_for_bit_and_match_their_replay_eager_and_jitted(np):
+    result = run_script("jax_powersgd.py", np, "eager,jit", timeout=240)
+    for mode in ("eager", "jit"):
+        assert result.output.count(f"ok jax powersgd {mode}") == np, result.output
