@@ -13,6 +13,10 @@ baseline, then ``hvdliterun -np N`` (``--np``, default 2) for the multi-rank mod
 - ``mpi4py``   N ranks; after backward, one ``Allreduce(IN_PLACE)`` per gradient, divided by N.
 - ``ddp``      N ranks; torch ``DistributedDataParallel`` over gloo (TCP on 127.0.0.1).
 - ``hvdlite``  N ranks; ``hvdlite.torch.DistributedOptimizer`` with ``named_parameters``.
+- ``sharded``  as ``hvdlite``, with ``shard_optimizer_state=True`` (gradients reduce-scattered,
+               parameters all-gathered).
+- ``local8``   as ``hvdlite``, with ``local_sgd_period=8`` (no warm-up): parameters averaged every 8th step.
+- ``powersgd`` as ``hvdlite``, with ``compression=Compression.powersgd(rank=4, start_step=0)``.
 - ``horovod``  N ranks; ``horovod.torch.DistributedOptimizer``, only where ``horovod.torch`` imports
                (Horovod 0.28.1 does not build against torch 2.13; the mode is reported as skipped).
 
@@ -23,7 +27,8 @@ Each mode gets its own model so hvdlite's gradient hooks never fire in another m
 ``hvdlite`` is among the modes, hvdlite's engine thread lives for the whole job (idle between its
 reps, it wakes about once a second).
 
-Per rep, each rank takes the median of its step times; the rep's value is the slowest rank's median
+Per rep, each rank takes the mean of its step times (the modes that communicate every 8th step
+need the mean; use a multiple of 8 steps); the rep's value is the slowest rank's mean
 (a synchronous job runs at its slowest rank's pace). Reported: the median over all reps, the spread
 (min-max of the per-rep values), the scaling efficiency (single step time / mode step time; the
 per-rank batch is fixed, so 1.0 is perfect weak scaling) and the throughput relative to DDP.
@@ -45,7 +50,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ALL_MODES = ("single", "nocomm", "mpi4py", "ddp", "hvdlite", "horovod")
+ALL_MODES = ("single", "nocomm", "mpi4py", "ddp", "hvdlite", "sharded", "local8", "powersgd", "horovod")
+# hvdlite's DistributedOptimizer options per hvdlite mode (see the docstring)
+HVDLITE_OPTIONS: dict[str, dict[str, Any]] = {
+    "hvdlite": {}, "sharded": {"shard_optimizer_state": True}, "local8": {"local_sgd_period": 8},
+    "powersgd": {"compression": "powersgd"},
+}
 RESULT_TAG = "TRAINSTEP_RESULT "
 SKIP_TAG = "TRAINSTEP_SKIP "
 WIDTH, DEPTH, NUM_CLASSES = 704, 50, 10
@@ -166,11 +176,14 @@ def make_mode(name: str, batch: int) -> Mode:
 
         ddp_model = DistributedDataParallel(model)
         return Mode(name, lambda: plain_step(ddp_model, optimizer, data, target))
-    if name in ("hvdlite", "horovod"):
+    if name in HVDLITE_OPTIONS or name == "horovod":
         import importlib
 
-        hvd = importlib.import_module(f"{name}.torch")
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        hvd = importlib.import_module("horovod.torch" if name == "horovod" else "hvdlite.torch")
+        options = dict(HVDLITE_OPTIONS.get(name, {}))
+        if options.get("compression") == "powersgd":
+            options["compression"] = hvd.Compression.powersgd(rank=4, start_step=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), **options)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     return Mode(name, lambda: plain_step(model, optimizer, data, target))
 
@@ -188,11 +201,11 @@ def unavailable(package: str) -> str | None:
 
 def setup_modes(names: list[str], batch: int, rank: int) -> list[Mode]:
     for package in ("hvdlite", "horovod"):
-        if package not in names:
+        if package not in names and (package == "horovod" or not set(names) & set(HVDLITE_OPTIONS)):
             continue
         reason = unavailable(package)
         if reason is not None:
-            names = [n for n in names if n != package]
+            names = [n for n in names if n != package and not (package == "hvdlite" and n in HVDLITE_OPTIONS)]
             if rank == 0:
                 print(SKIP_TAG + json.dumps({"mode": package, "reason": reason}), flush=True)
         else:
@@ -220,16 +233,27 @@ def time_steps(step: Callable[[], None], steps: int) -> list[float]:
     return times
 
 
-def run_mode(mode: Mode, steps: int, comm: Any) -> float:
-    """This rank's median step time; in ``single`` only rank 0 steps (0.0 elsewhere) while others sleep."""
+def link_bytes_sent() -> int:
+    """Bytes this host's network interfaces (not loopback) have sent: /proc/net/dev of this network
+    namespace, so on bench/two_hosts.py's namespace hosts it counts what crossed the shaped link."""
+    with open("/proc/net/dev") as stats:
+        rows = [line.split(":", 1) for line in stats.read().splitlines()[2:]]
+    return sum(int(fields.split()[8]) for name, fields in rows if name.strip() != "lo")
+
+
+def run_mode(mode: Mode, steps: int, comm: Any) -> tuple[float, float]:
+    """This rank's mean step time and link bytes sent per step; in ``single`` only rank 0 steps
+    (0.0 elsewhere) while the others sleep."""
     comm.Barrier()
     if mode.name == "single" and comm.Get_rank() != 0:
         idle_until_all_arrive(comm)
-        return 0.0
-    median = statistics.median(time_steps(mode.step, steps)) if steps else 0.0
+        return 0.0, 0.0
+    sent = link_bytes_sent()
+    mean = statistics.fmean(time_steps(mode.step, steps)) if steps else 0.0
+    sent = (link_bytes_sent() - sent) / max(steps, 1)
     if mode.name == "single":
         idle_until_all_arrive(comm)
-    return median
+    return mean, sent
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -242,13 +266,16 @@ def run_worker(args: argparse.Namespace) -> None:
     for mode in modes:
         run_mode(mode, args.warmup, comm)
     per_rep: dict[str, list[float]] = {m.name: [] for m in modes}
+    sent: dict[str, list[float]] = {m.name: [] for m in modes}
     for _ in range(args.reps):
         for mode in modes:  # interleaved, so drifting load affects every mode alike
-            median = run_mode(mode, args.steps, comm)
-            per_rep[mode.name].append(max(comm.allgather(median)))  # the slowest rank sets the pace
+            mean, bytes_per_step = run_mode(mode, args.steps, comm)
+            per_rep[mode.name].append(max(comm.allgather(mean)))  # the slowest rank sets the pace
+            sent[mode.name].append(bytes_per_step)
     if comm.Get_rank() == 0:
         for name, values in per_rep.items():
-            print(RESULT_TAG + json.dumps({"mode": name, "np": comm.Get_size(), "rep_s": values}), flush=True)
+            print(RESULT_TAG + json.dumps({"mode": name, "np": comm.Get_size(), "rep_s": values,
+                                           "sent": statistics.median(sent[name])}), flush=True)
     comm.Barrier()
 
 
@@ -256,9 +283,10 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 Results = dict[tuple[str, int], list[float]]  # (mode, np) -> per-rep step seconds
+Sent = dict[tuple[str, int], float]  # (mode, np) -> link bytes rank 0's host sent per step (median of reps)
 
 
-def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Results, dict[str, str]]:
+def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Results, dict[str, str], Sent]:
     """Run one hvdliterun job of this script in worker mode; return its results and skipped modes."""
     beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")  # works without an activated venv
     command = [*shlex.split(args.wrap), beside if os.path.exists(beside) else "hvdliterun", "-np", str(np_),
@@ -273,6 +301,7 @@ def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Result
         raise SystemExit(f"job failed with exit code {proc.returncode}: {' '.join(command)}")
     results: Results = {}
     skipped: dict[str, str] = {}
+    sent: Sent = {}
     for line in proc.stdout.splitlines():
         # hvdliterun tags lines "[rank]: "; the payload follows our marker.
         match = re.search(f"({RESULT_TAG}|{SKIP_TAG})(.*)$", line)
@@ -281,9 +310,10 @@ def launch(np_: int, modes: list[str], args: argparse.Namespace) -> tuple[Result
         payload = json.loads(match.group(2))
         if match.group(1) == RESULT_TAG:
             results[(payload["mode"], payload["np"])] = payload["rep_s"]
+            sent[(payload["mode"], payload["np"])] = payload["sent"]
         else:
             skipped[payload["mode"]] = payload["reason"]
-    return results, skipped
+    return results, skipped, sent
 
 
 def baseline(results: Results) -> float | None:
@@ -304,19 +334,23 @@ def format_row(key: tuple[str, int], values: list[float], single: float | None, 
     return f"{name:>8} | {where:<22} | {step:>22} | {efficiency} | {versus}"
 
 
-def report(results: Results, skipped: dict[str, str], args: argparse.Namespace) -> list[str]:
+def report(results: Results, skipped: dict[str, str], args: argparse.Namespace, sent: Sent) -> list[str]:
     """The result table's lines (also printed)."""
     lines = [f"Training step: {DEPTH} x Linear({WIDTH}, {WIDTH}), batch {args.batch_size} per rank, SGD, "
              f"1 thread per rank, {os.cpu_count()} cores; {args.reps} reps x {args.steps} steps "
-             "(median [min-max of per-rep medians])", ""]
+             "(median [min-max] of per-rep mean step times)", ""]
     single = baseline(results)
     ddp = [(np_, values) for (name, np_), values in results.items() if name == "ddp"]
     ddp_rate = ddp[0][0] / statistics.median(ddp[0][1]) if ddp else None
-    lines.append(f"| {'mode':>8} | {'ranks':<22} | {'step ms':>22} | {'efficiency':>10} | {'throughput vs ddp':>17} |")
-    lines.append("|---|---|---|---|---|")
+    on_link = any(sent.values())  # only where ranks talk over a network interface (bench/two_hosts.py)
+    extra = f" {'link MB sent/step':>17} |" if on_link else ""
+    lines.append(f"| {'mode':>8} | {'ranks':<22} | {'step ms':>22} | {'efficiency':>10} | {'throughput vs ddp':>17} |"
+                 + extra)
+    lines.append("|---|---|---|---|---|" + ("---|" if on_link else ""))
     order = {name: index for index, name in enumerate(ALL_MODES)}
     for key in sorted(results, key=lambda key: (order[key[0]], key[1])):
-        lines.append(f"| {format_row(key, results[key], single, ddp_rate)} |")
+        column = f" {sent.get(key, 0.0) / 1e6:17.2f} |" if on_link else ""
+        lines.append(f"| {format_row(key, results[key], single, ddp_rate)} |" + column)
     hvdlite = [values for (name, _), values in results.items() if name == "hvdlite"]
     loop = [values for (name, _), values in results.items() if name == "mpi4py"]
     if hvdlite and loop:
@@ -332,15 +366,16 @@ def report(results: Results, skipped: dict[str, str], args: argparse.Namespace) 
 def run_driver(args: argparse.Namespace) -> None:
     results: Results = {}
     skipped: dict[str, str] = {}
+    sent: Sent = {}
     if "single" in args.modes:
-        found, _ = launch(1, ["single"], args)
+        found, _, _ = launch(1, ["single"], args)
         results.update(found)
     multi = [m for m in args.modes if m != "single"]
     if multi:
         # single again inside the N-rank job, interleaved with the other modes (see the docstring).
-        found, skipped = launch(args.np, (["single"] if "single" in args.modes else []) + multi, args)
+        found, skipped, sent = launch(args.np, (["single"] if "single" in args.modes else []) + multi, args)
         results.update(found)
-    lines = report(results, skipped, args)
+    lines = report(results, skipped, args, sent)
     if args.update_readme:
         from readme import replace_block
 

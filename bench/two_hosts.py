@@ -9,9 +9,11 @@ UCX would use shared memory between namespaces of one machine). It then runs, ov
 
 1. ``allreduce_vs_mpi4py.py --sections sweep,mix``: the size sweep and the 220-tensor mix, hvdlite
    against raw mpi4py in the same job, interleaved.
-2. ``torch_training_step.py --modes single,mpi4py,hvdlite``: the training step, hvdlite's
-   ``DistributedOptimizer`` against the plain mpi4py loop (DDP is left out: its gloo rendezvous
-   uses 127.0.0.1, which is another "host" here).
+2. ``torch_training_step.py --modes single,mpi4py,hvdlite,sharded,local8,powersgd``: the training
+   step, hvdlite's ``DistributedOptimizer`` against the plain mpi4py loop, and with the remedies for
+   scarce bandwidth: sharded optimizer state, local SGD (K=8) and PowerSGD (rank 4), each with the
+   bytes it sends over the link per step (DDP is left out: its gloo rendezvous uses 127.0.0.1,
+   which is another "host" here).
 
 This is where fusion and negotiation cost is seen when bandwidth, not the CPU, is scarce.
 """
@@ -49,7 +51,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit", help="link rate for tc tbf (e.g. 1gbit, 10gbit)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps per mode per rep")
+    parser.add_argument("--steps", type=int, default=16, help="timed training steps per mode per rep (a multiple of 8)")
+    parser.add_argument("--modes", default="single,mpi4py,hvdlite,sharded,local8,powersgd",
+                        help="torch_training_step.py modes")
+    parser.add_argument("--sections", default="sweep,mix", help="allreduce_vs_mpi4py.py sections ('' for none)")
     parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
     args = parser.parse_args()
     reason = unavailable()
@@ -64,10 +69,10 @@ def main() -> None:
                       "-x", "UCX_TLS=tcp,self"]
             wrap = hosts.command_on("hostA", [])
             collectives = run(wrap + [hvdliterun, "-np", "2", *launch, sys.executable,
-                                      str(ROOT / "bench" / "allreduce_vs_mpi4py.py"), "--sections", "sweep,mix",
-                                      "--reps", str(args.reps)])
+                                      str(ROOT / "bench" / "allreduce_vs_mpi4py.py"), "--sections", args.sections,
+                                      "--reps", str(args.reps)]) if args.sections else ""
             training = run([sys.executable, str(ROOT / "bench" / "torch_training_step.py"),
-                            "--modes", "single,mpi4py,hvdlite", "--reps", str(args.reps), "--steps", str(args.steps),
+                            "--modes", args.modes, "--reps", str(args.reps), "--steps", str(args.steps),
                             "--wrap", shlex.join(wrap), "--hvdliterun-args", shlex.join(launch)])
         finally:
             hosts.close()

@@ -22,7 +22,7 @@ import optax
 
 from ..ops import Average
 from ..process_sets import ProcessSet
-from ..training.options import check_count
+from ..training.local_sgd import LocalSGDSchedule
 from .arrays import is_traced
 from .collectives import allreduce
 
@@ -39,8 +39,7 @@ def local_sgd(inner: optax.GradientTransformationExtraArgs, reduce_updates: Call
               process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
     """``inner`` on averaged gradients for ``warmup_steps`` updates, then on local ones with a
     parameter average every ``period`` updates (see the module's doc)."""
-    period = check_count(period, "local_sgd_period", minimum=1)
-    warmup_steps = check_count(warmup_steps, "local_sgd_warmup_steps", minimum=0)
+    schedule = LocalSGDSchedule(period, warmup_steps)
 
     def average(tree: Any, label: str) -> Any:
         leaves, treedef = jax.tree.flatten(tree)
@@ -75,8 +74,7 @@ def local_sgd(inner: optax.GradientTransformationExtraArgs, reduce_updates: Call
             return new_updates, (average(new_state, "state") if average_state else new_state)
 
         branches = [synchronous, local, averaged]
-        local_step = state.step + 1 - warmup_steps
-        which = jnp.where(state.step < warmup_steps, 0, jnp.where(local_step % period == 0, 2, 1))
+        which = jnp.where(schedule.synchronous(state.step), 0, jnp.where(schedule.averages_after(state.step), 2, 1))
         if is_traced(which):
             new_updates, new_inner = jax.lax.switch(which, branches, state.inner)
         else:  # eager: a Python branch, so nothing is traced

@@ -18,7 +18,7 @@ import torch
 
 from ..ops import Average
 from ..process_sets import ProcessSet
-from ..training.options import check_count
+from ..training.local_sgd import LocalSGDSchedule
 
 
 class LocalSGD:
@@ -26,8 +26,7 @@ class LocalSGD:
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], period: int,
                  warmup_steps: int, average_state: bool, process_set: ProcessSet) -> None:
-        self.period = check_count(period, "local_sgd_period", minimum=1)
-        self.warmup_steps = check_count(warmup_steps, "local_sgd_warmup_steps", minimum=0)
+        self.schedule = LocalSGDSchedule(period, warmup_steps)
         self._optimizer, self._names = optimizer, names
         self._average_state, self._process_set = average_state, process_set
         self.steps = 0  # optimizer steps since the optimizer was made (or the world last changed)
@@ -36,13 +35,13 @@ class LocalSGD:
     @property
     def synchronous(self) -> bool:
         """True while gradients are still averaged every step (the warm-up)."""
-        return self.steps < self.warmup_steps
+        return bool(self.schedule.synchronous(self.steps))
 
     def after_step(self, _optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         """Optimizer step post-hook: count the step; average every ``period`` local steps."""
+        averages = self.schedule.averages_after(self.steps)
         self.steps += 1
-        local = self.steps - self.warmup_steps
-        if local > 0 and local % self.period == 0:
+        if averages:
             self.average()
 
     def average(self) -> None:

@@ -79,3 +79,10 @@ def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(
     result = run_script("tf_sync_batch_norm.py", np, timeout=180)
     for rank in range(np):
         assert "ok tf sync batch norm" in result.lines(rank), result.output
+
+
+@pytest.mark.parametrize(("np", "kind", "mode"), [(2, "adam", "fit"), (3, "sgd", "eager"), (3, "adam", "fit")])
+def test_keras_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode):
+    result = run_script("keras_local_sgd.py", np, kind, mode, timeout=240)
+    assert result.output.count("ok keras local sgd") == np, result.output
+

@@ -27,9 +27,11 @@ import tensorflow as tf
 from ...compression import Compressor, NoneCompressor
 from ...ops import Average, ReduceOp, resolve_op
 from ...process_sets import ProcessSet, global_process_set
+from ...training.local_sgd import LocalSGDSchedule
 from ...training.options import check_passes, predivide_scales
 from .. import host_ops
 from ..gradients import check_groups, reduce_gradients
+from . import local_sgd as local_sgd_module
 
 _MARK = "_hvdlite_distributed"
 
@@ -82,7 +84,8 @@ def _loss_scaler_around(optimizer: keras.optimizers.Optimizer) -> Any:
     return None
 
 
-def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging) -> None:
+def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging,
+                             local: local_sgd_module.KerasLocalSGD | None) -> None:
     clip = optimizer._clip_gradients  # bound method of the class; the instance attribute shadows it
 
     def clip_gradients(grads: list[Any]) -> list[Any]:
@@ -92,6 +95,8 @@ def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _
                 "this hvdlite DistributedOptimizer is wrapped in a keras LossScaleOptimizer (model.compile does "
                 "that under the mixed_float16 policy), whose overflow check would be local to each rank. Wrap "
                 "the other way round: hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))")
+        if local is not None:  # local SGD: gradients are averaged in the warm-up only
+            return clip(local.reduce_in_warmup(list(grads), averaging.reduce))
         return clip(averaging.reduce(list(grads)))
 
     optimizer._clip_gradients = clip_gradients
@@ -114,8 +119,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp = Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
-                         process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                         process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True,
+                         local_sgd_period: int | None = None, local_sgd_warmup_steps: int = 0,
+                         local_sgd_average_state: bool = False) -> keras.optimizers.Optimizer:
     """Make a Keras 3 optimizer average its gradients across ranks before every update; returns it.
 
     Under the ``mixed_float16`` policy a plain optimizer comes back inside a LossScaleOptimizer, as
@@ -124,7 +130,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     are summed, as in Horovod, unless ``average_aggregated_gradients``. ``name``,
     ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` (no variable is local here) are
     accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
-    and the whole gradient list is one group, which the core fuses.
+    and the whole gradient list is one group, which the core fuses. ``local_sgd_period=K``: after
+    ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every K
+    (see :mod:`hvdlite.tensorflow.keras.local_sgd`).
     """
     check_groups(num_groups, groups)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -150,7 +158,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         target = optimizer.inner_optimizer
     if passes > 1:
         _accumulate(target, passes)
-    _average_before_clipping(target, averaging)
+    local = None
+    if local_sgd_period is not None:
+        schedule = LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps)
+        local = local_sgd_module.KerasLocalSGD(target, schedule, local_sgd_average_state, process_set)
+        local_sgd_module.install(target, local)
+    _average_before_clipping(target, averaging, local)
     setattr(optimizer, _MARK, averaging)
     if target is not optimizer:
         setattr(target, _MARK, averaging)
