@@ -76,16 +76,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     inner = optax.with_extra_args_support(tx)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's updates")
     base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
-
-    def reduce_updates(updates: Any) -> Any:
-        leaves, treedef = jax.tree.flatten(updates)
-        if not leaves or not member:
-            return updates
-        packed = [compression.compress(leaf) for leaf in leaves]
-        reduced = allreduce([p[0] for p in packed], name=base, op=op, prescale_factor=prescale,
-                            postscale_factor=postscale, process_set=process_set)
-        restored = [compression.decompress(r, p[1]) for r, p in zip(reduced, packed, strict=True)]
-        return jax.tree.unflatten(treedef, restored)
+    reduce_updates = _updates_reducer(compression, base, op, (prescale, postscale), member, process_set)
 
     def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
         return inner.update(reduce_updates(updates), state, params, **extra_args)
@@ -102,6 +93,23 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if passes > 1:
         return _accumulating(inner, reduce_updates, passes)
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+def _updates_reducer(compression: Any, base: str, op: ReduceOp, scales: tuple[float, float], member: bool,
+                     process_set: ProcessSet) -> Any:
+    """The function that reduces a tree of updates across the set (one request group, named ``base``)."""
+
+    def reduce_updates(updates: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(updates)
+        if not leaves or not member:
+            return updates
+        packed = [compression.compress(leaf) for leaf in leaves]
+        reduced = allreduce([p[0] for p in packed], name=base, op=op, prescale_factor=scales[0],
+                            postscale_factor=scales[1], process_set=process_set)
+        restored = [compression.decompress(r, p[1]) for r, p in zip(reduced, packed, strict=True)]
+        return jax.tree.unflatten(treedef, restored)
+
+    return reduce_updates
 
 
 def _local(inner: optax.GradientTransformationExtraArgs, reduce_updates: Any, passes: int,

@@ -8,10 +8,19 @@ afterwards each rank steps on its own gradients, with no communication, and afte
 allreduce through the core. With ``average_state`` the optimizer's floating-point state (Adam's
 moments, momentum buffers) is averaged with them. Every rank takes the same number of steps, so
 every rank averages at the same step without negotiating when.
+
+With ``overlap`` the average runs while the next period's local steps compute: at an averaging
+step each rank keeps a copy of its parameters (the anchor) and starts averaging another copy,
+and at the next averaging step it adds ``average - anchor`` to its parameters (its own progress
+since the anchor is kept) before starting the next average. Every average thus lands one period
+late, and the link is busy while the processor is: on a slow link the step costs
+``max(compute, communication / period)`` instead of their sum. It costs two copies of the
+parameters and is not combined with ``average_state``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -21,16 +30,29 @@ from ..process_sets import ProcessSet
 from ..training.local_sgd import LocalSGDSchedule
 
 
+@dataclasses.dataclass
+class _InFlight:
+    """An overlapped average: the parameters, their values when it started, and its allreduce."""
+
+    params: list[torch.Tensor]
+    anchors: list[torch.Tensor]
+    sent: list[torch.Tensor]  # copies of the anchors, averaged in place
+    handle: Any
+
+
 class LocalSGD:
     """The step counter and the averaging of one wrapped optimizer (see the module's doc)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], period: int,
-                 warmup_steps: int, average_state: bool, process_set: ProcessSet) -> None:
+                 warmup_steps: int, average_state: bool, process_set: ProcessSet, overlap: bool = False) -> None:
         self.schedule = LocalSGDSchedule(period, warmup_steps)
+        if overlap and average_state:
+            raise ValueError("local_sgd_overlap=True cannot be combined with local_sgd_average_state=True (not built)")
         self._optimizer, self._names = optimizer, names
-        self._average_state, self._process_set = average_state, process_set
+        self._average_state, self._process_set, self.overlap = average_state, process_set, overlap
         self.steps = 0  # optimizer steps since the optimizer was made (or the world last changed)
-        self.averages = 0
+        self.averages = 0  # averages applied to the parameters
+        self._in_flight: _InFlight | None = None
 
     @property
     def synchronous(self) -> bool:
@@ -41,13 +63,41 @@ class LocalSGD:
         """Optimizer step post-hook: count the step; average every ``period`` local steps."""
         averages = self.schedule.averages_after(self.steps)
         self.steps += 1
-        if averages:
+        if averages and self.overlap:
+            self._start_overlapped()
+        elif averages:
             self.average()
 
+    def _start_overlapped(self) -> None:
+        from .async_ops import grouped_allreduce_async_
+
+        self.finish()  # the previous period's average lands first
+        params = [param.data for param in self._names]
+        anchors = [param.clone() for param in params]
+        sent = [anchor.clone() for anchor in anchors]
+        handle = grouped_allreduce_async_(sent, op=Average, name="local_sgd.overlap", process_set=self._process_set)
+        self._in_flight = _InFlight(params, anchors, sent, handle)
+
+    def finish(self) -> None:
+        """Apply the overlapped average in flight, if any: ``params += average - anchor``."""
+        from .async_ops import synchronize
+
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        synchronize(flight.handle)
+        with torch.no_grad():
+            for param, anchor, mean in zip(flight.params, flight.anchors, flight.sent, strict=True):
+                param.add_(mean.sub_(anchor))
+        self.averages += 1
+
     def average(self) -> None:
-        """Average the parameters (and with ``average_state`` the optimizer state) across the set, now."""
+        """Average the parameters (and with ``average_state`` the optimizer state) across the set, now
+        (after landing an overlapped average in flight): call it at the end of training to leave every
+        rank with the same model."""
         from .async_ops import grouped_allreduce_
 
+        self.finish()
         tensors = [param.data for param in self._names]
         if self._average_state:
             tensors += [value for param in self._names for _, value in sorted(self._optimizer.state[param].items())
@@ -60,6 +110,7 @@ class LocalSGD:
         """Elastic: a new world starts counting (and warming up) again, the same on every rank."""
         self.steps = 0
         self.averages = 0
+        self._in_flight = None  # its allreduce ended with the old world
 
 
 __all__ = ["LocalSGD"]

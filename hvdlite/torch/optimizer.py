@@ -148,21 +148,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
                          groups: int | list[list[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, local_sgd_period: int | None = None,
                          local_sgd_warmup_steps: int = 0, local_sgd_average_state: bool = False,
-                         shard_optimizer_state: bool = False) -> torch.optim.Optimizer:
+                         shard_optimizer_state: bool = False, local_sgd_overlap: bool = False) -> torch.optim.Optimizer:
     """Make ``optimizer`` average gradients across ranks; returns the same optimizer object.
 
-    With ``process_set``, gradients are averaged over that set's ranks only (on a rank outside
-    the set the optimizer stays local, as Horovod's). Each gradient's
-    allreduce starts as soon as backward has produced it (after
-    ``backward_passes_per_step`` local accumulations); ``step()`` waits for them. ``groups`` (an
-    int, or lists of parameters) reduces gradients in groups that are negotiated together.
+    With ``process_set``, gradients are averaged over that set's ranks only (on a rank outside the
+    set the optimizer stays local, as Horovod's). Each gradient's allreduce starts as soon as
+    backward has produced it (after ``backward_passes_per_step`` local accumulations); ``step()``
+    waits for them. ``groups`` (an int, or lists of parameters) are negotiated together.
     ``gradient_predivide_factor`` splits the averaging into a division before the sum and the rest
     after it (only with ``op=Average``). Sparse gradients are allgathered, or densified with
     ``sparse_as_dense``.
 
     ``local_sgd_period=K`` (local SGD, :mod:`hvdlite.torch.local_sgd`): after
     ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K
-    steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged.
+    steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged;
+    with ``local_sgd_overlap`` each average runs during the next K steps and lands one period late;
+    ``optimizer.average_parameters()`` averages now (after the last step, say).
 
     ``compression=Compression.powersgd(rank=r, start_step=s)`` (:mod:`hvdlite.torch.powersgd`):
     after ``s`` plain steps, weight matrices are averaged as rank-r approximations with error
@@ -189,20 +190,26 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     submitter = GradientSubmitter(names, compression, op, scales,
                                   groups if groups is not None else (num_groups or None), sparse_as_dense,
                                   current().config.bucket_bytes, process_set)
-    # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
-    local = None if local_sgd_period is None else LocalSGD(
-        optimizer, names, local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state, process_set)
+    local = None if local_sgd_period is None else LocalSGD(optimizer, names, local_sgd_period, local_sgd_warmup_steps,
+                                                           local_sgd_average_state, process_set, local_sgd_overlap)
     powersgd = powersgd_reducer(compression, names if member else {}, op, gradient_predivide_factor,
                                 local_sgd_period, process_set)
+    # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
     reducer = GradientReducer(optimizer, names if member else {}, submitter, passes, local, powersgd)
+    _bind(optimizer, reducer, names, ("synchronize", "skip_synchronize", "zero_grad", "set_backward_passes_per_step"))
+    if local is not None:  # local SGD: land what is in flight and average now (e.g. after the last step)
+        optimizer.average_parameters = local.average
+    return optimizer
+
+
+def _bind(optimizer: torch.optim.Optimizer, reducer: Any, names: dict[torch.Tensor, str],
+          methods: tuple[str, ...]) -> None:
+    """Put ``reducer``'s ``methods`` and Horovod's attributes onto the user's optimizer object."""
     optimizer._hvdlite_reducer = reducer
     # Horovod's attribute (parameter -> its name in named_parameters); Horovod's helpers and user code read it.
     optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}
-    optimizer.synchronize = reducer.synchronize
-    optimizer.skip_synchronize = reducer.skip_synchronize
-    optimizer.zero_grad = reducer.zero_grad
-    optimizer.set_backward_passes_per_step = reducer.set_backward_passes_per_step
-    return optimizer
+    for method in methods:
+        setattr(optimizer, method, getattr(reducer, method))
 
 
 def _sharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], passes: int,
@@ -220,14 +227,10 @@ def _sharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], p
         return optimizer
     reducer = ShardedReducer(optimizer, names, passes, scales, op, process_set, current().config.bucket_bytes)
     checkpoints = ShardedCheckpoints(optimizer, reducer, process_set)
-    optimizer._hvdlite_reducer, optimizer._hvdlite_checkpoints = reducer, checkpoints
-    optimizer.synchronize = reducer.synchronize
-    optimizer.skip_synchronize = reducer.skip_synchronize
-    optimizer.zero_grad = reducer.zero_grad
-    optimizer.set_backward_passes_per_step = reducer.set_backward_passes_per_step
-    optimizer.consolidate_state_dict = checkpoints.consolidate_state_dict
-    optimizer.state_dict = checkpoints.state_dict
-    optimizer.load_state_dict = checkpoints.load_state_dict
+    _bind(optimizer, reducer, names, ("synchronize", "skip_synchronize", "zero_grad", "set_backward_passes_per_step"))
+    optimizer._hvdlite_checkpoints = checkpoints
+    for method in ("consolidate_state_dict", "state_dict", "load_state_dict"):
+        setattr(optimizer, method, getattr(checkpoints, method))
     return optimizer
 
 

@@ -30,6 +30,7 @@ import torch
 from .. import errors
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet
+from ..training.options import check_passes
 from . import async_ops
 from .shard_layout import ShardBucket, plan_shard_buckets
 
@@ -67,6 +68,7 @@ class ShardedReducer:
         self._delay = {p: passes for p in self._bucket_of}
         self._waiting = {b.index: len(b.params) for b in self.all_buckets}
         self._in_flight: dict[int, Any] = {}
+        self._synchronized = False  # since the last backward: a second synchronize() has nothing to do
         self._should_synchronize = True
         self._original_zero_grad = optimizer.zero_grad
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self._bucket_of]
@@ -83,6 +85,7 @@ class ShardedReducer:
             raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
                                  "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
         self._delay[param] -= 1
+        self._synchronized = False
         if self._delay[param] == 0:
             bucket = self._bucket_of[param]
             self._waiting[bucket.index] -= 1
@@ -118,6 +121,8 @@ class ShardedReducer:
     # ---- methods bound onto the optimizer ----------------------------------------------------
     def synchronize(self) -> None:
         """Reduce-scatter every bucket not yet sent and give each shard its slice of the average."""
+        if self._synchronized and not self._in_flight:
+            return  # already done since the last backward: the shards hold their averaged slices
         for bucket in self.all_buckets:
             bucket.copy_shard_from_params()  # the parameters may have been broadcast or loaded since
             if bucket.index not in self._in_flight:
@@ -131,6 +136,7 @@ class ShardedReducer:
             raise
         finally:
             self._reset_counts()
+        self._synchronized = True
 
     def _reset_counts(self) -> None:
         for param in self._delay:
@@ -157,7 +163,7 @@ class ShardedReducer:
             param.grad = None if set_to_none else (param.grad.zero_() if param.grad is not None else None)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = passes
+        self.backward_passes_per_step = check_passes(passes)
         self._reset_counts()
 
 

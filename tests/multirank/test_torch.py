@@ -112,6 +112,12 @@ def test_local_sgd_steps_locally_and_averages_every_period_like_its_replay(np, k
     assert result.output.count("ok local sgd") == np, result.output
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_overlapped_local_sgd_lands_each_average_one_period_late_like_its_replay(np):
+    result = run_script("torch_local_sgd.py", np, "sgd", "overlap", timeout=120)
+    assert result.output.count("ok local sgd") == np, result.output
+
+
 @pytest.mark.parametrize(("np", "kind"), [(2, "sgd"), (3, "adam")])
 def test_sharded_optimizer_state_steps_like_the_unsharded_optimizer_and_checkpoints_in_full(np, kind):
     # 64-byte buckets: the 7-5-1 MLP spans several buckets, none divisible by 3
@@ -131,7 +137,7 @@ def test_sharded_local_sgd_and_powersgd_reach_the_synchronous_accuracy_on_digits
     assert result.output.count("ok digits") == np, result.output
     accuracy = {mode: float(value) for mode, value in
                 (line.split()[1:3] for line in result.lines(0) if line.startswith("accuracy "))}
-    assert set(accuracy) == {"sync", "sharded", "local4", "local8", "powersgd2", "powersgd4"}, result.output
+    assert set(accuracy) == {"sync", "sharded", "local4", "local8", "local8overlap", "powersgd2", "powersgd4"}, result.output
     assert accuracy["sync"] > 90, accuracy  # the synchronous run itself learned the digits
     behind = {mode: accuracy["sync"] - value for mode, value in accuracy.items() if accuracy["sync"] - value > 1.0}
     assert not behind, f"more than 1 point below synchronous training: {behind}; all: {accuracy}"

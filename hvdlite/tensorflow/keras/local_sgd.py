@@ -84,8 +84,11 @@ class KerasLocalSGD:
         return tf.constant(True)
 
 
-def install(optimizer: keras.optimizers.Optimizer, local_sgd: KerasLocalSGD) -> None:
-    """Average after ``apply`` (``apply_gradients`` and ``model.fit`` both go through it)."""
+def install(optimizer: keras.optimizers.Optimizer, schedule: LocalSGDSchedule, average_state: bool,
+            process_set: ProcessSet) -> KerasLocalSGD:
+    """Local SGD on ``optimizer``: its averaging runs after ``apply`` (``apply_gradients`` and
+    ``model.fit`` both go through it); the warm-up reduction is the caller's to route through it."""
+    local_sgd = KerasLocalSGD(optimizer, schedule, average_state, process_set)
     apply = optimizer.apply
 
     def apply_then_average(grads: Any, trainable_variables: Any = None) -> Any:
@@ -95,6 +98,7 @@ def install(optimizer: keras.optimizers.Optimizer, local_sgd: KerasLocalSGD) -> 
         return result
 
     optimizer.apply = apply_then_average
+    return local_sgd
 
 
 __all__ = ["KerasLocalSGD", "install"]

@@ -158,11 +158,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         target = optimizer.inner_optimizer
     if passes > 1:
         _accumulate(target, passes)
-    local = None
-    if local_sgd_period is not None:
-        schedule = LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps)
-        local = local_sgd_module.KerasLocalSGD(target, schedule, local_sgd_average_state, process_set)
-        local_sgd_module.install(target, local)
+    local = None if local_sgd_period is None else local_sgd_module.install(
+        target, LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps), local_sgd_average_state, process_set)
     _average_before_clipping(target, averaging, local)
     setattr(optimizer, _MARK, averaging)
     if target is not optimizer:

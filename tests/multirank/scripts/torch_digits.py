@@ -3,7 +3,7 @@
 Usage: torch_digits.py. Each rank trains on its own stride of the training split (70% of the 1797
 8x8 digits; the split is the same on every rank); every mode starts from the same weights and
 sees the same samples in the same order for EPOCHS epochs: synchronous DistributedOptimizer,
-sharded optimizer state, local SGD (K=4, 8) and PowerSGD (rank 2, 4). Rank 0 prints each mode's
+sharded optimizer state, local SGD (K=4, 8, and 8 with overlapped averages) and PowerSGD (rank 2, 4). Rank 0 prints each mode's
 test accuracy ('accuracy <mode> <percent>'); every rank prints 'ok digits <rank>'.
 """
 
@@ -19,6 +19,7 @@ MODES = {
     "sharded": {"shard_optimizer_state": True},
     "local4": {"local_sgd_period": 4, "local_sgd_warmup_steps": WARMUP},
     "local8": {"local_sgd_period": 8, "local_sgd_warmup_steps": WARMUP},
+    "local8overlap": {"local_sgd_period": 8, "local_sgd_warmup_steps": WARMUP, "local_sgd_overlap": True},
     "powersgd2": {"compression": ("powersgd", 2)},
     "powersgd4": {"compression": ("powersgd", 4)},
 }
@@ -52,7 +53,7 @@ def train(mode: str, train_x: torch.Tensor, train_y: torch.Tensor) -> torch.nn.M
             torch.nn.functional.cross_entropy(model(mine_x[batch]), mine_y[batch]).backward()
             optimizer.step()
     if mode.startswith("local"):  # end on an average, as a local-SGD run would before evaluating
-        optimizer._hvdlite_reducer.local_sgd.average()
+        optimizer.average_parameters()
     return model
 
 

@@ -1,9 +1,11 @@
 """Local SGD with real ranks: each rank's parameters against a replay of every rank in one process.
 
-Usage: torch_local_sgd.py sgd|adam. Rank r trains a Linear(4, 1) on its own data (x = r + 1) for
+Usage: torch_local_sgd.py sgd|adam [overlap]. Rank r trains a Linear(4, 1) on its own data (x = r + 1) for
 STEPS steps with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``; the replay steps a copy
 per rank (gradients averaged during the warm-up, local afterwards, parameters, and with Adam its
-state, averaged every PERIOD local steps). Prints 'ok local sgd <rank>'.
+state, averaged every PERIOD local steps; with ``overlap`` (SGD only), each average is taken of the
+parameters at one averaging step and lands at the next as ``params += mean - anchor``). Prints
+'ok local sgd <rank>'.
 """
 
 import copy
@@ -27,14 +29,14 @@ def loss_of(model: torch.nn.Module, rank: int) -> torch.Tensor:
     return ((model(x) - rank) ** 2).mean()
 
 
-def replay(kind: str, size: int) -> list[list[float]]:
+def replay(kind: str, size: int, overlap: bool = False) -> list[list[float]]:
     """Every rank's parameters after each step, simulated in this process."""
     torch.manual_seed(0)
     models = [torch.nn.Linear(4, 1) for _ in range(size)]
     for model in models[1:]:
         model.load_state_dict(models[0].state_dict())
     optimizers = [make(kind, m) for m in models]
-    history = []
+    history, anchors = [], None
     for step in range(STEPS):
         for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
             optimizer.zero_grad()
@@ -47,13 +49,26 @@ def replay(kind: str, size: int) -> list[list[float]]:
         for optimizer in optimizers:
             optimizer.step()
         local = step + 1 - WARMUP
-        if local > 0 and local % PERIOD == 0:
+        if local > 0 and local % PERIOD == 0 and overlap:
+            anchors = _land_and_anchor(models, anchors)
+        elif local > 0 and local % PERIOD == 0:
             _average([list(m.parameters()) for m in models])
             if kind == "adam":
                 _average([[v for p in o.param_groups[0]["params"] for _, v in sorted(o.state[p].items())]
                           for o in optimizers])
         history.append([torch.cat([p.detach().flatten() for p in m.parameters()]).tolist() for m in models])
     return history
+
+
+def _land_and_anchor(models: list[torch.nn.Module], anchors: list[list[torch.Tensor]] | None) -> list:
+    """Overlapped averaging: the previous anchors' mean lands (params += mean - anchor), new anchors are taken."""
+    with torch.no_grad():
+        if anchors is not None:
+            for index, params in enumerate(zip(*(m.parameters() for m in models), strict=True)):
+                mean = torch.stack([a[index] for a in anchors]).mean(0)
+                for param, own in zip(params, anchors, strict=True):
+                    param.add_(mean - own[index])
+        return [[p.detach().clone() for p in m.parameters()] for m in models]
 
 
 def _average(per_rank: list[list[torch.Tensor]]) -> None:
@@ -65,7 +80,7 @@ def _average(per_rank: list[list[torch.Tensor]]) -> None:
 
 
 def main() -> None:
-    kind = sys.argv[1]
+    kind, overlap = sys.argv[1], sys.argv[2:] == ["overlap"]
     torch.set_num_threads(1)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -73,8 +88,9 @@ def main() -> None:
     model = torch.nn.Linear(4, 1)
     base = make(kind, model)
     optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), local_sgd_period=PERIOD,
-                                         local_sgd_warmup_steps=WARMUP, local_sgd_average_state=kind == "adam")
-    expected = replay(kind, size)
+                                         local_sgd_warmup_steps=WARMUP, local_sgd_average_state=kind == "adam",
+                                         local_sgd_overlap=overlap)
+    expected = replay(kind, size, overlap)
     for step in range(STEPS):
         optimizer.zero_grad()
         loss_of(model, rank).backward()
@@ -85,9 +101,10 @@ def main() -> None:
         every = hvd.allgather_object(mine.tolist())
         in_step = all(e == every[0] for e in every)
         local = step + 1 - WARMUP
-        # Equal on every rank during the warm-up and right after an average; apart in between.
-        assert in_step == (local <= 0 or local % PERIOD == 0), (rank, step, every)
-    assert optimizer._hvdlite_reducer.local_sgd.averages == (STEPS - WARMUP) // PERIOD
+        # Equal on every rank during the warm-up and right after an average (never, when averages land late).
+        assert in_step == (local <= 0 or (local % PERIOD == 0 and not overlap)), (rank, step, every)
+    landed = (STEPS - WARMUP) // PERIOD - (1 if overlap else 0)  # the last overlapped average is in flight
+    assert optimizer._hvdlite_reducer.local_sgd.averages == landed
     print(f"ok local sgd {rank}", flush=True)
     copy.deepcopy(optimizer.state_dict())  # the optimizer is still a plain torch optimizer
     hvd.shutdown()
