@@ -10,9 +10,8 @@ step pre-hook waits for all of them. ``synchronize``, ``skip_synchronize`` and a
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -27,18 +26,10 @@ from ..training.powersgd import PowerSGD
 from .grad_sync import GradientSubmitter, name_parameters
 from .local_sgd import LocalSGD
 from .powersgd import PowerSGDReducer, powersgd_reducer
-
-ZERO_GRAD_RACE = (
-    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
-)
-TOO_MANY_PASSES = (
-    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-    "Increase backward_passes_per_step to accumulate gradients locally."
-)
+from .step_control import TOO_MANY_PASSES, ZERO_GRAD_RACE, SkippableSynchronize
 
 
-class GradientReducer:
+class GradientReducer(SkippableSynchronize):
     """The distributed half of a wrapped optimizer: hooks, in-flight reductions, synchronization."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
@@ -119,15 +110,6 @@ class GradientReducer:
             self.local_sgd.restart()
         if self.powersgd is not None:
             self.powersgd.restart()
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Inside this block ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._submitter.in_flight:

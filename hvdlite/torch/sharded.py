@@ -21,8 +21,6 @@ whole tensors; others are refused. Checkpoints stay full and unsharded: see
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +31,7 @@ from ..process_sets import ProcessSet
 from ..training.options import check_passes
 from . import async_ops
 from .shard_layout import ShardBucket, plan_shard_buckets
+from .step_control import TOO_MANY_PASSES, ZERO_GRAD_RACE, SkippableSynchronize
 
 # Optimizers whose update of an element depends only on that element's gradient, state and value.
 ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
@@ -52,7 +51,7 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
                          "state for the full parameters); load a checkpoint with load_state_dict after wrapping")
 
 
-class ShardedReducer:
+class ShardedReducer(SkippableSynchronize):
     """The distributed half of a sharded optimizer: hooks, reduce-scatters, all-gathers."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], passes: int,
@@ -82,8 +81,7 @@ class ShardedReducer:
     # ---- hooks -------------------------------------------------------------------------------
     def _on_gradient(self, param: torch.Tensor) -> None:
         if self._delay[param] <= 0:
-            raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
-                                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            raise AssertionError(TOO_MANY_PASSES)
         self._delay[param] -= 1
         self._synchronized = False
         if self._delay[param] == 0:
@@ -144,20 +142,9 @@ class ShardedReducer:
         for bucket in self.all_buckets:
             self._waiting[bucket.index] = len(bucket.params)
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Inside this block ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._in_flight:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                                 "cause a race condition.")
+            raise AssertionError(ZERO_GRAD_RACE)
         self._original_zero_grad(set_to_none)  # the shards' gradients
         for param in self._bucket_of:
             param.grad = None if set_to_none else (param.grad.zero_() if param.grad is not None else None)
