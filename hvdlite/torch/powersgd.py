@@ -75,28 +75,44 @@ def powersgd_step(state: PowerSGDState, grads: list[tuple[str, torch.Tensor]], s
 
 
 def _compressed_round(state: PowerSGDState, items: list[Compressed], start: Start, scope: str) -> None:
-    """The two rounds for the compressed gradients: P = M Q averaged, orthogonalized; Q = M^T P averaged."""
+    """The two rounds for the compressed gradients: P = M Q averaged, orthogonalized; Q = M^T P averaged.
+
+    Everything runs in place in long-lived memory: M is built in the error buffer, the approximation
+    is written straight into the gradient: fresh temporaries per matrix cost page faults that made
+    the math twice as slow. Q is kept transposed (r x m, contiguous) because the skinny products are
+    about 3x faster in that layout with MKL on one thread (50 products of 704x704 by 704x4: 9 ms
+    instead of 30).
+    """
     config = state.config
     matrices, ps = [], []
     for index, name, grad, (n, m, r) in items:
-        error = state.errors.get(name)
-        # M = this step's gradient plus what earlier approximations left out (a new tensor: grad is rewritten).
-        matrix = grad.reshape(n, m) + error if error is not None else grad.reshape(n, m).clone()
+        matrix = _with_error_(state, name, grad.reshape(n, m))
         q = state.qs.get(name)
         if q is None:
-            q = torch.from_numpy(config.initial_q(index, m, r)).to(dtype=grad.dtype, device=grad.device)
+            q = torch.from_numpy(config.initial_q(index, m, r).T.copy()).to(dtype=grad.dtype, device=grad.device).t()
         matrices.append(matrix)
-        ps.append(matrix @ q)
+        ps.append(matrix @ q)  # q is a column-major m x r view: the fast layout for this product
     start(ps, P_NAME + scope)()
     for p in ps:
         orthogonalize_(p, config.epsilon)  # every rank orthogonalizes the same averaged P: same result
-    qs = [matrix.t() @ p for matrix, p in zip(matrices, ps, strict=True)]
-    start(qs, Q_NAME + scope)()
-    for (_, name, grad, _), matrix, p, q in zip(items, matrices, ps, qs, strict=True):
-        approximation = p @ q.t()
-        state.errors[name] = matrix.sub_(approximation)  # M - approximation, in M's memory
-        state.qs[name] = q
-        grad.copy_(approximation.view(grad.shape))
+    q_rows = [p.t() @ matrix for matrix, p in zip(matrices, ps, strict=True)]  # Q^T = P^T M, r x m
+    start(q_rows, Q_NAME + scope)()
+    for (_, name, grad, (n, m, _)), matrix, p, q_row in zip(items, matrices, ps, q_rows, strict=True):
+        in_place = grad.is_contiguous()
+        approximation = torch.mm(p, q_row, out=grad.view(n, m)) if in_place else p @ q_row  # P Q^T
+        matrix.sub_(approximation)  # the error buffer now holds M - approximation
+        if not in_place:
+            grad.copy_(approximation.view(grad.shape))
+        state.qs[name] = q_row.t()
+
+
+def _with_error_(state: PowerSGDState, name: str, grad: torch.Tensor) -> torch.Tensor:
+    """M = gradient + the error earlier approximations left out, built in the error buffer."""
+    error = state.errors.get(name)
+    if error is None:
+        error = state.errors[name] = grad.clone(memory_format=torch.contiguous_format)
+        return error
+    return error.add_(grad)
 
 
 class PowerSGDReducer:

@@ -149,7 +149,9 @@ def _torch_steps(config: PowerSGD, size: int, steps: int) -> list[list[dict]]:
                           else g.clone() for name, g in grads}
             powersgd_step(states[rank], grads, ranks.torch_start(rank))
             return {"given": given, "m": with_error, "out": dict(grads),
-                    "errors": dict(states[rank].errors), "qs": dict(states[rank].qs)}
+                    # Copies: the state's buffers are updated in place by the next step.
+                    "errors": {k: v.clone() for k, v in states[rank].errors.items()},
+                    "qs": {k: v.clone() for k, v in states[rank].qs.items()}}
         history.append(ranks.run(body))
     history.append(ranks.names)  # type: ignore[arg-type]
     return history
@@ -195,6 +197,23 @@ def test_at_full_rank_the_approximation_is_the_average():
                 assert torch.allclose(r["out"][name], mean, atol=1e-4), (name, (r["out"][name] - mean).abs().max())
             # Nothing of the average is left out: each rank's error is its own deviation from it.
             assert _mean([r["errors"][name] for r in per_rank]).abs().max() < 1e-4
+
+
+def test_a_non_contiguous_gradient_gets_the_same_result_as_its_contiguous_copy():
+    """The approximation is written into the gradient in place; a transposed gradient takes the copy path."""
+    config = PowerSGD(rank=2, start_step=0)
+    results = []
+    for make in (lambda t: t.contiguous(), lambda t: t.t().contiguous().t()):
+        state = PowerSGDState(config)
+        for step in range(2):
+            generator = torch.Generator().manual_seed(step)
+            grad = make(torch.randn(16, 12, generator=generator))
+            powersgd_step(state, [("w", grad)], SimulatedRanks(1).torch_start(0))
+        results.append((grad.clone(), state.errors["w"].clone()))
+    assert not make(torch.zeros(16, 12)).is_contiguous()
+    (out, error), (out_t, error_t) = results
+    assert torch.allclose(out, out_t, atol=1e-6) and torch.allclose(error, error_t, atol=1e-6)
+    assert torch.linalg.matrix_rank(out) <= 2
 
 
 def test_orthogonalize_gives_orthonormal_columns_and_survives_zeros():
