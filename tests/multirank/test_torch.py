@@ -119,6 +119,12 @@ def test_overlapped_local_sgd_lands_each_average_one_period_late_like_its_replay
 
 
 @pytest.mark.parametrize(("np", "kind"), [(2, "sgd"), (3, "adam")])
+def test_local_sgd_averages_inside_each_process_set_with_two_backward_passes_per_step(np, kind):
+    result = run_script("torch_local_sgd.py", np, kind, "sets", timeout=120)
+    assert result.output.count("ok local sgd") == np, result.output
+
+
+@pytest.mark.parametrize(("np", "kind"), [(2, "sgd"), (3, "adam")])
 def test_sharded_optimizer_state_steps_like_the_unsharded_optimizer_and_checkpoints_in_full(np, kind):
     # 64-byte buckets: the 7-5-1 MLP spans several buckets, none divisible by 3
     result = run_script("torch_sharded.py", np, kind, env={"HVDLITE_BUCKET_BYTES": "64"}, timeout=120)

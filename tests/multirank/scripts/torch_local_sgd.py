@@ -1,11 +1,13 @@
 """Local SGD with real ranks: each rank's parameters against a replay of every rank in one process.
 
-Usage: torch_local_sgd.py sgd|adam [overlap]. Rank r trains a Linear(4, 1) on its own data (x = r + 1) for
-STEPS steps with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``; the replay steps a copy
+Usage: torch_local_sgd.py sgd|adam [overlap|sets]. Rank r trains a Linear(4, 1) on its own data (x = r + 1)
+for STEPS steps with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``; the replay steps a copy
 per rank (gradients averaged during the warm-up, local afterwards, parameters, and with Adam its
 state, averaged every PERIOD local steps; with ``overlap`` (SGD only), each average is taken of the
-parameters at one averaging step and lands at the next as ``params += mean - anchor``). Prints
-'ok local sgd <rank>'.
+parameters at one averaging step and lands at the next as ``params += mean - anchor``). With
+``sets``, the even and the odd ranks are two process sets, each averaging only inside itself, and
+every step takes two backward passes (``backward_passes_per_step=2``, on data x = r + 1 and r + 2).
+Prints 'ok local sgd <rank>'.
 """
 
 import copy
@@ -24,12 +26,17 @@ def make(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
 
 
-def loss_of(model: torch.nn.Module, rank: int) -> torch.Tensor:
-    x = torch.full((2, 4), float(rank + 1))
+def loss_of(model: torch.nn.Module, rank: int, backward_pass: int = 0) -> torch.Tensor:
+    x = torch.full((2, 4), float(rank + 1 + backward_pass))
     return ((model(x) - rank) ** 2).mean()
 
 
-def replay(kind: str, size: int, overlap: bool = False) -> list[list[float]]:
+def sets_for(size: int, split: bool) -> list[list[int]]:
+    """The process sets averaging happens in: the even and the odd ranks, or everyone."""
+    return [list(range(0, size, 2)), list(range(1, size, 2))] if split else [list(range(size))]
+
+
+def replay(kind: str, size: int, overlap: bool = False, split: bool = False) -> list[list[float]]:
     """Every rank's parameters after each step, simulated in this process."""
     torch.manual_seed(0)
     models = [torch.nn.Linear(4, 1) for _ in range(size)]
@@ -40,24 +47,32 @@ def replay(kind: str, size: int, overlap: bool = False) -> list[list[float]]:
     for step in range(STEPS):
         for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
             optimizer.zero_grad()
-            loss_of(model, rank).backward()
-        if step < WARMUP:  # synchronous: every rank steps on the averaged gradient
-            for params in zip(*(m.parameters() for m in models), strict=True):
-                mean = torch.stack([p.grad for p in params]).mean(0)
-                for p in params:
-                    p.grad = mean.clone()
-        for optimizer in optimizers:
-            optimizer.step()
-        local = step + 1 - WARMUP
-        if local > 0 and local % PERIOD == 0 and overlap:
-            anchors = _land_and_anchor(models, anchors)
-        elif local > 0 and local % PERIOD == 0:
-            _average([list(m.parameters()) for m in models])
-            if kind == "adam":
-                _average([[v for p in o.param_groups[0]["params"] for _, v in sorted(o.state[p].items())]
-                          for o in optimizers])
+            for backward_pass in range(2 if split else 1):  # the passes' gradients add up
+                loss_of(model, rank, backward_pass).backward()
+        for ranks in sets_for(size, split):
+            _step_set(kind, step, [models[r] for r in ranks], [optimizers[r] for r in ranks], overlap, anchors)
+        if overlap:
+            local = step + 1 - WARMUP
+            anchors = _land_and_anchor(models, anchors) if local > 0 and local % PERIOD == 0 else anchors
         history.append([torch.cat([p.detach().flatten() for p in m.parameters()]).tolist() for m in models])
     return history
+
+
+def _step_set(kind: str, step: int, models: list, optimizers: list, overlap: bool, anchors: list | None) -> None:
+    """One step of the ranks of one set: averaged gradients in the warm-up, averages every PERIOD steps after."""
+    if step < WARMUP:  # synchronous: every rank steps on the averaged gradient
+        for params in zip(*(m.parameters() for m in models), strict=True):
+            mean = torch.stack([p.grad for p in params]).mean(0)
+            for p in params:
+                p.grad = mean.clone()
+    for optimizer in optimizers:
+        optimizer.step()
+    local = step + 1 - WARMUP
+    if local > 0 and local % PERIOD == 0 and not overlap:
+        _average([list(m.parameters()) for m in models])
+        if kind == "adam":
+            _average([[v for p in o.param_groups[0]["params"] for _, v in sorted(o.state[p].items())]
+                      for o in optimizers])
 
 
 def _land_and_anchor(models: list[torch.nn.Module], anchors: list[list[torch.Tensor]] | None) -> list:
@@ -80,29 +95,36 @@ def _average(per_rank: list[list[torch.Tensor]]) -> None:
 
 
 def main() -> None:
-    kind, overlap = sys.argv[1], sys.argv[2:] == ["overlap"]
+    kind, mode = sys.argv[1], (sys.argv[2:] or [""])[0]
+    overlap, split = mode == "overlap", mode == "sets"
     torch.set_num_threads(1)
-    hvd.init()
+    from mpi4py import MPI
+
+    sets = [hvd.ProcessSet(ranks) for ranks in sets_for(MPI.COMM_WORLD.Get_size(), split)] if split else []
+    hvd.init(process_sets=sets)
     rank, size = hvd.rank(), hvd.size()
+    mine = next(s for s in sets if s.included()) if split else hvd.global_process_set
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     base = make(kind, model)
     optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), local_sgd_period=PERIOD,
                                          local_sgd_warmup_steps=WARMUP, local_sgd_average_state=kind == "adam",
-                                         local_sgd_overlap=overlap)
-    expected = replay(kind, size, overlap)
+                                         local_sgd_overlap=overlap, process_set=mine,
+                                         backward_passes_per_step=2 if split else 1)
+    expected = replay(kind, size, overlap, split)
     for step in range(STEPS):
         optimizer.zero_grad()
-        loss_of(model, rank).backward()
+        for backward_pass in range(2 if split else 1):
+            loss_of(model, rank, backward_pass).backward()
         optimizer.step()
-        mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+        params = torch.cat([p.detach().flatten() for p in model.parameters()])
         want = torch.tensor(expected[step][rank])
-        assert torch.allclose(mine, want, atol=1e-6), (rank, step, mine, want)
-        every = hvd.allgather_object(mine.tolist())
+        assert torch.allclose(params, want, atol=1e-6), (rank, step, params, want)
+        every = hvd.allgather_object(params.tolist(), process_set=mine)
         in_step = all(e == every[0] for e in every)
         local = step + 1 - WARMUP
-        # Equal on every rank during the warm-up and right after an average (never, when averages land late).
-        assert in_step == (local <= 0 or (local % PERIOD == 0 and not overlap)), (rank, step, every)
+        # Equal in the set during the warm-up and right after an average (never, when averages land late).
+        assert in_step == (local <= 0 or (local % PERIOD == 0 and not overlap) or mine.size() == 1), (rank, step, every)
     landed = (STEPS - WARMUP) // PERIOD - (1 if overlap else 0)  # the last overlapped average is in flight
     assert optimizer._hvdlite_reducer.local_sgd.averages == landed
     print(f"ok local sgd {rank}", flush=True)
