@@ -115,11 +115,17 @@ def _updates_reducer(compression: Any, base: str, op: ReduceOp, scales: tuple[fl
 def _local(inner: optax.GradientTransformationExtraArgs, reduce_updates: Any, passes: int,
            schedule: tuple[int, int, bool], base: str, member: bool,
            process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
-    """Local SGD's transformation; ``schedule``: (period, warm-up steps, average the state)."""
-    if passes > 1:
-        raise ValueError(f"local_sgd_period={schedule[0]} cannot be combined with backward_passes_per_step="
-                         f"{passes} in the optax DistributedOptimizer (not built)")
-    return local_sgd(inner, reduce_updates, *schedule, base, member, process_set)
+    """Local SGD's transformation; ``schedule``: (period, warm-up steps, average the state).
+
+    With ``passes`` > 1 the micro-batches' mean is accumulated first and local SGD sees one update
+    per ``passes`` calls, so its schedule counts optimizer steps, as torch's does.
+    """
+    transformation = local_sgd(inner, reduce_updates, *schedule, base, member, process_set)
+    return _accumulating(transformation, _unchanged, passes) if passes > 1 else transformation
+
+
+def _unchanged(updates: Any) -> Any:
+    return updates
 
 
 def _sharded(inner: optax.GradientTransformationExtraArgs, passes: int, local_sgd_period: int | None,

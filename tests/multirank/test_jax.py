@@ -42,6 +42,12 @@ def test_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np,
     assert result.output.count("ok jax local sgd") == np, result.output
 
 
+@pytest.mark.parametrize(("np", "kind", "mode"), [(2, "sgd", "eager"), (3, "adam", "jit")])
+def test_local_sgd_averages_inside_each_process_set_with_two_micro_batches_per_step(np, kind, mode):
+    result = run_script("jax_local_sgd.py", np, kind, mode, "sets", timeout=240)
+    assert result.output.count("ok jax local sgd") == np, result.output
+
+
 @pytest.mark.parametrize(("np", "kind", "mode"), [(2, "adam", "eager"), (3, "adam", "jit"), (3, "sgd", "jit")])
 def test_sharded_optimizer_state_matches_the_unsharded_wrapper_with_1_over_n_of_the_state(np, kind, mode):
     result = run_script("jax_sharded.py", np, kind, mode, timeout=240)
