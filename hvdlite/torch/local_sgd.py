@@ -15,12 +15,16 @@ and at the next averaging step it adds ``average - anchor`` to its parameters (i
 since the anchor is kept) before starting the next average. Every average thus lands one period
 late, and the link is busy while the processor is: on a slow link the step costs
 ``max(compute, communication / period)`` instead of their sum. It costs two copies of the
-parameters and is not combined with ``average_state``.
+parameters and is not combined with ``average_state``. The average in flight is a blocking
+allreduce on a helper thread, which runs the engine's cycles itself at the training thread's
+priority: left to the engine thread, which runs at low priority (``HVDLITE_ENGINE_NICE``), it made
+almost no progress while every core computed, until the next averaging step waited for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import torch
@@ -30,6 +34,31 @@ from ..process_sets import ProcessSet
 from ..training.local_sgd import LocalSGDSchedule
 
 
+class _BackgroundAverage(threading.Thread):
+    """Averages ``tensors`` in place with a blocking allreduce on its own thread, which thereby runs
+    the engine's cycles itself (see :meth:`hvdlite.engine.Engine.drive`), at its creator's priority."""
+
+    def __init__(self, tensors: list[torch.Tensor], name: str, process_set: ProcessSet) -> None:
+        super().__init__(name="hvdlite-local-sgd-average", daemon=True)
+        self._tensors, self._request, self._process_set = tensors, name, process_set
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        from .async_ops import grouped_allreduce_
+
+        try:
+            grouped_allreduce_(self._tensors, op=Average, name=self._request, process_set=self._process_set)
+        except BaseException as error:  # noqa: BLE001 - raised again on the training thread, in wait()
+            self._error = error
+
+    def wait(self) -> None:
+        """Block until the average is done; raise what it raised."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+
+
 @dataclasses.dataclass
 class _InFlight:
     """An overlapped average: the parameters, their values when it started, and its allreduce."""
@@ -37,7 +66,7 @@ class _InFlight:
     params: list[torch.Tensor]
     anchors: list[torch.Tensor]
     sent: list[torch.Tensor]  # copies of the anchors, averaged in place
-    handle: Any
+    average: _BackgroundAverage
 
 
 class LocalSGD:
@@ -69,23 +98,19 @@ class LocalSGD:
             self.average()
 
     def _start_overlapped(self) -> None:
-        from .async_ops import grouped_allreduce_async_
-
         self.finish()  # the previous period's average lands first
         params = [param.data for param in self._names]
         anchors = [param.clone() for param in params]
         sent = [anchor.clone() for anchor in anchors]
-        handle = grouped_allreduce_async_(sent, op=Average, name="local_sgd.overlap", process_set=self._process_set)
-        self._in_flight = _InFlight(params, anchors, sent, handle)
+        self._in_flight = _InFlight(params, anchors, sent,
+                                    _BackgroundAverage(sent, "local_sgd.overlap", self._process_set))
 
     def finish(self) -> None:
         """Apply the overlapped average in flight, if any: ``params += average - anchor``."""
-        from .async_ops import synchronize
-
         flight, self._in_flight = self._in_flight, None
         if flight is None:
             return
-        synchronize(flight.handle)
+        flight.average.wait()
         with torch.no_grad():
             for param, anchor, mean in zip(flight.params, flight.anchors, flight.sent, strict=True):
                 param.add_(mean.sub_(anchor))
