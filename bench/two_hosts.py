@@ -9,8 +9,10 @@ UCX would use shared memory between namespaces of one machine). It then runs, ov
 
 1. ``allreduce_vs_mpi4py.py --sections sweep,mix``: the size sweep and the 220-tensor mix, hvdlite
    against raw mpi4py in the same job, interleaved.
-2. ``torch_training_step.py --modes single,mpi4py,hvdlite,sharded,local8,local8o,powersgd``: the training
-   step, hvdlite's ``DistributedOptimizer`` against the plain mpi4py loop, and with the remedies for
+2. ``torch_training_step.py --modes single,nocomm,mpi4py,hvdlite,sharded,local8,local8o,powersgd``: the
+   training step alone, on both hosts at once with no communication (``nocomm``: what sharing this
+   machine's cores costs, the ceiling of every efficiency here), hvdlite's ``DistributedOptimizer``
+   against the plain mpi4py loop, and with the remedies for
    scarce bandwidth: sharded optimizer state, local SGD (K=8, plain and with overlapped
    averages) and PowerSGD (rank 4), each with the
    bytes it sends over the link per step (DDP is left out: its gloo rendezvous uses 127.0.0.1,
@@ -53,7 +55,7 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit", help="link rate for tc tbf (e.g. 1gbit, 10gbit)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=16, help="timed training steps per mode per rep (a multiple of 8)")
-    parser.add_argument("--modes", default="single,mpi4py,hvdlite,sharded,local8,local8o,powersgd",
+    parser.add_argument("--modes", default="single,nocomm,mpi4py,hvdlite,sharded,local8,local8o,powersgd",
                         help="torch_training_step.py modes")
     parser.add_argument("--sections", default="sweep,mix", help="allreduce_vs_mpi4py.py sections ('' for none)")
     parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
@@ -80,7 +82,7 @@ def main() -> None:
     tables = "\n".join(line.removeprefix("[0]: ") for line in collectives.splitlines() if line.startswith("[0]: "))
     step = "\n".join(line for line in training.splitlines() if not line.startswith("$ "))
     text = (f"np=2, one rank per host, veth shaped to {args.rate} (tc tbf), UCX over TCP, {os.cpu_count()} cores, "
-            f"{args.reps} reps, median [min-max]\n\n{tables}\n\n```\n{step.strip()}\n```")
+            f"{args.reps} reps, median [min-max]\n\n" + (f"{tables}\n\n" if tables else "") + f"```\n{step.strip()}\n```")
     print(text, flush=True)
     if args.update_readme:
         # Without the collectives sections only the training table is written, beside the full run's block.
