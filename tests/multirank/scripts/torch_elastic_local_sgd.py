@@ -11,16 +11,12 @@ import os
 import signal
 
 import torch
+from torch_local_sgd import loss_of, step_set
 
 import hvdlite.torch as hvd
 
 STEPS, KILL_AT, VICTIM = 12, 4, 2
 PERIOD, WARMUP, LR = 3, 1, 0.05
-
-
-def loss_of(model: torch.nn.Module, rank: int) -> torch.Tensor:
-    x = torch.full((2, 4), float(rank + 1))
-    return ((model(x) - rank) ** 2).mean()
 
 
 def replay(start: list[torch.Tensor], size: int, steps: int) -> list[list[torch.Tensor]]:
@@ -31,24 +27,11 @@ def replay(start: list[torch.Tensor], size: int, steps: int) -> list[list[torch.
             for param, value in zip(model.parameters(), start, strict=True):
                 param.copy_(value)
     optimizers = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
-    for step in range(steps):
+    for step in range(steps):  # the warm-up and the period count start over
         for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
             optimizer.zero_grad()
             loss_of(model, rank).backward()
-        if step < WARMUP:  # the warm-up starts over: averaged gradients
-            for params in zip(*(m.parameters() for m in models), strict=True):
-                mean = torch.stack([p.grad for p in params]).mean(0)
-                for p in params:
-                    p.grad = mean.clone()
-        for optimizer in optimizers:
-            optimizer.step()
-        local = step + 1 - WARMUP
-        if local > 0 and local % PERIOD == 0:
-            with torch.no_grad():
-                for params in zip(*(m.parameters() for m in models), strict=True):
-                    mean = torch.stack([p.detach() for p in params]).mean(0)
-                    for p in params:
-                        p.copy_(mean)
+        step_set("sgd", step, models, optimizers, period=PERIOD, warmup=WARMUP)
     return [[p.detach() for p in m.parameters()] for m in models]
 
 

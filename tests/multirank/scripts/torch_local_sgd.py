@@ -50,7 +50,7 @@ def replay(kind: str, size: int, overlap: bool = False, split: bool = False) -> 
             for backward_pass in range(2 if split else 1):  # the passes' gradients add up
                 loss_of(model, rank, backward_pass).backward()
         for ranks in sets_for(size, split):
-            _step_set(kind, step, [models[r] for r in ranks], [optimizers[r] for r in ranks], overlap, anchors)
+            step_set(kind, step, [models[r] for r in ranks], [optimizers[r] for r in ranks], overlap)
         if overlap:
             local = step + 1 - WARMUP
             anchors = _land_and_anchor(models, anchors) if local > 0 and local % PERIOD == 0 else anchors
@@ -58,17 +58,19 @@ def replay(kind: str, size: int, overlap: bool = False, split: bool = False) -> 
     return history
 
 
-def _step_set(kind: str, step: int, models: list, optimizers: list, overlap: bool, anchors: list | None) -> None:
-    """One step of the ranks of one set: averaged gradients in the warm-up, averages every PERIOD steps after."""
-    if step < WARMUP:  # synchronous: every rank steps on the averaged gradient
+def step_set(kind: str, step: int, models: list, optimizers: list, overlap: bool = False, period: int = PERIOD,
+             warmup: int = WARMUP) -> None:
+    """One step of the ranks of one set (gradients computed): averaged gradients in the warm-up,
+    then local steps with the parameters (and Adam's state) averaged every ``period`` steps."""
+    if step < warmup:  # synchronous: every rank steps on the averaged gradient
         for params in zip(*(m.parameters() for m in models), strict=True):
             mean = torch.stack([p.grad for p in params]).mean(0)
             for p in params:
                 p.grad = mean.clone()
     for optimizer in optimizers:
         optimizer.step()
-    local = step + 1 - WARMUP
-    if local > 0 and local % PERIOD == 0 and not overlap:
+    local = step + 1 - warmup
+    if local > 0 and local % period == 0 and not overlap:
         _average([list(m.parameters()) for m in models])
         if kind == "adam":
             _average([[v for p in o.param_groups[0]["params"] for _, v in sorted(o.state[p].items())]
