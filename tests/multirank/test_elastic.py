@@ -99,8 +99,10 @@ def test_a_second_failure_during_the_recovery_is_recovered_too():
         assert "ok elastic shrink" in lines and f"new rank {rank} size 2" in lines, result.output
 
 
-def test_local_sgd_starts_its_schedule_over_among_the_survivors_after_a_death():
-    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "torch_elastic_local_sgd.py")], np=3, timeout=180)
+@pytest.mark.parametrize("mode", [[], ["overlap"]])
+def test_local_sgd_starts_its_schedule_over_among_the_survivors_after_a_death(mode):
+    result = run_job(["--min-np", "2", "python", str(SCRIPTS / "torch_elastic_local_sgd.py"), *mode], np=3,
+                     timeout=180)
     assert result.returncode == 0, result.output
     assert "the job went on without rank(s) [2] and finished" in result.output, result.output
     for rank in (0, 1):

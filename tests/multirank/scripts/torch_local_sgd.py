@@ -53,7 +53,7 @@ def replay(kind: str, size: int, overlap: bool = False, split: bool = False) -> 
             step_set(kind, step, [models[r] for r in ranks], [optimizers[r] for r in ranks], overlap)
         if overlap:
             local = step + 1 - WARMUP
-            anchors = _land_and_anchor(models, anchors) if local > 0 and local % PERIOD == 0 else anchors
+            anchors = land_and_anchor(models, anchors) if local > 0 and local % PERIOD == 0 else anchors
         history.append([torch.cat([p.detach().flatten() for p in m.parameters()]).tolist() for m in models])
     return history
 
@@ -77,7 +77,7 @@ def step_set(kind: str, step: int, models: list, optimizers: list, overlap: bool
                       for o in optimizers])
 
 
-def _land_and_anchor(models: list[torch.nn.Module], anchors: list[list[torch.Tensor]] | None) -> list:
+def land_and_anchor(models: list[torch.nn.Module], anchors: list[list[torch.Tensor]] | None) -> list:
     """Overlapped averaging: the previous anchors' mean lands (params += mean - anchor), new anchors are taken."""
     with torch.no_grad():
         if anchors is not None:
