@@ -1,7 +1,8 @@
 """The one runtime object: created by :func:`init`, torn down by :func:`shutdown`.
 
 Everything global lives in a single :class:`Runtime`, so ``init -> shutdown -> init`` works and
-tests can reset it. mpi4py is imported here, lazily: importing hvdlite never starts MPI.
+tests can reset it. mpi4py's MPI is imported here, in init() (see :mod:`hvdlite.mpi_start`): importing hvdlite
+never starts MPI.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .communicators import Communicators
-from .config import Config, load_config
+from .config import Config, environ, load_config
 from .describe import Descriptions
 from .engine import Engine
 from .errors import CommTimeoutError, HvdliteError, NotInitializedError
+from .mpi_start import start_mpi
 from .naming import NameGenerator
 from .pipeline.scope import JOB, Scope
 from .process_sets import ProcessSet
@@ -108,12 +110,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     if _runtime is not None:
         return
     config = load_config()
-    from mpi4py import MPI
-
+    MPI, mpi_variables = start_mpi(environ())
     joined = _join_elastic_job(config) if comm is None else None
     base = joined[0] if joined else _resolve_comm(MPI, comm)
     rank = base.Get_rank()
     _configure_logging(config, rank)
+    if mpi_variables:
+        log.info("started by Slurm's PMI (srun --mpi=pmi2): set %s (see hvdlite.mpi_start)", mpi_variables)
     process_id = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())
     hosts, ids = zip(*base.allgather((MPI.Get_processor_name(), process_id)), strict=True)
     topology = topology_from_hosts(list(hosts), rank)

@@ -35,12 +35,15 @@ rank needs only its peers' arrival.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from ..errors import HvdliteError
 from ..ops import ReduceOp
+
+if TYPE_CHECKING:  # importing mpi4py's MPI starts MPI: only hvdlite.init() may (hvdlite.mpi_start)
+    from mpi4py import MPI
 
 # Measured with a prototype, np=2, 1-16 MB buffers, against MPICH: 1 MB slots 0.68-0.80 of its time,
 # 2 MB slots 0.66-0.72, 4 MB slots 0.71-0.89.
@@ -91,6 +94,8 @@ class SharedSegments:
         Collective over ``comm``: every rank reaches the same answer, because a host that holds
         only some of the ranks gives each of them a node communicator smaller than ``comm``.
         """
+        from mpi4py import MPI
+
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         if comm.Get_size() < 2 or node.Get_size() != comm.Get_size():
             node.Free()

@@ -23,7 +23,8 @@ RANK = hvd.rank()
 def case_where(megabytes: str) -> None:
     print(f"where rank={RANK} host={os.uname().nodename} local={hvd.local_rank()}/{hvd.local_size()} "
           f"cross={hvd.cross_rank()}/{hvd.cross_size()} forwarded={os.environ.get('HVDLITE_TEST_FORWARDED')} "
-          f"pythonpath={os.environ.get('PYTHONPATH')} timeout={os.environ.get('HVDLITE_COMM_TIMEOUT_SECONDS')}",
+          f"pythonpath={os.environ.get('PYTHONPATH')} timeout={os.environ.get('HVDLITE_COMM_TIMEOUT_SECONDS')} "
+          f"netmod={os.environ.get('MPIR_CVAR_CH4_NETMOD')}",
           flush=True)
     count = int(float(megabytes) * 1024 * 1024) // 4
     total = hvd.allreduce(np.full(count, RANK + 1, dtype=np.float32), op=hvd.Sum, name="payload")

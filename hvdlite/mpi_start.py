@@ -1,0 +1,58 @@
+"""Starting MPI: what MPICH must be told before ``MPI_Init``, decided from how this rank was started.
+
+Under a plain ``srun --mpi=pmi2`` (no hvdliterun), MPICH talks PMI-1 to Slurm's pmi2 plugin, which
+reads each request with a single 1024-byte ``read`` (``handle_pmi1_cmd`` in Slurm's
+``src/plugins/mpi/pmi2/pmi1.c``). MPICH sends its business card in ``put`` lines of up to about
+1076 bytes (511-byte segments, hex-encoded, plus the key). With UCX the card is padded to 4096
+bytes with whatever memory follows UCX's address, so whether a line overflows depends on that
+memory: usually not, but when it does Slurm takes the tail of the line for a new request ("request
+not begin with 'cmd='"), the peer gets a truncated address, and the job hangs in ``MPI_Init``.
+libfabric's cards are a few bytes and never padded, so under Slurm's PMI hvdlite asks MPICH for
+the ``ofi`` netmod unless the user chose one (``MPIR_CVAR_CH4_NETMOD``). Hydra (hvdliterun, also
+inside a Slurm allocation) reads whole lines and needs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+NETMOD = "MPIR_CVAR_CH4_NETMOD"
+SLURM_PMI_NETMOD = "ofi"
+
+
+def started_by_slurm_pmi(env: Mapping[str, str]) -> bool:
+    """True if Slurm's own PMI started this process (``srun --mpi=pmi2``), not Hydra's proxy.
+
+    Slurm's pmi2 plugin gives every task ``PMI_FD`` and ``PMI_JOBID``; Hydra gives ``PMI_FD`` and
+    ``MPI_LOCALNRANKS`` but no ``PMI_JOBID``. A Hydra rank inside an allocation can inherit
+    Slurm's variables, so Hydra's own marker decides.
+    """
+    return ("PMI_FD" in env and "PMI_JOBID" in env and "SLURM_STEP_ID" in env
+            and "MPI_LOCALNRANKS" not in env)
+
+
+def variables_before_mpi(env: Mapping[str, str]) -> dict[str, str]:
+    """The MPICH variables to add to ``env`` before ``MPI_Init`` (empty when none are needed)."""
+    if started_by_slurm_pmi(env) and not env.get(NETMOD):
+        return {NETMOD: SLURM_PMI_NETMOD}
+    return {}
+
+
+def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
+    """Import mpi4py's ``MPI`` (which initializes MPI) after adding :func:`variables_before_mpi`.
+
+    Returns the module and the variables it set. If MPI was already started (the script imported
+    mpi4py's ``MPI`` first), it is too late to set anything, and nothing is set.
+    """
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        return MPI, {}
+    added = variables_before_mpi(env)
+    os.environ.update(added)
+    from mpi4py import MPI
+
+    return MPI, added
