@@ -19,6 +19,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import HvdliteError
+
 NETMOD = "MPIR_CVAR_CH4_NETMOD"
 SLURM_PMI_NETMOD = "ofi"
 
@@ -41,18 +43,31 @@ def variables_before_mpi(env: Mapping[str, str]) -> dict[str, str]:
     return {}
 
 
+def unconnected_step(env: Mapping[str, str], world_size: int) -> str | None:
+    """Why this process must not go on, or ``None``: ``srun`` started several tasks without a PMI
+    (``--mpi=none``, Slurm's usual default), so each ``MPI_Init`` made a world of its own and every
+    task would train alone as rank 0. Hydra's ranks (hvdliterun) are not srun's tasks."""
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "")
+    if world_size != 1 or not tasks.isdigit() or int(tasks) < 2 or "MPI_LOCALNRANKS" in env:
+        return None
+    step = f"{env.get('SLURM_JOB_ID', '?')}.{env.get('SLURM_STEP_ID', '?')}"
+    return (f"srun started {tasks} tasks in Slurm step {step}, but MPI started task {env.get('SLURM_PROCID', '?')} "
+            "alone (size 1): Slurm gave the tasks no PMI to find each other, so each would train alone. "
+            "Run `srun --mpi=pmi2 ...`, or `hvdliterun python ...` inside the allocation")
+
+
 def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
     """Import mpi4py's ``MPI`` (which initializes MPI) after adding :func:`variables_before_mpi`.
 
     Returns the module and the variables it set. If MPI was already started (the script imported
-    mpi4py's ``MPI`` first), it is too late to set anything, and nothing is set.
+    mpi4py's ``MPI`` first), it is too late to set anything, and nothing is set. Raises
+    :class:`~hvdlite.errors.HvdliteError` for :func:`unconnected_step`.
     """
-    if "mpi4py.MPI" in sys.modules:
-        from mpi4py import MPI
-
-        return MPI, {}
-    added = variables_before_mpi(env)
+    added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env)
     os.environ.update(added)
     from mpi4py import MPI
 
+    problem = unconnected_step(env, MPI.COMM_WORLD.Get_size())
+    if problem:
+        raise HvdliteError(problem)
     return MPI, added

@@ -5,10 +5,12 @@ daemon talks over the namespaces' own link. Root only; skipped with the reason e
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -43,11 +45,22 @@ def cluster(tmp_path_factory):
 
 
 def _run(cluster, argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    """``argv`` on the controller's host; past ``timeout`` its whole process group is stopped (a hung
+    ``srun`` and its tasks would otherwise keep running into later tests)."""
     env = {**os.environ, **ONE_THREAD, **cluster.env}
-    try:
-        return subprocess.run(cluster.on_controller(argv), env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{argv} outlived {timeout} s:\n{exc.stdout}\n{exc.stderr}\n{cluster.log()}") from None
+    with subprocess.Popen(cluster.on_controller(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)  # srun passes it to the step's tasks on every node
+            try:
+                stdout, stderr = process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, stderr = process.communicate()
+            raise AssertionError(f"{argv} outlived {timeout} s:\n{stdout}\n{stderr}\n{cluster.log()}") from None
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 def _lines(output: str, prefix: str) -> list[str]:
@@ -110,28 +123,60 @@ def test_plain_srun_with_pmi2_runs_the_ranks_without_hvdliterun(cluster, script)
     assert "request not begin with" not in cluster.log(), cluster.log()
 
 
-def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path):
+def test_srun_without_a_pmi_is_refused_on_every_task_instead_of_training_alone(cluster):
+    # Slurm's usual MpiDefault=none: each task's MPI_Init makes a world of one, and without the
+    # check every task trained alone as rank 0 of 1.
+    done = _run(cluster, ["srun", "-N", "2", "--ntasks-per-node", "2", sys.executable,
+                          str(SCRIPTS / "multihost.py"), "where", "1"], timeout=90)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "where rank=" not in output and "srun started 4 tasks in Slurm step " in output, output
+    for task in range(4):
+        assert f"but MPI started task {task} alone (size 1)" in output, output
+    assert output.count("Run `srun --mpi=pmi2 ...`, or `hvdliterun python ...` inside the allocation") == 4, output
+
+
+def _submit_running_job(cluster, tmp_path, sbatch_args: list[str]) -> tuple[str, str, Path]:
+    """An hvdliterun job of 4 ranks that all-reduce until stopped, once every rank is up: its
+    Slurm job id, the marker in its processes' environment, and its output file."""
     marker = f"HVDLITE_TEST_JOB={uuid.uuid4().hex}"
     script = tmp_path / "forever.sh"
     script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} -x {marker} python "
-                      f"{SCRIPTS / 'allreduce_forever.py'}\n")
+                      f"{SCRIPTS / 'allreduce_forever.py'} 600\n")
     out = tmp_path / "forever.out"
-    submitted = _run(cluster, ["sbatch", "--parsable", "-N", "2", "-n", "4", "-o", str(out), str(script)])
+    submitted = _run(cluster, ["sbatch", "--parsable", "-N", "2", "-n", "4", *sbatch_args, "-o", str(out), str(script)])
     assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
     while (not out.exists() or out.read_text().count("up ") < 4) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert out.exists() and out.read_text().count("up ") == 4, (out.read_text() if out.exists() else "") + cluster.log()
-    cancelled_at = time.monotonic()
-    assert _run(cluster, ["scancel", job]).returncode == 0
-    seconds = _assert_nothing_left(marker, within=60)
-    assert seconds < 60, f"job {job}'s processes outlived scancel by {seconds:.1f} s"
-    while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() - cancelled_at < 60:
+    return submitted.stdout.strip().split(";")[0], marker, out
+
+
+def _assert_ended_by_slurm(cluster, job: str, marker: str, out: Path, within: float, reason: str) -> None:
+    """Every process of ``job`` ends on both nodes within ``within`` s, Slurm forgets the job, and
+    the output shows Slurm's ``reason`` and hvdliterun passing Slurm's SIGTERM on to the ranks."""
+    started = time.monotonic()
+    seconds = _assert_nothing_left(marker, within=within)
+    assert seconds < within, f"job {job}'s processes outlived it by {seconds:.1f} s"
+    while _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip() and time.monotonic() - started < within:
         time.sleep(0.5)
     assert not _run(cluster, ["squeue", "-h", "-j", job]).stdout.strip(), "the job is still queued"
-    output = out.read_text()  # Slurm's SIGTERM reached hvdliterun, which says so and stops the ranks
-    assert "CANCELLED" in output and "hvdliterun: got SIGTERM; stopping every rank" in output, output
+    output = out.read_text()
+    assert reason in output and "hvdliterun: got SIGTERM; stopping every rank" in output, output
+
+
+def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path):
+    job, marker, out = _submit_running_job(cluster, tmp_path, [])
+    assert _run(cluster, ["scancel", job]).returncode == 0
+    _assert_ended_by_slurm(cluster, job, marker, out, within=60, reason="CANCELLED")
+
+
+def test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason(cluster, tmp_path):
+    # --time=1 is a minute, Slurm's smallest limit; slurmctld enforces limits on its own timer (about
+    # every 30 s), so the job ends 60 to 90 s after it started, here counted from its ranks' start.
+    job, marker, out = _submit_running_job(cluster, tmp_path, ["--time=1"])
+    _assert_ended_by_slurm(cluster, job, marker, out, within=150, reason="DUE TO TIME LIMIT")
 
 
 def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(cluster, tmp_path):

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from hvdlite.mpi_start import NETMOD, started_by_slurm_pmi, variables_before_mpi
+from hvdlite.mpi_start import NETMOD, started_by_slurm_pmi, unconnected_step, variables_before_mpi
 
 # What Slurm's pmi2 plugin gives a task of `srun --mpi=pmi2` (seen in this project's test cluster).
 SLURM_PMI = {"PMI_FD": "13", "PMI_JOBID": "1.0", "PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_MPI_TYPE": "pmi2",
@@ -47,3 +47,22 @@ def test_importing_hvdlite_and_its_adapters_does_not_start_mpi():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False", done.stdout
+
+
+# What srun gives a task without a PMI (`--mpi=none`, Slurm's usual default).
+SLURM_NO_PMI = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2"}
+
+
+def test_tasks_of_srun_without_a_pmi_are_refused_naming_the_step_and_the_fix():
+    problem = unconnected_step(SLURM_NO_PMI, world_size=1)
+    assert problem is not None
+    assert "srun started 4 tasks in Slurm step 7.0, but MPI started task 2 alone (size 1)" in problem
+    assert "srun --mpi=pmi2" in problem and "hvdliterun" in problem
+
+
+def test_a_connected_step_a_one_task_step_and_hydra_ranks_pass():
+    assert unconnected_step(SLURM_NO_PMI, world_size=4) is None
+    assert unconnected_step({**SLURM_NO_PMI, "SLURM_STEP_NUM_TASKS": "1"}, world_size=1) is None
+    assert unconnected_step({**SLURM_NO_PMI, **HYDRA}, world_size=1) is None  # hvdliterun -np 1 in a step
+    assert unconnected_step({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, world_size=1) is None  # the batch script
+    assert unconnected_step({}, world_size=1) is None
