@@ -13,6 +13,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 
+from .discovery import DiscoveryError
 from .hosts import HostSlots
 
 # sinfo's long state names (%T) of nodes that must get no rank: drained or draining, down, failing...
@@ -51,8 +52,6 @@ def describe(env: Mapping[str, str]) -> str:
 
 def usable_nodes(hosts: tuple[HostSlots, ...], timeout: float = 30.0) -> list[HostSlots]:
     """The allocation's nodes that Slurm has not drained, downed or failed (asks ``sinfo``)."""
-    from .discovery import DiscoveryError
-
     command = ["sinfo", "-h", "-N", "-n", ",".join(host.host for host in hosts), "-o", "%N %T"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
