@@ -1,8 +1,8 @@
 """The one runtime object: created by :func:`init`, torn down by :func:`shutdown`.
 
 Everything global lives in a single :class:`Runtime`, so ``init -> shutdown -> init`` works and
-tests can reset it. mpi4py's MPI is imported here, in init() (see :mod:`hvdlite.mpi_start`): importing hvdlite
-never starts MPI.
+tests can reset it. mpi4py's MPI is imported in init() (see :mod:`hvdlite.mpi_start`): importing
+hvdlite never starts MPI.
 """
 
 from __future__ import annotations
