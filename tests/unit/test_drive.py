@@ -112,7 +112,23 @@ def test_a_caller_that_cannot_drive_hands_over_to_the_engine_thread():
         stop_engines(engines)
 
 
-def test_sigint_during_a_driven_cycle_arrives_after_it():
+@pytest.fixture
+def default_sigint():
+    """Python's default SIGINT handler for the test, whatever this process started with: a shell starts
+    background commands with SIGINT ignored, and these tests are about the handler a program has."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def ignored_sigint():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_sigint_during_a_driven_cycle_arrives_after_it(default_sigint):
     events = []
     guard = interrupts.SigintGuard()
 
@@ -131,7 +147,7 @@ def test_sigint_during_a_driven_cycle_arrives_after_it():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_sigint_interrupts_at_once():
+def test_a_second_sigint_interrupts_at_once(default_sigint):
     events = []
     guard = interrupts.SigintGuard()
 
@@ -149,7 +165,7 @@ def test_a_second_sigint_interrupts_at_once():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_between_cycles_sigint_reaches_the_program_at_once_and_a_new_handler_is_respected():
+def test_between_cycles_sigint_reaches_the_program_at_once_and_a_new_handler_is_respected(default_sigint):
     guard = interrupts.SigintGuard()
     seen = []
     try:
@@ -163,6 +179,22 @@ def test_between_cycles_sigint_reaches_the_program_at_once_and_a_new_handler_is_
         assert signal.getsignal(signal.SIGINT) is not guard._handler  # the program's handler is back
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_a_program_started_with_sigint_ignored_keeps_it_ignored(ignored_sigint):
+    guard = interrupts.SigintGuard()
+    events = []
+
+    def cycle():
+        signal.raise_signal(signal.SIGINT)  # ignored: nothing is held, nothing raised later
+        events.append("cycle finished")
+        return 3
+
+    assert guard.run(cycle) == 3
+    assert guard.run(lambda: signal.raise_signal(signal.SIGINT)) is None
+    guard.uninstall()
+    assert events == ["cycle finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_off_the_main_thread_nothing_is_held_back():
