@@ -115,7 +115,7 @@ class FirstExitWatcher:
 
 
 def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = True, elastic_np: int = 0) -> int:
-    """Run ``argv``; forward SIGINT/SIGTERM to the whole job; return its exit code.
+    """Run ``argv``; forward SIGINT/SIGTERM to the whole job (unless started ignored); return its exit code.
 
     ``all_local``: every rank runs on this host, so the first rank seen ending here is the
     first in the job (with remote hosts it may not be, and only MPI's report is quoted).
@@ -138,7 +138,9 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
             sys.stderr.write(f"hvdliterun: got {signal.Signals(signum).name}; stopping every rank\n")
             _signal_group(process, signal.SIGINT)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A signal this process started with ignored stays ignored (a shell's background job ignores SIGINT).
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not signal.SIG_IGN}
     finished_at: list[float] = []
     try:
         while process.poll() is None:

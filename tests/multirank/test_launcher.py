@@ -42,11 +42,13 @@ def test_check_build():
     assert result.returncode == 0 and "[X] MPI" in result.output and "Available Frameworks:" in result.output
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_ends_every_rank(signum):
+def _start_sleepers(sigint: signal.Handlers) -> tuple[subprocess.Popen, list[int]]:
+    """hvdliterun with two sleeping ranks, started with SIGINT set to ``sigint`` (a shell's background
+    job starts with it ignored, whatever this test process has); returns it and the ranks' pids."""
     process = subprocess.Popen([hvdliterun(), "-np", "2", "python", str(SCRIPTS / "sleeper.py")],
                                env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     pids = []
     deadline = time.monotonic() + 60
     while len(pids) < 2 and time.monotonic() < deadline:
@@ -54,8 +56,13 @@ def test_signal_ends_every_rank(signum):
         match = re.search(r"pid (\d+)", line)
         if match:
             pids.append(int(match.group(1)))
-    assert len(pids) == 2, "ranks did not start"
-    process.send_signal(signum)
+    if len(pids) < 2:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError("ranks did not start")
+    return process, pids
+
+
+def _assert_stops(process: subprocess.Popen, pids: list[int]) -> None:
     try:
         process.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -63,3 +70,20 @@ def test_signal_ends_every_rank(signum):
         raise AssertionError("hvdliterun did not stop after the signal") from None
     assert process.returncode != 0
     assert not [pid for pid in pids if alive(pid)], "a rank outlived hvdliterun"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_ends_every_rank(signum):
+    process, pids = _start_sleepers(signal.SIG_DFL)
+    process.send_signal(signum)
+    _assert_stops(process, pids)
+
+
+def test_a_launcher_started_with_sigint_ignored_keeps_it_ignored():
+    process, pids = _start_sleepers(signal.SIG_IGN)
+    process.send_signal(signal.SIGINT)
+    time.sleep(3)  # a forwarded SIGINT ends the sleepers in well under a second
+    still_running = process.poll() is None and all(alive(pid) for pid in pids)
+    process.send_signal(signal.SIGTERM)
+    _assert_stops(process, pids)
+    assert still_running, "hvdliterun started with SIGINT ignored stopped on SIGINT"
