@@ -142,7 +142,7 @@ class Config:
     elastic_reset_limit: int = 0  # 0: no limit
     elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
-    elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic_channel.py)
+    elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic/channel.py)
     elastic_token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of logs
     log_level: str = "WARNING"
     run_dir: str = ""

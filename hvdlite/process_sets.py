@@ -1,11 +1,11 @@
 """Process sets: subsets of the job's ranks that run collectives among themselves (Horovod >= 0.23).
 
 A set is registered on every rank at once, by ``hvd.init(process_sets=[...])`` or, after
-``hvd.init(process_sets="dynamic")``, by :func:`add_process_set`; registration gives it an id (the
-global set, every rank of the job, is 0). Each registered set runs on its own MPI communicator with
-its own engine (queue, negotiation, response cache, fusion and shared-memory plane; see
-:mod:`hvdlite.communicators`), so collectives on disjoint sets run at the same time and never wait
-for a rank outside their set. Ranks are always the job's (global) ranks; a set orders its members
+``hvd.init(process_sets="dynamic")``, by :func:`~hvdlite.lifecycle.add_process_set`; registration
+gives it an id (the global set, every rank of the job, is 0). Each registered set runs on its own
+MPI communicator with its own engine (queue, negotiation, response cache, fusion and shared-memory
+plane; see :mod:`hvdlite.communicators`), so collectives on disjoint sets run at the same time and
+never wait for a rank outside their set. Ranks are always the job's (global) ranks; a set orders its members
 by global rank, and ``ps.rank()`` is this rank's place in that order.
 """
 
@@ -20,7 +20,7 @@ from .errors import ProcessSetError
 class ProcessSet:
     """A set of the job's ranks, from a list of ranks or an mpi4py communicator (its ranks in the job).
 
-    Pass it to ``init(process_sets=[...])`` or :func:`add_process_set` to register it, then as
+    Pass it to ``init(process_sets=[...])`` or :func:`~hvdlite.lifecycle.add_process_set` to register it, then as
     ``process_set=`` to any collective. Before registration ``size()``, ``rank()`` and
     ``included()`` return None, as Horovod's do.
     """
@@ -72,26 +72,3 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])  # id 0 and every rank of the job, from init() to shutdown()
-
-
-def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
-    """Register a new process set (every rank of the job calls it, with the same ranks); returns it.
-
-    Needs ``init(process_sets="dynamic")`` (or ``HVDLITE_DYNAMIC_PROCESS_SETS=1``).
-    """
-    from .runtime import current
-
-    chosen = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    current().communicators.add(chosen, dynamic=True)
-    return chosen
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister ``process_set`` (every rank calls it); its collectives must be finished.
-
-    Returns False, as Horovod's does, for the global set and for a set that is not registered.
-    Needs ``init(process_sets="dynamic")``. The set can be registered again later.
-    """
-    from .runtime import current
-
-    return current().communicators.remove(process_set)

@@ -1,8 +1,9 @@
 """The one runtime object: created by :func:`init`, torn down by :func:`shutdown`.
 
 Everything global lives in a single :class:`Runtime`, so ``init -> shutdown -> init`` works and
-tests can reset it. mpi4py's MPI is imported in init() (see :mod:`hvdlite.mpi_start`): importing
-hvdlite never starts MPI.
+tests can reset it. mpi4py's MPI is imported in :func:`start` (see :mod:`hvdlite.mpi_start`):
+importing hvdlite never starts MPI. The public ``init`` (:mod:`hvdlite.lifecycle`) calls
+:func:`start`; an elastic job's re-formed world calls it again (:mod:`hvdlite.elastic.reform`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
-import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .communicators import Communicators
@@ -54,7 +53,7 @@ class Runtime:
     adapter_state: dict[str, Any] = dataclasses.field(default_factory=dict)  # framework adapters' caches, by name
     hosts: tuple[str, ...] = ()  # every rank's host name, by rank
     process_ids: tuple[str, ...] = ()  # every rank's process id: launch rank "2", or "g1.0" if spawned
-    book: Any = None  # elastic: the job's HostBook (hvdlite.elastic_hosts), kept across world changes
+    book: Any = None  # elastic: the job's HostBook (hvdlite.elastic.hosts), kept across world changes
 
 
 _runtime: Runtime | None = None
@@ -99,19 +98,20 @@ def _configure_logging(config: Config, rank: int) -> None:
         logger.propagate = False
 
 
-def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
-    """Start hvdlite on ``comm`` (default COMM_WORLD; or an mpi4py communicator, or a list of ranks).
+def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None, *, book: Any = None,
+          join: Callable[[], tuple[Any, Any] | None] | None = None) -> None:
+    """Start hvdlite on ``comm`` (see :func:`hvdlite.lifecycle.init`, the public ``init``); nothing
+    if it runs already.
 
-    ``process_sets``: the :class:`~hvdlite.process_sets.ProcessSet` objects to register now (the
-    same on every rank), or ``"dynamic"`` to allow :func:`~hvdlite.process_sets.add_process_set`
-    and ``remove_process_set`` later. Calling it again while initialized does nothing, as in Horovod.
+    ``book``: an elastic job's host book, kept across world changes. ``join``: in an elastic job's
+    spawned rank, returns the world it joins and the job's host book (called once MPI runs).
     """
     global _runtime, _atexit_registered
     if _runtime is not None:
         return
     config = load_config()
     MPI, mpi_variables = start_mpi(environ())
-    joined = _join_elastic_job(config) if comm is None else None
+    joined = join() if join is not None and config.elastic_min_np and config.elastic_spawn_prefix else None
     base = joined[0] if joined else _resolve_comm(MPI, comm)
     rank = base.Get_rank()
     _configure_logging(config, rank)
@@ -130,29 +130,25 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     dynamic = process_sets == "dynamic" or config.dynamic_process_sets
     communicators = Communicators(base, engine, make_engine, dynamic)
     _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators,
-                       hosts=hosts, process_ids=ids, book=joined[1] if joined else None)
+                       hosts=hosts, process_ids=ids, book=joined[1] if joined else book)
     for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
         communicators.add(process_set, dynamic=False)
     if config.timeline:
         start_timeline(config.timeline, config.timeline_mark_cycles)
-    _announce(config, process_id)
-    if topology.size > 1 and config.elastic_min_np:  # elastic: the others re-form the job without this rank
-        _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.exit_rank,
-                                                                  "ending this rank; the others go on without it")
-    elif topology.size > 1:
-        _runtime.exception_hook = failure.AbortOnUncaught.install(rank, failure.abort_job)
+    _runtime.exception_hook = _exception_hook(config, topology)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True
 
 
-def _join_elastic_job(config: Config) -> tuple[Any, Any] | None:
-    """A rank an elastic job spawned joins it: its world and host book (see :mod:`hvdlite.reform`)."""
-    if not (config.elastic_min_np and config.elastic_spawn_prefix):
+def _exception_hook(config: Config, topology: Topology) -> failure.AbortOnUncaught | None:
+    """What an uncaught exception does to the job: ends it, or in elastic mode ends only this rank."""
+    if topology.size == 1:
         return None
-    from .reform import join_parent
-
-    return join_parent()
+    if config.elastic_min_np:  # elastic: the others re-form the job without this rank
+        return failure.AbortOnUncaught.install(topology.rank, failure.exit_rank,
+                                               "ending this rank; the others go on without it")
+    return failure.AbortOnUncaught.install(topology.rank, failure.abort_job)
 
 
 def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
@@ -192,37 +188,6 @@ def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank:
 
         return GpuRunner(host, config, data_comm, hosts, local_rank)
     return make
-
-
-def _announce(config: Config, process_id: str) -> None:
-    """Tell hvdliterun this process runs (once per process): a pid file in its run directory, and in
-    elastic mode its control channel too, which reaches a launcher on another host."""
-    global _announced
-    if _announced:
-        return
-    _announced = True
-    if config.run_dir:
-        _write_pid_file(config.run_dir, process_id)
-    if config.elastic_service:
-        from .elastic_channel import ChannelError, request
-
-        try:
-            request(config.elastic_service, config.elastic_token,
-                    {"op": "started", "id": process_id, "pid": os.getpid(), "host": socket.gethostname()})
-        except ChannelError as exc:
-            log.warning("could not tell hvdliterun that rank %s started: %s", process_id, exc)
-
-
-_announced = False  # this process told hvdliterun it runs (re-formed worlds call init again)
-
-
-def _write_pid_file(run_dir: str, process_id: str) -> None:
-    """Lets hvdliterun name the rank behind a PID that MPI reports as killed, and reap its host's ranks."""
-    try:
-        with open(os.path.join(run_dir, f"rank.{process_id}.pid"), "w") as handle:
-            handle.write(f"{os.getpid()} {socket.gethostname()}")
-    except OSError as exc:
-        log.debug("could not write pid file in %s: %s", run_dir, exc)
 
 
 def stop_without_communicating(runtime: Runtime, error: Exception) -> None:

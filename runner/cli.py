@@ -19,8 +19,8 @@ import tempfile
 from hvdlite.config import SETTING_FLAGS, Config, ConfigError, environ, load_config
 
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
-from .elastic import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
-from .elastic_service import ElasticService, service_addresses
+from .elastic.launch import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
+from .elastic.service import ElasticService, service_addresses
 from .environment import forwarded_names, unmatched
 from .hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
 from .mpi_job import MpiJobError

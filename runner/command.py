@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 
 from hvdlite.config import SETTING_FLAGS
-from hvdlite.reform import wrapped  # elastic: each rank runs under a shell that outlives it
+from hvdlite.elastic.wrapper import wrapped  # elastic: each rank runs under a shell that outlives it
 
 from .hosts import HostSlots
 

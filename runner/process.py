@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+from .elastic.watch import ElasticWatch
 from .leftovers import remove_leftover_segments, segments
+from .pid_files import local_pids, read_pid_files
 from .tagging import LineTagger
 
 _KILLED_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")
@@ -32,36 +32,6 @@ def _pump(stream, sink, seen: list[str]) -> None:
             seen.append(text.decode(errors="replace"))
     sink.buffer.write(tagger.flush())
     sink.flush()
-
-
-def read_pid_files(run_dir: str, host: str | None = None) -> dict[int | str, tuple[int, str]]:
-    """``{rank: (pid, host)}`` from the pid files ``hvdlite.init`` writes; only ``host``'s ranks if given.
-
-    Ranks on other hosts write theirs only where the run directory is a shared file system; their
-    pids mean nothing here, so only this host's ranks are ever watched or killed.
-    """
-    ranks = {}
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return ranks
-    for name in names:
-        # A launched rank's file is rank.N.pid; one an elastic job spawned is rank.gG.N.pid.
-        match = re.fullmatch(r"rank\.((g\d+\.)?\d+)\.pid", name)
-        if match:
-            try:
-                with open(os.path.join(run_dir, name)) as handle:
-                    pid_text, rank_host = handle.read().split()
-                key = match.group(1)
-                ranks[key if match.group(2) else int(key)] = (int(pid_text), rank_host)
-            except (OSError, ValueError):
-                continue
-    return {rank: found for rank, found in ranks.items() if host is None or found[1] == host}
-
-
-def local_pids(run_dir: str) -> dict[int | str, int]:
-    """``{rank: pid}`` of the ranks on this host."""
-    return {rank: pid for rank, (pid, _) in read_pid_files(run_dir, socket.gethostname()).items()}
 
 
 class FirstExitWatcher:
@@ -131,6 +101,8 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
         pump.start()
     stopping: list[float] = []
     watcher = FirstExitWatcher(run_dir)
+    elastic = ElasticWatch(run_dir, elastic_np, _GRACE_SECONDS, lambda: _signal_group(process, signal.SIGKILL)) \
+        if elastic_np else None
 
     def forward(signum: int, _frame) -> None:
         if not stopping:
@@ -141,13 +113,12 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     # A signal this process started with ignored stays ignored (a shell's background job ignores SIGINT).
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(s) is not signal.SIG_IGN}
-    finished_at: list[float] = []
     try:
         while process.poll() is None:
             if stopping and time.monotonic() - stopping[0] > _GRACE_SECONDS:
                 _signal_group(process, signal.SIGKILL)
-            if elastic_np:
-                _watch_elastic(process, run_dir, elastic_np, stopping, finished_at)
+            if elastic is not None:
+                elastic.look(stopping)
             time.sleep(0.05)
     finally:
         for signum, handler in previous.items():
@@ -159,33 +130,13 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     watcher.stop()
     _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
     remove_leftover_segments(segments_before)
-    if elastic_np and not stopping:
-        code = elastic_exit_code(run_dir, elastic_np, code)
+    if elastic is not None and not stopping:
+        code = elastic.exit_code(code)
     if code != 0 and not stopping:
         _report_failed_rank(watcher.first if all_local else [], seen, read_pid_files(run_dir))
     if stopping:
         return 130 if code in (0, None) else (code if code > 0 else 128 - code)
     return code if code >= 0 else 128 - code
-
-
-def _watch_elastic(process: subprocess.Popen, run_dir: str, num_proc: int, stopping: list[float],
-                   finished_at: list[float]) -> None:
-    """One look at an elastic job: end mpiexec when it only waits for an unreachable host, or when a
-    rank died before every rank was up (both notes record when, across calls)."""
-    if not finished_at and elastic_job_finished(run_dir, num_proc):
-        finished_at.append(time.monotonic())
-    if finished_at and time.monotonic() - finished_at[0] > _GRACE_SECONDS:
-        # Every rank the job went on with has exited; mpiexec still waits for a host it cannot reach
-        # (its link is down), which it would until TCP gives up.
-        sys.stderr.write("hvdliterun: every remaining rank has exited; not waiting for unreachable hosts\n")
-        _signal_group(process, signal.SIGKILL)
-        finished_at[0] = math.inf
-    if not stopping and (early := died_before_init(run_dir)):
-        # The others wait for it inside MPI's start-up collectives, where nothing can see a death.
-        sys.stderr.write(f"hvdliterun: rank {early} died before it finished hvd.init(); elastic "
-                         "recovery starts once every rank is up, so the job ends\n")
-        stopping.append(time.monotonic() - _GRACE_SECONDS)
-        _signal_group(process, signal.SIGKILL)
 
 
 def _die_with_parent() -> None:
@@ -266,61 +217,3 @@ def _report_failed_rank(first: list[tuple[int, int]], lines: list[str],
         who = f"rank {named[0]} (pid {pid} on {host})" if named else f"pid {pid} on {host}"
         sys.stderr.write(f"hvdliterun: MPI reports {who} terminated abnormally {caveat}; the job failed\n")
         return
-
-
-def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
-    """An elastic job's exit code: 0 when every rank the job did not go on without exited 0.
-
-    The ranks' wrappers write ``rank.ID.status`` (ID: the launch's rank, or ``gG.N`` for a rank the
-    job spawned); the new rank 0 lists the ranks the job went on without in ``elastic.removed``.
-    ``code`` (mpiexec's) counts if a launched rank's status is missing.
-    """
-    try:
-        with open(os.path.join(run_dir, "elastic.removed")) as handle:
-            removed = {line.strip() for line in handle if line.strip()}
-    except OSError:
-        removed = set()
-    statuses = _rank_statuses(run_dir)
-    for process_id in [str(rank) for rank in range(num_proc)] + sorted(statuses):
-        if process_id in removed:
-            continue
-        if process_id not in statuses:
-            return code
-        if statuses[process_id] != 0:
-            return statuses[process_id]
-    if removed:
-        sys.stderr.write(f"hvdliterun: the job went on without rank(s) [{', '.join(sorted(removed))}] and finished\n")
-    return 0
-
-
-def elastic_job_finished(run_dir: str, num_proc: int) -> bool:
-    """Whether the job went on without some ranks and every other rank (launched or spawned) has exited."""
-    removed_file = os.path.join(run_dir, "elastic.removed")
-    if not os.path.exists(removed_file):
-        return False
-    with open(removed_file) as handle:
-        removed = {line.strip() for line in handle if line.strip()}
-    statuses = _rank_statuses(run_dir)
-    started = {str(rank) for rank in range(num_proc)} | {str(rank) for rank in read_pid_files(run_dir)}
-    return all(process_id in statuses for process_id in started - removed)
-
-
-def died_before_init(run_dir: str) -> str | None:
-    """An elastic rank that exited with an error before its ``hvd.init()`` wrote its pid file, if any."""
-    for process_id, status in _rank_statuses(run_dir).items():
-        if status != 0 and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid")):
-            return process_id
-    return None
-
-
-def _rank_statuses(run_dir: str) -> dict[str, int]:
-    statuses = {}
-    for name in os.listdir(run_dir):
-        match = re.fullmatch(r"rank\.((?:g\d+\.)?\d+)\.status", name)
-        if match:
-            try:
-                with open(os.path.join(run_dir, name)) as handle:
-                    statuses[match.group(1)] = int(handle.read().strip())
-            except (OSError, ValueError):
-                continue
-    return statuses

@@ -13,7 +13,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-from .discovery import DiscoveryError
+from .elastic.discovery import DiscoveryError
 from .hosts import HostSlots
 
 # sinfo's long state names (%T) of nodes that must get no rank: drained or draining, down, failing...

@@ -28,9 +28,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..elastic import ObjectState, State
+from ..elastic import FrameworkState, ObjectState, State
+from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..training.elastic import FrameworkState, translating_run
 from .state import broadcast_parameters
 
 run = translating_run((jax.errors.JaxRuntimeError,))

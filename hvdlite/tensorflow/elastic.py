@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..elastic import ObjectState, State
+from ..elastic import FrameworkState, ObjectState, State
+from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..training.elastic import FrameworkState, translating_run
 from .variables import broadcast_variables
 
 run = translating_run((tf.errors.OpError,))

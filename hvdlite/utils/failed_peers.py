@@ -44,7 +44,7 @@ def failed_world_ranks(world: Any) -> list[int]:
 
 
 def status_file(run_dir: str, process_id: str) -> str:
-    """Where the rank wrapper records the exit status of process ``process_id`` (see ``hvdlite.reform``)."""
+    """Where the rank wrapper records the exit status of process ``process_id`` (see ``hvdlite.elastic.wrapper``)."""
     return os.path.join(run_dir, f"rank.{process_id}.status")
 
 

@@ -1,14 +1,14 @@
-"""The elastic job's host bookkeeping (hvdlite.elastic_hosts) and the launcher's discovery, as pure logic."""
+"""The elastic job's host bookkeeping (hvdlite.elastic.hosts) and the launcher's discovery, as pure logic."""
 
 import math
 import os
 import stat
 
 import pytest
+from hvdlite.runner.elastic.discovery import DiscoveryError, discover, published
+from hvdlite.runner.hosts import HostSlots
 
-from hvdlite.elastic_hosts import HostBook, Plan, read_hosts_file, write_hosts_file
-from runner.discovery import DiscoveryError, discover, published
-from runner.hosts import HostSlots
+from hvdlite.elastic.hosts import HostBook, Plan, read_hosts_file, write_hosts_file
 
 
 def test_free_slots_are_filled_in_the_lists_order_up_to_max_np():

@@ -4,17 +4,17 @@ import subprocess
 import sys
 
 from hvdlite.runner.command import LaunchSpec, build_mpiexec_command
-from hvdlite.runner.elastic_service import ElasticService
-from hvdlite.runner.process import elastic_exit_code
+from hvdlite.runner.elastic.service import ElasticService
+from hvdlite.runner.elastic.watch import elastic_exit_code
 
-from hvdlite.reform import RANK_WRAPPER, wrapped
+from hvdlite.elastic.wrapper import RANK_WRAPPER, wrapped
 
 
 def test_elastic_ranks_run_under_a_wrapper_that_outlives_them_and_hydra_keeps_the_survivors():
     argv = build_mpiexec_command(LaunchSpec(3, ("python", "train.py"), elastic=True), "mpiexec")
     assert "-disable-auto-cleanup" in argv
     assert argv[-8:-4] == ["sh", "-c", RANK_WRAPPER, "hvdlite-rank"] and argv[-2:] == ["python", "train.py"]
-    assert argv[-4] == sys.executable and argv[-3].endswith("hvdlite/elastic_channel.py")
+    assert argv[-4] == sys.executable and argv[-3].endswith("hvdlite/elastic/channel.py")
     static = build_mpiexec_command(LaunchSpec(3, ("python", "train.py")), "mpiexec")
     assert "-disable-auto-cleanup" not in static and static[-2:] == ["python", "train.py"]
 

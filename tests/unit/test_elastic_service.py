@@ -5,11 +5,11 @@ import os
 import socket
 
 import pytest
-from hvdlite.runner.elastic_service import ElasticService, interface_address, service_addresses
+from hvdlite.runner.elastic.service import ElasticService, interface_address, service_addresses
 from hvdlite.runner.process import read_pid_files
 
-from hvdlite.elastic_channel import ChannelError, addresses, request
-from hvdlite.elastic_hosts import HOSTS_FILE, write_hosts_file
+from hvdlite.elastic.channel import ChannelError, addresses, request
+from hvdlite.elastic.hosts import HOSTS_FILE, write_hosts_file
 
 
 @pytest.fixture
@@ -98,9 +98,10 @@ def test_the_service_listens_where_the_ranks_can_reach_it():
 def test_rank_0_does_not_wait_for_an_unreachable_launcher_at_every_commit(monkeypatch):
     import types
 
-    from hvdlite import reform, runtime
+    from hvdlite import runtime
     from hvdlite.config import Config
-    from hvdlite.elastic_hosts import HostBook
+    from hvdlite.elastic import reform
+    from hvdlite.elastic.hosts import HostBook
 
     asked = []
 

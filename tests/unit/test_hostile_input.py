@@ -11,7 +11,7 @@ from hvdlite.runner.command import build_mpiexec_command
 from hvdlite.runner.environment import forwarded_names
 from hvdlite.runner.hosts import HostError, parse_hostfile, parse_hosts
 
-from hvdlite.reform import wrapped
+from hvdlite.elastic.wrapper import wrapped
 
 HOSTILE_HOSTS = ["-oProxyCommand=touch /tmp/x", "host;rm -rf /", "a b", "$(id)", "h`id`", "h\nx", "h/../x",
                  "h'q", 'h"q', "h|x", "h&x", "h>x"]

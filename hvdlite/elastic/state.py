@@ -2,25 +2,23 @@
 
 ``state.commit()`` copies the tracked objects to host memory (and checks whether hosts were
 updated); ``state.restore()`` brings back the last commit; ``state.sync()`` gives every rank rank
-0's copy. :class:`ObjectState` tracks plain Python attributes; the adapters add handlers for models
-and optimizers (``hvdlite.torch.elastic.TorchState``). ``run`` wraps a training function as
-Horovod's ``hvd.elastic.run`` does.
-
-In elastic mode (``hvdliterun --min-np N``, ``--max-np``, ``--host-discovery-script``) the survivors
-of a rank's death re-form the job without it, and at a commit the job grows into free slots or lets
-ranks go whose host left the list (:mod:`hvdlite.reform`). The README's "Elastic training" says
-what is tested and what is not yet (issue #22).
+0's copy. :class:`ObjectState` tracks plain Python attributes; :class:`FrameworkState` adds the
+framework values that the adapters' states (``hvdlite.torch.elastic.TorchState``, ...) save beside
+them: copied to host memory by ``save``, put back by ``restore`` and broadcast from rank 0 by
+``sync``, which then saves them, as Horovod's TensorFlow states do (a restore right after a sync
+gives the synced values, the same on every rank).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import HorovodInternalError, HostsUpdatedInterrupt
+from .. import objects, runtime
+from ..errors import HostsUpdatedInterrupt
+from .reform import elastic_mode, propose
 
 
 class State:
@@ -70,7 +68,7 @@ class State:
         while not self._host_messages.empty():
             latest = max(latest, self._host_messages.get())
         # Rank 0 decides, so all ranks agree.
-        self._last_updated_timestamp, plan = self._bcast_object((latest, _propose()))
+        self._last_updated_timestamp, plan = self._bcast_object((latest, propose() if elastic_mode() else None))
         if plan:
             self.pending_plan = plan
             raise HostsUpdatedInterrupt(skip_sync=not plan.spawn)
@@ -111,59 +109,36 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
 
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Horovod's ``hvd.elastic.run``: call ``func(state, ...)`` with every rank's state synced first.
+class FrameworkState(ObjectState):
+    """An :class:`ObjectState` whose subclass also saves, restores and syncs framework values.
 
-    On ``HostsUpdatedInterrupt`` the state is re-synced and ``func`` called again. On
-    ``HorovodInternalError`` (a peer died) the last commit is restored; in elastic mode
-    (``hvdliterun --min-np N``) the survivors then re-form the job without the dead ranks, call the
-    reset callbacks, sync the state from the new rank 0 and call ``func`` again. Outside elastic
-    mode the error is raised after the restore. A failure while syncing is handled the same way.
+    Subclasses set their framework attributes, call ``super().__init__(**plain_attributes)`` and
+    implement ``_save_values``, ``_restore_values`` and ``_sync_values`` (a collective from rank 0).
     """
-    @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        reset = False
-        while True:
-            if reset:
-                state.on_reset()
-            try:
-                state.sync()  # a peer may die here too: the survivors re-form and sync again
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                if not _elastic():
-                    raise
-                _reform()
-            except HostsUpdatedInterrupt:
-                plan, state.pending_plan = state.pending_plan, None
-                if plan:
-                    _apply(plan)
-            reset = True
-    return wrapper
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(lambda obj: objects.broadcast_object(obj, 0), lambda: runtime.current().topology.rank,
+                         **kwargs)
+        self._save_values()
 
-def _elastic() -> bool:
-    from .basics import is_initialized
-    from .runtime import current
+    def save(self) -> None:
+        self._save_values()
+        super().save()
 
-    return is_initialized() and bool(current().config.elastic_min_np)
+    def restore(self) -> None:
+        self._restore_values()
+        super().restore()
 
+    def sync(self) -> None:
+        self._sync_values()
+        self._save_values()
+        super().sync()
 
-def _propose() -> Any:
-    if not _elastic():
-        return None
-    from .reform import propose
+    def _save_values(self) -> None:
+        raise NotImplementedError
 
-    return propose()
+    def _restore_values(self) -> None:
+        raise NotImplementedError
 
-
-def _apply(plan: Any) -> None:
-    from .reform import apply
-
-    apply(plan)
-
-
-def _reform() -> None:
-    from .reform import shrink
-
-    shrink()
+    def _sync_values(self) -> None:
+        raise NotImplementedError

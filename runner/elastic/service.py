@@ -1,4 +1,4 @@
-"""hvdliterun's end of the elastic control channel (``hvdlite/elastic_channel.py`` is the ranks').
+"""hvdliterun's end of the elastic control channel (``hvdlite/elastic/channel.py`` is the ranks').
 
 Ranks anywhere reach the launcher here, so the job's bookkeeping works without a file system
 shared with the launcher: rank 0 asks for the host list at each commit and reports the ranks the
@@ -25,7 +25,7 @@ import struct
 import threading
 from typing import Any
 
-from hvdlite.elastic_hosts import HOSTS_FILE, read_hosts_file
+from hvdlite.elastic.hosts import HOSTS_FILE, read_hosts_file
 
 _PROCESS_ID = re.compile(r"(g\d{1,9}\.)?\d{1,9}")  # a launched rank (N) or one the job spawned (gG.N)
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")

@@ -4,12 +4,12 @@ hvdliterun keeps the job's bookkeeping in its run directory (the host list, the 
 their exit statuses, the ranks the job went on without). Ranks on its host could use that
 directory directly, but a launcher on a login node or in a Kubernetes launcher pod shares no file
 system with them, so in elastic mode every rank reports through this channel instead
-(``runner/elastic_service.py`` is the other end): one request per connection, one JSON line each
+(``runner/elastic/service.py`` is the other end): one request per connection, one JSON line each
 way, carrying the job's token (``HVDLITE_ELASTIC_TOKEN``, a random secret hvdliterun makes for
 the job and forwards to its ranks like every other variable).
 
 Standard library only: the rank wrapper runs this file as a script to report a rank's exit
-status (``python -I elastic_channel.py exited SERVICE PROCESS_ID STATUS``, the token on stdin),
+status (``python -I channel.py exited SERVICE PROCESS_ID STATUS``, the token on stdin),
 and a script started by path must not import hvdlite, numpy and the rest.
 """
 
@@ -70,7 +70,7 @@ def _read_line(connection: socket.socket) -> str:
 def main(argv: list[str]) -> int:
     """``exited SERVICE PROCESS_ID STATUS`` with the token on stdin: the rank wrapper's report."""
     if len(argv) != 4 or argv[0] != "exited":
-        print("usage: elastic_channel.py exited SERVICE PROCESS_ID STATUS (token on stdin)", file=sys.stderr)
+        print("usage: channel.py exited SERVICE PROCESS_ID STATUS (token on stdin)", file=sys.stderr)
         return 2
     _, service, process_id, status = argv
     try:

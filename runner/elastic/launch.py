@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from hvdlite.elastic_hosts import HOSTS_FILE, write_hosts_file
+from hvdlite.elastic.hosts import HOSTS_FILE, write_hosts_file
 
+from ..hosts import HostSlots, total_slots
+from ..slurm import usable_nodes
 from .discovery import DiscoveryError, DiscoveryPoller, discover, published
-from .hosts import HostSlots, total_slots
-from .slurm import usable_nodes
 
 
 class ElasticLaunchError(ValueError):

@@ -1,7 +1,7 @@
 """Elastic jobs' host list: ``--host-discovery-script`` (polled) or the fixed ``-H`` hosts, published to the ranks.
 
 The launcher writes the list to ``elastic.hosts`` in its run directory
-(:func:`hvdlite.elastic_hosts.write_hosts_file`); rank 0 reads it at each ``state.commit()`` and
+(:func:`hvdlite.elastic.hosts.write_hosts_file`); rank 0 reads it at each ``state.commit()`` and
 plans the world's changes from it. Names meaning this machine are written as its host name, the
 name the ranks' MPI reports, so that the ranks can tell which of them run where.
 """
@@ -15,9 +15,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from hvdlite.elastic_hosts import write_hosts_file
+from hvdlite.elastic.hosts import write_hosts_file
 
-from .hosts import HostError, HostSlots, parse_hostfile
+from ..hosts import HostError, HostSlots, parse_hostfile
 
 _THIS_MACHINE = {"localhost", "127.0.0.1", "::1"}
 

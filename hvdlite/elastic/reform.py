@@ -1,14 +1,14 @@
 """Elastic world changes on MPI itself: shrink without the dead, remove ranks, spawn new ones.
 
 Every change is collective over the processes that stay, and ends with hvdlite started again on the
-new communicator (:func:`hvdlite.runtime.init`): ranks, sizes, topology, engines, shared memory,
+new communicator (:func:`hvdlite.runtime.start`): ranks, sizes, topology, engines, shared memory,
 response caches, fusion buffers and autotune are the new world's; process sets are not carried
 over. What MPICH 5 + Hydra can do, measured: ``docs/elastic-probe/FINDINGS.md``.
 
 - :func:`shrink`: a member died. The survivors agree on the dead from what every one of them sees
   alike (MPI's list of dead processes, and the status file each rank's wrapper writes), abandon the
   old engines without communicating, and build their communicator with ``MPI_Comm_create_group``.
-- :func:`apply`: a :class:`~hvdlite.elastic_hosts.Plan` decided at a commit (hosts added or
+- :func:`apply`: a :class:`~hvdlite.elastic.hosts.Plan` decided at a commit (hosts added or
   removed, a blacklisted host's cooldown over): the old world shuts down normally, leaving ranks
   exit, and ``MPI_Comm_spawn_multiple`` starts new ranks (``host`` info key) that the stayers
   ``MPI_Intercomm_merge`` with; the new ranks join from :func:`join_parent` inside their ``init()``.
@@ -23,32 +23,14 @@ import sys
 import time
 from typing import Any
 
-from .elastic_channel import ChannelError, request
-from .elastic_hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
-from .errors import CommTimeoutError, HvdliteError, PeerFailedError
+from .. import runtime
+from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
+from ..utils.failed_peers import dead_members
+from .channel import ChannelError, request
+from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
+from .wrapper import wrapped
 
 log = logging.getLogger("hvdlite")
-
-# Each rank runs under this shell, which outlives it: Hydra's proxy SIGKILLs every rank it started on
-# a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not when one exits
-# (docs/elastic-probe/FINDINGS.md). The shell turns a death into an exit status, ignores (and makes
-# the rank ignore) Hydra's SIGUSR1 failure notice, and records the status: in the run directory,
-# where the rank's peers on this host see a spawned rank's death (MPI's list of dead processes
-# covers only their own launch), and through the control channel to hvdliterun, which decides the
-# job's exit code from it wherever it runs. Its arguments: PYTHON CHANNEL_SCRIPT COMMAND...
-RANK_WRAPPER = ("trap '' USR1; py=$1; channel=$2; shift 2; \"$@\"; status=$?; "
-                "id=${HVDLITE_ELASTIC_SPAWN_PREFIX}$PMI_RANK; "
-                "echo $status > \"$HVDLITE_RUN_DIR/rank.$id.status\" 2>/dev/null; "
-                "[ -z \"$HVDLITE_ELASTIC_SERVICE\" ] || printf %s \"$HVDLITE_ELASTIC_TOKEN\" | "
-                "\"$py\" -I \"$channel\" exited \"$HVDLITE_ELASTIC_SERVICE\" \"$id\" $status; exit $status")
-
-
-def wrapped(command: list[str], python: str = sys.executable) -> list[str]:
-    """``command`` under :data:`RANK_WRAPPER`, reporting through ``python`` (the same path on every host)."""
-    from . import elastic_channel
-
-    return ["sh", "-c", RANK_WRAPPER, "hvdlite-rank", python, os.path.abspath(elastic_channel.__file__), *command]
-
 
 _LAUNCHER_RETRY_SECONDS = 30.0  # after hvdliterun did not answer rank 0's request for the host list
 _CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
@@ -63,26 +45,23 @@ def shrink() -> list[str]:
     """
     from mpi4py import MPI
 
-    from .runtime import current, stop_without_communicating
-    from .utils.failed_peers import dead_members
-
-    runtime = current()
-    config, book = runtime.config, _book(runtime)
-    ids = list(runtime.process_ids)
+    world = runtime.current()
+    config, book = world.config, _book(world)
+    ids = list(world.process_ids)
     dead = dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)
     # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
-    timed_out = runtime.engine.fatal
+    timed_out = world.engine.fatal
     unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
     dead = [process_id for rank, process_id in enumerate(ids) if process_id in dead or rank in unreachable]
-    stop_without_communicating(runtime, PeerFailedError(dead))
+    runtime.stop_without_communicating(world, PeerFailedError(dead))
     survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
-    _check_quorum(survivors, len(ids), runtime.topology.rank, dead)
+    _check_quorum(survivors, len(ids), world.topology.rank, dead)
     now = time.time()
     for rank, process_id in enumerate(ids):
         if process_id in dead:
-            book.record_failure(runtime.hosts[rank], now)
+            book.record_failure(world.hosts[rank], now)
     _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died")
-    comm = runtime.comm.Create_group(runtime.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
+    comm = world.comm.Create_group(world.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
     _restart(comm, book)
     _record_removed(dead)
     if len(survivors) < config.elastic_min_np:
@@ -101,37 +80,38 @@ def _check_quorum(survivors: list[int], size: int, rank: int, dead: list[str]) -
                        "are dead or unreachable): the job goes on on the other side of the split, without this rank")
 
 
+def elastic_mode() -> bool:
+    """Whether hvdlite runs an elastic job (``hvdliterun --min-np N``): a death re-forms the world."""
+    return runtime.is_initialized() and bool(runtime.current().config.elastic_min_np)
+
+
 def propose() -> Plan:
     """Rank 0's plan for the current world (empty outside elastic mode); other ranks get it by broadcast."""
-    from .runtime import current
-
-    runtime = current()
-    if not runtime.config.elastic_min_np or runtime.topology.rank != 0:
+    world = runtime.current()
+    if not world.config.elastic_min_np or world.topology.rank != 0:
         return Plan()
-    book = _book(runtime)
+    book = _book(world)
     now = time.time()
     if now >= book.ask_launcher_after:
         try:
-            found = _launcher_hosts(runtime.config)
+            found = _launcher_hosts(world.config)
         except ChannelError as exc:  # unreachable: commits must not wait for it every time
             log.warning("rank 0 could not get the host list from hvdliterun, so the hosts stay as they are "
                         "(asking again in %g s): %s", _LAUNCHER_RETRY_SECONDS, exc)
             book.ask_launcher_after, found = now + _LAUNCHER_RETRY_SECONDS, None
         if found is not None:
             book.hosts, book.discovery = found
-    return book.plan(list(runtime.hosts), now)
+    return book.plan(list(world.hosts), now)
 
 
 def apply(plan: Plan) -> None:
     """Carry out ``plan`` (every rank of the job calls it with the same plan): see the module's doc."""
-    from .runtime import current, shutdown
-
-    runtime = current()
-    book, base, rank = _book(runtime), runtime.comm, runtime.topology.rank
-    stay = [r for r in range(runtime.topology.size) if r not in plan.remove]
-    _count_reset(book, runtime.config.elastic_reset_limit, "the hosts changed")
-    leaving = [runtime.process_ids[r] for r in plan.remove]
-    shutdown()  # collective: every member is healthy
+    world = runtime.current()
+    book, base, rank = _book(world), world.comm, world.topology.rank
+    stay = [r for r in range(world.topology.size) if r not in plan.remove]
+    _count_reset(book, world.config.elastic_reset_limit, "the hosts changed")
+    leaving = [world.process_ids[r] for r in plan.remove]
+    runtime.shutdown()  # collective: every member is healthy
     if rank in plan.remove:
         log.warning("this rank's host left the job's host list: it leaves the job")
         sys.stdout.flush()
@@ -181,27 +161,22 @@ def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any
 
 
 def _restart(comm: Any, book: HostBook) -> None:
-    from .runtime import current, init
-
-    init(comm=comm)
-    current().book = book
+    runtime.start(comm, book=book)
 
 
 def _grow_to_min_np(dead: list[str]) -> None:
     """Fewer than --min-np ranks: wait (--elastic-timeout) for slots that bring the job back to it."""
-    from .runtime import current
-
-    runtime = current()
-    config = runtime.config
+    world = runtime.current()
+    config = world.config
     deadline = time.monotonic() + config.elastic_timeout_seconds
     while True:
-        plan, can_wait = runtime.comm.bcast((propose(), _book(runtime).can_grow_later(time.time())), root=0)
-        if runtime.topology.size + plan.new_ranks >= config.elastic_min_np:
+        plan, can_wait = world.comm.bcast((propose(), _book(world).can_grow_later(time.time())), root=0)
+        if world.topology.size + plan.new_ranks >= config.elastic_min_np:
             apply(plan)
             return
         if not can_wait or time.monotonic() > deadline:
             raise HvdliteError(
-                f"only {runtime.topology.size} rank(s) remain after rank(s) [{', '.join(dead)}] died, fewer than "
+                f"only {world.topology.size} rank(s) remain after rank(s) [{', '.join(dead)}] died, fewer than "
                 f"--min-np {config.elastic_min_np}, and no free slot "
                 + ("appeared" if can_wait else "can appear (the failed hosts are blacklisted; see "
                    "--blacklist-cooldown-range)") + "; the job cannot go on")
@@ -215,10 +190,10 @@ def _count_reset(book: HostBook, limit: int, why: str) -> None:
                            "reached; the job ends")
 
 
-def _book(runtime: Any) -> HostBook:
-    if runtime.book is None:
-        runtime.book = HostBook(runtime.config.elastic_max_np, runtime.config.elastic_cooldown)
-    return runtime.book
+def _book(world: runtime.Runtime) -> HostBook:
+    if world.book is None:
+        world.book = HostBook(world.config.elastic_max_np, world.config.elastic_cooldown)
+    return world.book
 
 
 def _launcher_hosts(config: Any) -> tuple[dict[str, int], bool] | None:
@@ -235,11 +210,9 @@ def _launcher_hosts(config: Any) -> tuple[dict[str, int], bool] | None:
 
 def _record_removed(process_ids: list[str]) -> None:
     """Tell hvdliterun which ranks the job went on without: their exit does not fail the job."""
-    from .runtime import current
-
-    runtime = current()
-    config = runtime.config
-    if not process_ids or runtime.topology.rank != 0:
+    world = runtime.current()
+    config = world.config
+    if not process_ids or world.topology.rank != 0:
         return
     if config.elastic_service:
         try:

@@ -1,0 +1,23 @@
+"""Elastic training, the ranks' side: what happens when a rank dies or hosts come and go.
+
+In elastic mode (``hvdliterun --min-np N``, ``--max-np``, ``--host-discovery-script``) the
+survivors of a rank's death re-form the job without it, and at a commit the job grows into free
+slots or lets ranks go whose host left the list. The README's "Elastic training" says what is
+tested. The modules, in the order a failure meets them:
+
+- :mod:`.state`: Horovod's ``State`` / ``ObjectState`` (commit, restore, sync) and the base of the
+  adapters' framework states (``hvdlite.torch.elastic.TorchState``, ...);
+- :mod:`.run`: Horovod's ``hvd.elastic.run``, the retry loop around the training function;
+- :mod:`.reform`: re-forming the world on MPI (shrink without the dead; spawn, merge and remove);
+- :mod:`.hosts`: the job's host book (slots, blacklist, the plan rank 0 decides), pure logic;
+- :mod:`.channel`: the control channel to hvdliterun (``hvdlite.runner.elastic.service`` is its
+  other end), and :mod:`.wrapper`, the shell every rank runs under that reports its exit.
+
+Who died is found by :mod:`hvdlite.utils.failed_peers`, below the engine's waits. The launcher's
+side (discovery, the channel's server, the job's watch) is :mod:`hvdlite.runner.elastic`.
+"""
+
+from .run import run
+from .state import FrameworkState, ObjectState, State
+
+__all__ = ["State", "ObjectState", "FrameworkState", "run"]
