@@ -344,6 +344,12 @@ def environ() -> dict[str, str]:
     return dict(os.environ)
 
 
+def set_environ(variables: Mapping[str, str]) -> None:
+    """Add ``variables`` to this process's environment (for libraries that read their own, as MPICH
+    reads its ``MPIR_CVAR_*`` in ``MPI_Init``)."""
+    os.environ.update(variables)
+
+
 def load_config(env: Mapping[str, str] | None = None) -> Config:
     """Build a :class:`Config` from ``env`` (default: ``os.environ``).
 

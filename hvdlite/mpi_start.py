@@ -14,11 +14,11 @@ inside a Slurm allocation) reads whole lines and needs nothing.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from .config import set_environ
 from .errors import HvdliteError
 
 NETMOD = "MPIR_CVAR_CH4_NETMOD"
@@ -64,7 +64,7 @@ def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
     :class:`~hvdlite.errors.HvdliteError` for :func:`unconnected_step`.
     """
     added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env)
-    os.environ.update(added)
+    set_environ(added)
     from mpi4py import MPI
 
     problem = unconnected_step(env, MPI.COMM_WORLD.Get_size())

@@ -99,11 +99,29 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
              threading.Thread(target=_pump, args=(process.stderr, sys.stderr, seen), daemon=True)]
     for pump in pumps:
         pump.start()
-    stopping: list[float] = []
+    stopping: list[float] = []  # when a signal (or the elastic watch) began to stop the job
     watcher = FirstExitWatcher(run_dir)
     elastic = ElasticWatch(run_dir, elastic_np, _GRACE_SECONDS, lambda: _signal_group(process, signal.SIGKILL)) \
         if elastic_np else None
+    _wait_forwarding_signals(process, stopping, elastic)
+    for pump in pumps:
+        pump.join(timeout=5)
+    _signal_group(process, signal.SIGKILL)
+    code = process.returncode
+    watcher.stop()
+    _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
+    remove_leftover_segments(segments_before)
+    if elastic is not None and not stopping:
+        code = elastic.exit_code(code)
+    if code != 0 and not stopping:
+        _report_failed_rank(watcher.first if all_local else [], seen, read_pid_files(run_dir))
+    if stopping:
+        return 130 if code in (0, None) else (code if code > 0 else 128 - code)
+    return code if code >= 0 else 128 - code
 
+
+def _wait_forwarding_signals(process: subprocess.Popen, stopping: list[float], elastic: ElasticWatch | None) -> None:
+    """Wait for mpiexec to end, passing SIGINT/SIGTERM on to the job and killing it after the grace period."""
     def forward(signum: int, _frame) -> None:
         if not stopping:
             stopping.append(time.monotonic())
@@ -123,20 +141,6 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    for pump in pumps:
-        pump.join(timeout=5)
-    _signal_group(process, signal.SIGKILL)
-    code = process.returncode
-    watcher.stop()
-    _reap_ranks(local_pids(run_dir))  # ranks run in sessions of their own: end stragglers by pid
-    remove_leftover_segments(segments_before)
-    if elastic is not None and not stopping:
-        code = elastic.exit_code(code)
-    if code != 0 and not stopping:
-        _report_failed_rank(watcher.first if all_local else [], seen, read_pid_files(run_dir))
-    if stopping:
-        return 130 if code in (0, None) else (code if code > 0 else 128 - code)
-    return code if code >= 0 else 128 - code
 
 
 def _die_with_parent() -> None:

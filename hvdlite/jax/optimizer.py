@@ -19,6 +19,7 @@ Horovod's torch optimizer does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -77,10 +78,6 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's updates")
     base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
     reduce_updates = _updates_reducer(compression, base, op, (prescale, postscale), member, process_set)
-
-    def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
-        return inner.update(reduce_updates(updates), state, params, **extra_args)
-
     if isinstance(compression, PowerSGD):
         options = (op, gradient_predivide_factor, local_sgd_period, passes, shard_optimizer_state)
         return _powersgd(inner, compression, options, base, member, process_set)
@@ -92,6 +89,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         return _local(inner, reduce_updates, passes, schedule, base, member, process_set)
     if passes > 1:
         return _accumulating(inner, reduce_updates, passes)
+    return _reducing(inner, reduce_updates)
+
+
+def _reducing(inner: optax.GradientTransformationExtraArgs,
+              reduce_updates: Callable[[Any], Any]) -> optax.GradientTransformationExtraArgs:
+    """``inner`` fed the reduced updates of every step."""
+
+    def update_fn(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> tuple[Any, Any]:
+        return inner.update(reduce_updates(updates), state, params, **extra_args)
+
     return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
 

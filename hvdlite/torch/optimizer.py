@@ -155,10 +155,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     optimizer state for 1/N of the parameters; gradients are reduce-scattered, the shards stepped and
     all-gathered. Checkpoint with ``consolidate_state_dict(to=0)`` on every rank, then ``state_dict()``.
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if getattr(optimizer, "_hvdlite_reducer", None) is not None:
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
+    _check_wrappable(optimizer)
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
@@ -167,25 +164,44 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     if shard_optimizer_state:
         unsupported = {"compression": compression is not NoneCompressor, "groups": bool(groups or num_groups),
                        "sparse_as_dense": sparse_as_dense, "local_sgd_period": local_sgd_period is not None}
-        return _sharded(optimizer, names if member else {}, passes, scales, op, process_set,
-                        [name for name, given in unsupported.items() if given])
-    submitter = GradientSubmitter(names, compression, op, scales,
-                                  groups if groups is not None else (num_groups or None), sparse_as_dense,
+        return _sharded(optimizer, names if member else {}, passes, scales, op, process_set, unsupported)
+    local_sgd = (local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state, local_sgd_overlap)
+    grouping = groups if groups is not None else (num_groups or None)
+    return _unsharded(optimizer, names, member, passes, (op, scales, gradient_predivide_factor), compression,
+                      grouping, sparse_as_dense, process_set, local_sgd)
+
+
+def _unsharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], member: bool, passes: int,
+               reduction: tuple[ReduceOp, tuple[float, float], float], compression: Any, grouping: Any,
+               sparse_as_dense: bool, process_set: ProcessSet,
+               local_sgd: tuple[int | None, int, bool, bool]) -> torch.optim.Optimizer:
+    """``optimizer`` with gradients reduced as they arrive; ``reduction``: (op, its scales, the predivide
+    factor); ``local_sgd``: (period, warm-up steps, average state, overlap)."""
+    op, scales, predivide = reduction
+    period, warmup, average_state, overlap = local_sgd
+    submitter = GradientSubmitter(names, compression, op, scales, grouping, sparse_as_dense,
                                   current().config.bucket_bytes, process_set)
-    local = None if local_sgd_period is None else LocalSGD(optimizer, names, local_sgd_period, local_sgd_warmup_steps,
-                                                           local_sgd_average_state, process_set, local_sgd_overlap)
-    powersgd = powersgd_reducer(compression, names if member else {}, op, gradient_predivide_factor,
-                                local_sgd_period, process_set)
+    local = None if period is None else LocalSGD(optimizer, names, period, warmup, average_state, process_set, overlap)
+    powersgd = powersgd_reducer(compression, names if member else {}, op, predivide, period, process_set)
     # As in Horovod, a rank outside the process set registers no hooks: its steps stay local.
-    reducer = GradientReducer(optimizer, names if member else {}, submitter, passes, local, powersgd)
-    _bind(optimizer, reducer, names, ("synchronize", "skip_synchronize", "zero_grad", "set_backward_passes_per_step"))
+    _bind(optimizer, GradientReducer(optimizer, names if member else {}, submitter, passes, local, powersgd), names)
     if local is not None:  # local SGD: land what is in flight and average now (e.g. after the last step)
         optimizer.average_parameters = local.average
     return optimizer
 
 
+def _check_wrappable(optimizer: Any) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if getattr(optimizer, "_hvdlite_reducer", None) is not None:
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap it only once")
+
+
+_REDUCER_METHODS = ("synchronize", "skip_synchronize", "zero_grad", "set_backward_passes_per_step")
+
+
 def _bind(optimizer: torch.optim.Optimizer, reducer: Any, names: dict[torch.Tensor, str],
-          methods: tuple[str, ...]) -> None:
+          methods: tuple[str, ...] = _REDUCER_METHODS) -> None:
     """Put ``reducer``'s ``methods`` and Horovod's attributes onto the user's optimizer object."""
     optimizer._hvdlite_reducer = reducer
     # Horovod's attribute (parameter -> its name in named_parameters); Horovod's helpers and user code read it.
@@ -196,20 +212,23 @@ def _bind(optimizer: torch.optim.Optimizer, reducer: Any, names: dict[torch.Tens
 
 def _sharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], passes: int,
              scales: tuple[float, float], op: ReduceOp, process_set: ProcessSet,
-             unsupported: list[str]) -> torch.optim.Optimizer:
-    """``optimizer`` with sharded state (see :mod:`hvdlite.torch.sharded`); ``names`` is empty off the set."""
+             unsupported: dict[str, bool]) -> torch.optim.Optimizer:
+    """``optimizer`` with sharded state (see :mod:`hvdlite.torch.sharded`); ``names`` is empty off the set.
+
+    ``unsupported``: the options that sharding does not combine with, and whether each was given."""
     from .sharded import ShardedReducer, check_shardable
     from .sharded_state import ShardedCheckpoints
 
-    if unsupported:
-        raise ValueError(f"shard_optimizer_state=True cannot be combined with {', '.join(unsupported)} (not built)")
+    given = [name for name, used in unsupported.items() if used]
+    if given:
+        raise ValueError(f"shard_optimizer_state=True cannot be combined with {', '.join(given)} (not built)")
     check_shardable(optimizer)
     optimizer._parameter_names = {param: name.removeprefix("grad.") for param, name in names.items()}
     if not names:  # outside the process set the optimizer stays local, as an unsharded one does
         return optimizer
     reducer = ShardedReducer(optimizer, names, passes, scales, op, process_set, current().config.bucket_bytes)
     checkpoints = ShardedCheckpoints(optimizer, reducer, process_set)
-    _bind(optimizer, reducer, names, ("synchronize", "skip_synchronize", "zero_grad", "set_backward_passes_per_step"))
+    _bind(optimizer, reducer, names)
     optimizer._hvdlite_checkpoints = checkpoints
     for method in ("consolidate_state_dict", "state_dict", "load_state_dict"):
         setattr(optimizer, method, getattr(checkpoints, method))

@@ -135,12 +135,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     (see :mod:`hvdlite.tensorflow.keras.local_sgd`).
     """
     check_groups(num_groups, groups)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
-                        f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "
-                        "use hvd.DistributedGradientTape")
-    if hasattr(optimizer, _MARK):
-        raise ValueError(f"optimizer {optimizer.name!r} is already a hvdlite DistributedOptimizer")
+    _check_wrappable(optimizer)
     resolved = resolve_op(op)
     if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum, got {resolved.name}")
@@ -148,14 +143,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     passes = check_passes(backward_passes_per_step)
     averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
                            float(passes) if passes > 1 and not average_aggregated_gradients else 1.0, process_set)
-    if (keras.config.dtype_policy().name == "mixed_float16"
-            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
-        # compile() would wrap it in a LossScaleOptimizer after us, checking overflow per rank.
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    target = optimizer
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer.check_finite = _global_finite(optimizer.check_finite, process_set)
-        target = optimizer.inner_optimizer
+    optimizer, target = _loss_scaled(optimizer, process_set)
     if passes > 1:
         _accumulate(target, passes)
     local = None if local_sgd_period is None else local_sgd_module.install(
@@ -165,6 +153,29 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     if target is not optimizer:
         setattr(target, _MARK, averaging)
     return optimizer
+
+
+def _check_wrappable(optimizer: Any) -> None:
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
+                        f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "
+                        "use hvd.DistributedGradientTape")
+    if hasattr(optimizer, _MARK):
+        raise ValueError(f"optimizer {optimizer.name!r} is already a hvdlite DistributedOptimizer")
+
+
+def _loss_scaled(optimizer: keras.optimizers.Optimizer,
+                 process_set: ProcessSet) -> tuple[keras.optimizers.Optimizer, keras.optimizers.Optimizer]:
+    """(the optimizer to return, the one whose gradients are averaged): a LossScaleOptimizer's inner
+    one, its overflow check agreed across the set."""
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap it in a LossScaleOptimizer after us, checking overflow per rank.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer.check_finite = _global_finite(optimizer.check_finite, process_set)
+        return optimizer, optimizer.inner_optimizer
+    return optimizer, optimizer
 
 
 def is_distributed(optimizer: Any) -> bool:

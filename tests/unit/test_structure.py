@@ -1,0 +1,146 @@
+"""The house rules that the tree itself can check: no import cycle, short functions, one place that
+reads the environment (STYLE.md; issue #33)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"hvdlite": ROOT / "hvdlite", "hvdlite.runner": ROOT / "runner"}  # runner/ installs as hvdlite.runner
+MAX_FUNCTION_LINES = 50
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Imports under ``if TYPE_CHECKING:`` cost nothing at run time: they are free."""
+    free = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            free.update(id(inner) for inner in ast.walk(node))
+    return free
+
+
+def _imported(module: str, path: Path, node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``node`` imports (``from pkg import mod`` names the module, else the package)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names if alias.name in modules}
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([node.module] if node.module else []))
+    targets = {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names}
+    return {target for target in targets if target in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import of every module, also those inside functions; ``TYPE_CHECKING`` imports are left out."""
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        free = _type_checking_nodes(tree)
+        graph[module] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in free:
+                graph[module] |= _imported(module, path, node, modules) - {module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = counter[0]
+                    counter[0] += 1
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_cycles_are_found_in_a_graph_that_has_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
+                     "def f():\n    from .c import x\n")
+    modules = {"p.a": tmp_path / "a.py", "p.b": tmp_path / "b.py", "p.c": tmp_path / "c.py"}
+    free = _type_checking_nodes(tree)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and id(node) not in free:
+            imported |= _imported("p.a", modules["p.a"], node, modules)
+    assert imported == {"p.c"}
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "hvdlite.runtime" in graph and "hvdlite.elastic.reform" in graph["hvdlite.lifecycle"]
+    assert cycles(graph) == [], "import cycles (a lower layer imports an upper one)"
+
+
+def test_no_function_is_over_50_lines():
+    long = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
+
+
+def test_only_the_settings_module_touches_the_environment():
+    readers = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "environb"):
+                if isinstance(node.value, ast.Name) and node.value.id == "os":
+                    readers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.module == "os":
+                readers += [f"{path.relative_to(ROOT)}:{node.lineno}" for alias in node.names
+                            if alias.name in ("environ", "getenv")]
+    assert readers and all(reader.startswith("hvdlite/config.py:") for reader in readers), readers
