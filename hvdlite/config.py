@@ -1,4 +1,4 @@
-"""The one place that reads ``HVDLITE_*`` environment variables.
+"""The one place that reads ``HVDLITE_*`` environment variables (and Horovod's ``HOROVOD_*`` names for them).
 
 :class:`Config` is a frozen dataclass; :func:`load_config` builds it from an environment mapping
 and rejects unknown ``HVDLITE_*`` names and bad values with a message naming the variable. The
@@ -9,106 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from . import horovod_settings
+from .config_values import (
+    LOG_LEVELS,
+    any_text,
+    cooldown_range,
+    env_forward,
+    flag,
+    gpu_operations,
+    log_level,
+    nice,
+    non_negative_float,
+    non_negative_int,
+    pair,
+    positive_float,
+    positive_int,
+)
 from .errors import ConfigError
 
 MIB = 1024 * 1024
-_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError("must be a finite number >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _non_negative_float(text)
-    if value == 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _nice(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 19:
-        raise ValueError("must be an integer from 0 to 19")
-    return value
-
-
-def _flag(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("must be 0/1 (or true/false)")
-
-
-def _log_level(text: str) -> str:
-    upper = text.strip().upper()
-    if upper not in _LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}")
-    return upper
-
-
-def _cooldown_range(text: str) -> tuple[float, float]:
-    parts = text.split()
-    if len(parts) != 2:
-        raise ValueError("expected two numbers, LOW HIGH")
-    low, high = (_non_negative_float(part) for part in parts)
-    if low > high:
-        raise ValueError(f"LOW {low} is above HIGH {high}")
-    return low, high
-
-
-def _pair(values: Any) -> str:
-    return " ".join(str(value) for value in values)
-
-
-def _text(text: str) -> str:
-    return text
-
-
-def _env_forward(text: str) -> str:
-    """``all``, ``none`` or a comma-separated list of ``NAME`` / ``PREFIX*`` (see ``runner/environment.py``)."""
-    text = text.strip()
-    if text in ("all", "none"):
-        return text
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise ValueError("give all, none, or a comma-separated list of variable names (NAME or PREFIX*)")
-    for item in items:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", item):
-            raise ValueError(f"{item!r} is not a variable name or PREFIX*")
-    return ",".join(items)
-
-
-def _gpu_operations(text: str) -> str:
-    upper = text.strip().upper()
-    if upper not in ("NCCL", "MPI"):
-        raise ValueError("must be NCCL or MPI")
-    return upper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +82,7 @@ class Config:
     hierarchical_allreduce: bool = False
     dynamic_process_sets: bool = False
     nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # HOROVOD_* settings to report (rank 0)
 
     @property
     def comm_timeout(self) -> float | None:
@@ -230,102 +155,102 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("HVDLITE_FUSION_THRESHOLD", "fusion_threshold", _non_negative_int,
+    Setting("HVDLITE_FUSION_THRESHOLD", "fusion_threshold", non_negative_int,
             "bytes of small tensors packed into one fusion buffer (0 disables fusion)",
             Flag(("--fusion-threshold-mb",), float, _mb_to_bytes, note="; the flag gives MB")),
-    Setting("HVDLITE_CHUNK_BYTES", "chunk_bytes", _positive_int,
+    Setting("HVDLITE_CHUNK_BYTES", "chunk_bytes", positive_int,
             "large buffers are reduced in pieces of this many bytes"),
-    Setting("HVDLITE_PIPELINE_DEPTH", "pipeline_depth", _positive_int,
+    Setting("HVDLITE_PIPELINE_DEPTH", "pipeline_depth", positive_int,
             "host reductions (pieces of chunk size) kept in flight at once; 1 runs them one at a time"),
-    Setting("HVDLITE_SHM", "shm", _flag,
+    Setting("HVDLITE_SHM", "shm", flag,
             "1 (default): when every rank runs on one host, the negotiation and host allreduces of "
             "HVDLITE_SHM_MIN_BYTES or more go through shared memory (about 4 MiB of /dev/shm per rank); 0 leaves "
             "them to MPI"),
-    Setting("HVDLITE_SHM_MIN_BYTES", "shm_min_bytes", _positive_int,
+    Setting("HVDLITE_SHM_MIN_BYTES", "shm_min_bytes", positive_int,
             "smallest host allreduce that goes through shared memory (smaller ones are faster through MPI)"),
-    Setting("HVDLITE_BUCKET_BYTES", "bucket_bytes", _non_negative_int,
+    Setting("HVDLITE_BUCKET_BYTES", "bucket_bytes", non_negative_int,
             "DistributedOptimizer reduces dense CPU gradients in buckets of about this many bytes, one request "
             "each (0: one request per gradient)"),
-    Setting("HVDLITE_CYCLE_TIME", "cycle_time_ms", _non_negative_float,
+    Setting("HVDLITE_CYCLE_TIME", "cycle_time_ms", non_negative_float,
             "ms the engine waits after new work arrives so more requests share one negotiation",
             Flag(("--cycle-time-ms",), float)),
-    Setting("HVDLITE_POLL_TIME", "poll_time_ms", _positive_float,
+    Setting("HVDLITE_POLL_TIME", "poll_time_ms", positive_float,
             "longest sleep (ms) between polls while waiting on other ranks"),
-    Setting("HVDLITE_IDLE_CYCLE_SECONDS", "idle_cycle_seconds", _positive_float,
+    Setting("HVDLITE_IDLE_CYCLE_SECONDS", "idle_cycle_seconds", positive_float,
             "an idle rank joins an empty negotiation this often so stalls can be diagnosed"),
-    Setting("HVDLITE_ENGINE_NICE", "engine_nice", _nice,
+    Setting("HVDLITE_ENGINE_NICE", "engine_nice", nice,
             "nice value of the engine thread (Linux); 0 keeps the process's priority"),
-    Setting("HVDLITE_AUTOTUNE", "autotune", _flag,
+    Setting("HVDLITE_AUTOTUNE", "autotune", flag,
             "tune the fusion threshold and chunk size online from the job's reduced bytes per second",
             _switch("--autotune")),
-    Setting("HVDLITE_AUTOTUNE_LOG", "autotune_log", _text, "CSV file where rank 0 logs every autotune sample",
+    Setting("HVDLITE_AUTOTUNE_LOG", "autotune_log", any_text, "CSV file where rank 0 logs every autotune sample",
             Flag(("--autotune-log-file",))),
-    Setting("HVDLITE_AUTOTUNE_SAMPLE_SECONDS", "autotune_sample_seconds", _positive_float,
+    Setting("HVDLITE_AUTOTUNE_SAMPLE_SECONDS", "autotune_sample_seconds", positive_float,
             "length of the warm-up window; every later sample reduces as many bytes as it did"),
-    Setting("HVDLITE_AUTOTUNE_SAMPLES", "autotune_samples", _positive_int,
+    Setting("HVDLITE_AUTOTUNE_SAMPLES", "autotune_samples", positive_int,
             "samples per candidate setting (the median counts)"),
-    Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", _non_negative_int,
+    Setting("HVDLITE_CACHE_CAPACITY", "cache_capacity", non_negative_int,
             "response-cache entries (0 disables the bit-vector fast path)", Flag(("--cache-capacity",), int)),
-    Setting("HVDLITE_TIMELINE", "timeline", _text, "path of the timeline file rank 0 writes (Chrome trace JSON)",
+    Setting("HVDLITE_TIMELINE", "timeline", any_text, "path of the timeline file rank 0 writes (Chrome trace JSON)",
             Flag(("--timeline-filename",))),
-    Setting("HVDLITE_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _flag,
+    Setting("HVDLITE_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", flag,
             "mark every engine cycle that did work in the timeline", _switch("--timeline-mark-cycles")),
-    Setting("HVDLITE_STALL_CHECK", "stall_check", _flag, "0 disables the stall inspector",
+    Setting("HVDLITE_STALL_CHECK", "stall_check", flag, "0 disables the stall inspector",
             _switch("--no-stall-check", "0")),
-    Setting("HVDLITE_STALL_CHECK_TIME_SECONDS", "stall_check_seconds", _positive_float,
+    Setting("HVDLITE_STALL_CHECK_TIME_SECONDS", "stall_check_seconds", positive_float,
             "seconds before a stall warning names the waiting tensors and missing ranks",
             Flag(("--stall-check-warning-time-seconds",), float)),
-    Setting("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_seconds", _positive_float,
+    Setting("HVDLITE_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_seconds", positive_float,
             "seconds before a stall becomes an error on every rank",
             Flag(("--stall-check-shutdown-time-seconds",), float)),
-    Setting("HVDLITE_COMM_TIMEOUT_SECONDS", "comm_timeout_seconds", _non_negative_float,
+    Setting("HVDLITE_COMM_TIMEOUT_SECONDS", "comm_timeout_seconds", non_negative_float,
             "a collective or negotiation step that makes no progress this long ends the job, naming the "
             "ranks that stopped answering (0: wait forever)", Flag(("--comm-timeout-seconds",), float)),
-    Setting("HVDLITE_ELASTIC_MIN_NP", "elastic_min_np", _non_negative_int,
+    Setting("HVDLITE_ELASTIC_MIN_NP", "elastic_min_np", non_negative_int,
             "elastic: when a rank dies the others re-form the job without it, while at least this many "
             "remain (0: a dead rank ends the job)", Flag(("--min-np",), int)),
-    Setting("HVDLITE_ELASTIC_MAX_NP", "elastic_max_np", _non_negative_int,
+    Setting("HVDLITE_ELASTIC_MAX_NP", "elastic_max_np", non_negative_int,
             "elastic: never more ranks than this (0: as many as the hosts have slots)", Flag(("--max-np",), int)),
-    Setting("HVDLITE_ELASTIC_TIMEOUT", "elastic_timeout_seconds", _non_negative_float,
+    Setting("HVDLITE_ELASTIC_TIMEOUT", "elastic_timeout_seconds", non_negative_float,
             "elastic: seconds to wait for --min-np slots before the job ends", Flag(("--elastic-timeout",), float)),
-    Setting("HVDLITE_ELASTIC_RESET_LIMIT", "elastic_reset_limit", _non_negative_int,
+    Setting("HVDLITE_ELASTIC_RESET_LIMIT", "elastic_reset_limit", non_negative_int,
             "elastic: the job ends after this many re-formations (0: no limit)", Flag(("--reset-limit",), int)),
-    Setting("HVDLITE_ELASTIC_COOLDOWN", "elastic_cooldown", _cooldown_range,
+    Setting("HVDLITE_ELASTIC_COOLDOWN", "elastic_cooldown", cooldown_range,
             "elastic: 'LOW HIGH' seconds a host whose rank failed gets no new ranks, doubled per failure "
-            "(unset: never again)", Flag(("--blacklist-cooldown-range",), float, to_env=_pair, nargs=2)),
-    Setting("HVDLITE_ELASTIC_SPAWN_PREFIX", "elastic_spawn_prefix", _text,
+            "(unset: never again)", Flag(("--blacklist-cooldown-range",), float, to_env=pair, nargs=2)),
+    Setting("HVDLITE_ELASTIC_SPAWN_PREFIX", "elastic_spawn_prefix", any_text,
             "elastic: set for ranks the job spawned (by hvdlite itself)"),
-    Setting("HVDLITE_ELASTIC_SERVICE", "elastic_service", _text,
+    Setting("HVDLITE_ELASTIC_SERVICE", "elastic_service", any_text,
             "elastic: HOST:PORT[,...] of hvdliterun's control channel (set by hvdliterun)"),
-    Setting("HVDLITE_ELASTIC_TOKEN", "elastic_token", _text,
+    Setting("HVDLITE_ELASTIC_TOKEN", "elastic_token", any_text,
             "elastic: the job's secret for that channel (set by hvdliterun)"),
-    Setting("HVDLITE_LOG_LEVEL", "log_level", _log_level, f"log level: {', '.join(_LOG_LEVELS)}",
+    Setting("HVDLITE_LOG_LEVEL", "log_level", log_level, f"log level: {', '.join(LOG_LEVELS)}",
             Flag(("--log-level",))),
-    Setting("HVDLITE_RUN_DIR", "run_dir", _text, "launcher scratch directory (set by hvdliterun)"),
-    Setting("HVDLITE_MPI_ARGS", "mpi_args", _text, "extra arguments for mpiexec, quoted as one string",
+    Setting("HVDLITE_RUN_DIR", "run_dir", any_text, "launcher scratch directory (set by hvdliterun)"),
+    Setting("HVDLITE_MPI_ARGS", "mpi_args", any_text, "extra arguments for mpiexec, quoted as one string",
             Flag(("--mpi-args",))),
-    Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", _text,
+    Setting("HVDLITE_OUTPUT_FILENAME", "output_filename", any_text,
             "directory for per-rank output files (DIR/rank.N/stdout and stderr)", Flag(("--output-filename",))),
-    Setting("HVDLITE_SSH_PORT", "ssh_port", _non_negative_int, "ssh port of remote hosts",
+    Setting("HVDLITE_SSH_PORT", "ssh_port", non_negative_int, "ssh port of remote hosts",
             Flag(("-p", "--ssh-port"), int)),
-    Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", _text, "ssh identity file for remote hosts",
+    Setting("HVDLITE_SSH_IDENTITY_FILE", "ssh_identity_file", any_text, "ssh identity file for remote hosts",
             Flag(("-i", "--ssh-identity-file"))),
-    Setting("HVDLITE_LAUNCHER_AGENT", "launcher_agent", _text,
+    Setting("HVDLITE_LAUNCHER_AGENT", "launcher_agent", any_text,
             "program that starts processes on remote hosts instead of ssh (AGENT [-x] HOST COMMAND...)",
             Flag(("--launcher-agent",))),
-    Setting("HVDLITE_ENV_FORWARD", "env_forward", _env_forward,
+    Setting("HVDLITE_ENV_FORWARD", "env_forward", env_forward,
             "which of hvdliterun's environment variables are sent to ranks on other hosts: all (default, "
             "as Horovod), none (only HVDLITE_*, MPI transport settings and -x), or NAME,PREFIX*,... in "
             "addition to those", Flag(("--env-forward",))),
-    Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", _text,
+    Setting("HVDLITE_NETWORK_INTERFACE", "network_interface", any_text,
             "network interface (e.g. eth1) for MPI's control and data traffic", Flag(("--network-interface",))),
-    Setting("HVDLITE_VERBOSE", "verbose", _flag, "hvdliterun prints the mpiexec command", _switch("--verbose")),
-    Setting("HVDLITE_GPU_OPERATIONS", "gpu_operations", _gpu_operations,
+    Setting("HVDLITE_VERBOSE", "verbose", flag, "hvdliterun prints the mpiexec command", _switch("--verbose")),
+    Setting("HVDLITE_GPU_OPERATIONS", "gpu_operations", gpu_operations,
             "NCCL (default: device tensors reduced on the GPU) or MPI (staged through host memory)"),
-    Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", _flag,
+    Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", flag,
             "GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast",
             _switch("--hierarchical-allreduce")),
-    Setting("HVDLITE_DYNAMIC_PROCESS_SETS", "dynamic_process_sets", _flag,
+    Setting("HVDLITE_DYNAMIC_PROCESS_SETS", "dynamic_process_sets", flag,
             "1: process sets may be added and removed after init (hvd.add_process_set, remove_process_set), "
             "as with init(process_sets='dynamic')", _switch("--process-sets-dynamic")),
 )
@@ -351,12 +276,33 @@ def set_environ(variables: Mapping[str, str]) -> None:
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
-    """Build a :class:`Config` from ``env`` (default: ``os.environ``).
+    """Build a :class:`Config` from ``env`` (default: ``os.environ``): its ``HVDLITE_*`` variables and
+    the ``HOROVOD_*`` ones that stand for them (:mod:`hvdlite.horovod_settings`).
 
     Raises :class:`ConfigError` naming the variable and its bad value, or an unknown
     ``HVDLITE_*`` name (usually a typo) together with the known names.
     """
     env = os.environ if env is None else env
+    values = _hvdlite_values(env)
+    notes = _horovod_values(env, values)
+    if values.get("elastic_min_np") and "idle_cycle_seconds" not in values:
+        # A silent host costs the deadline plus a probe window of an idle cycle + 1 s: elastic jobs
+        # cycle twice as often by default to find it within the deadline + 1.5 s.
+        values["idle_cycle_seconds"] = ELASTIC_IDLE_CYCLE_SECONDS
+    values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() not in ("", "0")
+    config = Config(**values, notes=notes)
+    _check_together(config)
+    return config
+
+
+def _parse(setting: Setting, text: str, shown: str) -> Any:
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{shown} is invalid: {exc}") from None
+
+
+def _hvdlite_values(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, text in env.items():
         if not name.startswith("HVDLITE_") or name.startswith(_RESERVED_PREFIXES):
@@ -365,16 +311,26 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         if setting is None:
             known = ", ".join(sorted(SETTINGS_BY_ENV))
             raise ConfigError(f"unknown environment variable {name}={text!r}; known names: {known}")
-        try:
-            values[setting.field] = setting.parse(text)
-        except ValueError as exc:
-            raise ConfigError(f"{name}={text!r} is invalid: {exc}") from None
-    if values.get("elastic_min_np") and "idle_cycle_seconds" not in values:
-        # A silent host costs the deadline plus a probe window of an idle cycle + 1 s: elastic jobs
-        # cycle twice as often by default to find it within the deadline + 1.5 s.
-        values["idle_cycle_seconds"] = ELASTIC_IDLE_CYCLE_SECONDS
-    values["nccl_multi_rank_gpu"] = env.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() not in ("", "0")
-    config = Config(**values)
+        values[setting.field] = _parse(setting, text, f"{name}={text!r}")
+    return values
+
+
+def _horovod_values(env: Mapping[str, str], values: dict[str, Any]) -> tuple[str, ...]:
+    """Add to ``values`` what ``env``'s ``HOROVOD_*`` variables set; returns the notes to report."""
+    translation = horovod_settings.translate(env)
+    notes = list(translation.notes)
+    for name, (text, horovod_name) in translation.texts.items():
+        setting = SETTINGS_BY_ENV[name]
+        value = _parse(setting, text, f"{horovod_name}={env[horovod_name]!r}")
+        if name not in env:
+            values[setting.field] = value
+        elif value != values[setting.field]:
+            notes.append(horovod_settings.disagreement(name, env[name], horovod_name, env[horovod_name]))
+    return tuple(notes)
+
+
+def _check_together(config: Config) -> None:
+    """Settings that are valid alone but not together."""
     if config.stall_shutdown_seconds < config.stall_check_seconds:
         raise ConfigError(
             f"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS={config.stall_shutdown_seconds} is shorter than "
@@ -387,4 +343,3 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
             f"HVDLITE_COMM_TIMEOUT_SECONDS={config.comm_timeout_seconds} must be 0 or at least twice "
             f"HVDLITE_IDLE_CYCLE_SECONDS={config.idle_cycle_seconds}"
         )
-    return config

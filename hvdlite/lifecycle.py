@@ -34,6 +34,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     runtime.start(comm, process_sets, join=join_parent if comm is None else None)
     world = runtime.current()
     _announce(world.config, world.process_ids[world.topology.rank])
+    if world.topology.rank == 0:  # once per job: a re-formed world starts the runtime, not init
+        for note in world.config.notes:
+            log.warning("%s", note)
 
 
 def shutdown() -> None:

@@ -3,7 +3,7 @@
 Hydra sends forwarded variables, values included, over its control connection to every host's
 proxy, in clear text. ``all`` (Horovod's and Hydra's default) sends the whole environment, secrets
 included; ``none`` sends only what the job needs to run as hvdlite (:data:`ALWAYS`, every
-``HVDLITE_*`` variable) and what ``-x`` names; a list of names (``NAME`` or ``PREFIX*``) adds those.
+``HVDLITE_*`` variable and Horovod's ``HOROVOD_*`` names for them) and what ``-x`` names; a list of names (``NAME`` or ``PREFIX*``) adds those.
 Ranks on hvdliterun's own host start from its environment whatever the policy: nothing travels.
 Pure functions: the caller passes the environment in; ``hvdlite.config`` parses the policy.
 """
@@ -27,7 +27,8 @@ def forwarded_names(policy: str, env: Mapping[str, str], named: Iterable[str]) -
     if policy == "all":
         return None
     patterns = [] if policy == "none" else policy.split(",")
-    chosen = {name for name in env if name.startswith("HVDLITE_") or name in ALWAYS or _matches(name, patterns)}
+    chosen = {name for name in env if name.startswith(("HVDLITE_", "HOROVOD_")) or name in ALWAYS
+              or _matches(name, patterns)}
     return tuple(sorted(chosen | set(named) | set(LAUNCHER_SET)))
 
 
