@@ -158,9 +158,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     _check_wrappable(optimizer)
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
+    names = name_parameters(optimizer, named_parameters)  # argument errors first, as Horovod: even before init()
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
                                                "DistributedOptimizer's gradients")
-    names = name_parameters(optimizer, named_parameters)
     if shard_optimizer_state:
         unsupported = {"compression": compression is not NoneCompressor, "groups": bool(groups or num_groups),
                        "sparse_as_dense": sparse_as_dense, "local_sgd_period": local_sgd_period is not None}
