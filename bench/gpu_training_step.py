@@ -92,7 +92,7 @@ def allreduce_bench(args, torch, hvd, device) -> None:
     from cupy.cuda import nccl as cupy_nccl
 
     size, rank = hvd.size(), hvd.rank()
-    uid = hvd.broadcast_object(cupy_nccl.get_unique_id() if rank == 0 else None, root_rank=0)
+    uid = hvd.broadcast_object(cupy_nccl.get_unique_id() if rank == 0 else None, root_rank=0, name="bare.nccl.uid")
     bare = cupy_nccl.NcclCommunicator(size, uid, rank)
     stream = cupy.cuda.Stream(non_blocking=True)
     if rank == 0:

@@ -71,6 +71,39 @@ def diverged_generated_names(pending: Mapping[str, Iterable[int]]) -> list[tuple
     return diverged
 
 
+_OBJECT = re.compile(r"([a-z]+)_object\.noname\.([^.]+)\.object\.")
+
+
+def object_name(collective: Collective, type_name: str) -> str:
+    """The base name of an unnamed object collective: after the object's type, as Horovod names it."""
+    return f"{collective.name.lower()}_object.noname.{type_name}.object"
+
+
+def diverged_object_names(pending: Mapping[str, Iterable[int]]) -> list[tuple[list[str], str]]:
+    """Unnamed object collectives that can never complete: ranks passed objects of different types.
+
+    Object collectives block, so in step every rank waits on one of a kind; when each rank waiting
+    waits on exactly one and their types differ, no rank can go on. Returns the names to fail and why.
+    """
+    types: dict[str, dict[int, set[str]]] = {}  # kind -> rank -> the types it waits on
+    for name, ranks in pending.items():
+        if match := _OBJECT.match(name):
+            for rank in ranks:
+                types.setdefault(match.group(1), {}).setdefault(rank, set()).add(match.group(2))
+    diverged = []
+    for kind, by_rank in sorted(types.items()):
+        if len(by_rank) < 2 or any(len(names) != 1 for names in by_rank.values()):
+            continue
+        if len({next(iter(names)) for names in by_rank.values()}) < 2:
+            continue
+        at = ", ".join(f"rank {rank} {next(iter(names))!r}" for rank, names in sorted(by_rank.items()))
+        message = (f"ranks called {kind}_object with objects of different types: {at}. An unnamed {kind}_object is "
+                   "named after its object's type, as in Horovod: pass the same type on every rank, or name the "
+                   "call (name=...)")
+        diverged.append((sorted(n for n in pending if (m := _OBJECT.match(n)) and m.group(1) == kind), message))
+    return diverged
+
+
 def group_member_names(base: str, count: int) -> list[str]:
     """Names of the members of a grouped operation: ``base.0`` ... ``base.<count-1>``."""
     return [f"{base}.{index}" for index in range(count)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ..naming import diverged_generated_names
+from ..naming import diverged_generated_names, diverged_object_names
 from ..ops import Collective
 from ..request import RequestMeta
 from ..response import RankMessage, Response, RoundResult
@@ -109,7 +109,8 @@ class Coordinator:
             if response is not None:
                 responses.append(response)
                 self._forget(name)
-        for names, message in diverged_generated_names(self._job_ranked(self._table)):
+        pending = self._job_ranked(self._table)
+        for names, message in diverged_generated_names(pending) + diverged_object_names(pending):
             for name in names:
                 responses.append(_error(self._table[name][min(self._table[name])], message + self._scope.label,
                                         "TensorMismatchError"))

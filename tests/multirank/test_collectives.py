@@ -7,7 +7,7 @@ from .harness import run_script
 
 pytestmark = pytest.mark.multirank
 CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_and_fusion", "test_allgather",
-          "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier"]
+          "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier", "test_join_then_objects"]
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch", "tensorflow", "tensorflow-graph", "jax", "jax-jit"])

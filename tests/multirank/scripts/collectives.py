@@ -278,6 +278,41 @@ def test_objects_and_barrier(rank, size):
         hvd.barrier()
 
 
+def test_join_then_objects(rank, size):
+    """Horovod's join tests, then its object collectives: while the last rank has joined, the others'
+    unnamed allgather/broadcast/alltoall/reducescatter fail (they cannot run under join) and shift the
+    counters of unnamed calls on those ranks alone. Object collectives are named after the object's
+    type, as in Horovod, so they still agree; unnamed tensor collectives now fail, on every rank, naming
+    the divergence (never a stall)."""
+    calls = {"allgather": lambda: hvd.allgather(T(np.ones((1, 2), np.float32))),
+             "broadcast": lambda: hvd.broadcast(T(np.ones(2, np.float32)), root_rank=0),
+             "alltoall": lambda: hvd.alltoall(T(np.ones(size, np.float32))),
+             "reducescatter": lambda: hvd.reducescatter(T(np.ones((size, 2), np.float32)), op=hvd.Sum)}
+    for what, call in calls.items():
+        if rank != size - 1:
+            failure = caught(call)
+            assert failure is not None and f"{what} of tensor" in failure and "called join()" in failure, failure
+        last = hvd.join()
+        assert hvd.allgather_object(last) == [last] * size, what
+        assert hvd.broadcast_object({"last": last, "from": rank}, root_rank=size - 1) == {"last": last, "from": size - 1}
+    if FRAMEWORK in ("numpy", "torch", "jax"):  # generated names are the core's (TF names its ops itself)
+        failure = caught(lambda: hvd.allgather(T(np.ones((1, 2), np.float32))))
+        assert failure is not None and "different sequences of unnamed allgather" in failure, failure
+    assert hvd.allgather_object(rank) == list(range(size))
+    # Ranks that pass objects of different types (None off the root) disagree on the name: an error, not a stall.
+    failure = caught(lambda: hvd.broadcast_object({"x": 1} if rank == 0 else None, root_rank=0))
+    assert failure is not None and "broadcast_object with objects of different types" in failure, failure
+
+
+def caught(call):
+    """The message of the error ``call`` raised (with its type's name), or None."""
+    try:
+        call()
+    except Exception as exc:  # each framework raises its own type; the message says what failed
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def test_topology(rank, size):
     assert hvd.local_rank() == rank and hvd.local_size() == size
     assert hvd.cross_rank() == 0 and hvd.cross_size() == 1 and hvd.is_homogeneous()
@@ -293,7 +328,7 @@ def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     for test in (test_topology, test_allreduce, test_fp16_exact, test_grouped_and_fusion, test_allgather,
-                 test_broadcast, test_alltoall, test_reducescatter, test_objects_and_barrier):
+                 test_broadcast, test_alltoall, test_reducescatter, test_objects_and_barrier, test_join_then_objects):
         test(rank, size)
         print(f"ok {test.__name__}", flush=True)
     hvd.shutdown()
