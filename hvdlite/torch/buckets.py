@@ -82,8 +82,8 @@ def start_bucket(bucket: Bucket, process_set: ProcessSet | None = None) -> tuple
 
     def after_wait() -> None:
         for param, grad, reduced in copies:
-            if grad.is_sparse:
-                param.grad = reduced
+            if grad.is_sparse:  # reduced dense (sparse_as_dense); the optimizer gets it sparse, as in Horovod
+                param.grad = reduced.to_sparse(grad.sparse_dim())
             else:
                 grad.copy_(reduced)
     return handle, after_wait

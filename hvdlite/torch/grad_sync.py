@@ -90,7 +90,8 @@ class GradientSubmitter:
         self._op = op
         self._scale = scales  # (prescale, postscale), from hvdlite.training.options.predivide_scales
         self._sparse_as_dense = sparse_as_dense
-        self._sparse_dims: dict[torch.Tensor, int] = {}  # param -> sparse_dim of its allgathered gradients
+        self._sparse_dims: dict[torch.Tensor, int] = {}  # param -> sparse_dim of its sparse gradients
+        self._densified: dict[torch.Tensor, int] = {}  # this step's sparse gradients reduced dense -> sparse_dim
         self._groups = _split_groups(list(names), groups)
         self._group_of = {p: index for index, group in enumerate(self._groups) for p in group}
         self._ready: dict[int, list[torch.Tensor]] = {}
@@ -111,7 +112,7 @@ class GradientSubmitter:
 
     def abandon(self) -> None:
         """Forget this step's reductions (they failed: a peer died); the next step starts afresh."""
-        self._finishers, self._ready, self._last_handle = [], {}, None
+        self._finishers, self._ready, self._last_handle, self._densified = [], {}, None, {}
         for bucket in self._buckets or ():
             bucket.arrived = 0
 
@@ -164,6 +165,9 @@ class GradientSubmitter:
             last.join()
         for finish in finishers:
             finish()
+        densified, self._densified = self._densified, {}
+        for param, sparse_dim in densified.items():
+            param.grad = param.grad.to_sparse(sparse_dim)
         if self._buckets is None:
             self._plan_buckets()
 
@@ -185,7 +189,11 @@ class GradientSubmitter:
 
     # ---- starting reductions -----------------------------------------------------------------
     def _dense_grad(self, param: torch.Tensor) -> torch.Tensor:
+        """``param.grad`` to reduce as a dense tensor; a sparse one (``sparse_as_dense``) is densified for
+        the reduction only and goes back to the optimizer sparse (:meth:`wait_all`), as in Horovod:
+        ``SparseAdam`` takes nothing else."""
         if param.grad.is_sparse:
+            self._sparse_dims[param] = self._densified[param] = param.grad.sparse_dim()
             param.grad = param.grad.to_dense()
         return param.grad
 

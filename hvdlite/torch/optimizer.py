@@ -138,8 +138,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     backward has produced it (after ``backward_passes_per_step`` local accumulations); ``step()``
     waits for them. ``groups`` (an int, or lists of parameters) are negotiated together.
     ``gradient_predivide_factor`` splits the averaging into a division before the sum and the rest
-    after it (only with ``op=Average``). Sparse gradients are allgathered, or densified with
-    ``sparse_as_dense``.
+    after it (only with ``op=Average``). Sparse gradients are allgathered, or with
+    ``sparse_as_dense`` reduced dense and handed back sparse.
 
     ``local_sgd_period=K`` (local SGD, :mod:`hvdlite.torch.local_sgd`): after
     ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K

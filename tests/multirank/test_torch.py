@@ -40,7 +40,8 @@ def test_gradient_buckets_train_like_one_process(np):
         assert [line.split(" [")[0] for line in _ok_lines(result, rank)] == ["ok buckets"], result.output
 
 
-SPARSE = ["rows change under one name", "sparseadam passes=1 groups=None", "sparseadam passes=2 groups=None",
+SPARSE = ["rows change under one name", "different rows per rank sparse_as_dense=False",
+          "different rows per rank sparse_as_dense=True", "sparseadam passes=1 groups=None", "sparseadam passes=2 groups=None",
           "sparseadam passes=1 groups=1", "sgd passes=1 groups=1", "sgd passes=2 groups=None", "dense passes=1 groups=None", "dense passes=2 groups=1",
           "no rank uses the embedding"]
 

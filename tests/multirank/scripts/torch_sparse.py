@@ -3,8 +3,8 @@
 Usage: torch_sparse.py. The model is a sparse ``nn.Embedding`` (mean of a few ids per sample) and
 a dense ``nn.Linear`` head. Every rank trains a reference copy on the whole batch locally, in
 lockstep with the distributed copy trained on its own shard; each step compares the synchronized
-gradients with the reference's (the embedding's must still be sparse on every rank, unless
-``sparse_as_dense``), and at the end the weights. Rows are touched with different weights at
+gradients with the reference's (the embedding's must still be sparse on every rank, also with
+``sparse_as_dense``, which reduces it dense), and at the end the weights. Rows are touched with different weights at
 different steps, so a lost or doubled contribution shows in the gradients, where Adam's scale
 invariance could hide it in the weights. Each case prints "ok <case>".
 """
@@ -50,12 +50,13 @@ def shard_loss(model: Model, step: int, micro: int, shard: int, size: int) -> to
 
 
 def optimizers(kind: str, model: Model) -> list[torch.optim.Optimizer]:
-    if kind == "sparseadam":  # Horovod's recipe for sparse embeddings: SparseAdam for them, Adam for the rest
+    # Horovod's recipe for sparse embeddings: SparseAdam for them, Adam for the rest. "dense" (sparse_as_dense)
+    # reduces the embedding's gradient dense and hands it back sparse, as Horovod does, so SparseAdam too.
+    if kind in ("sparseadam", "dense"):
         return [torch.optim.SparseAdam(model.emb.parameters(), lr=0.05), torch.optim.Adam(model.head.parameters(),
                                                                                           lr=0.05)]
     if kind == "sgd":  # one optimizer for sparse and dense gradients alike (so one group holds both)
         return [torch.optim.SGD(model.parameters(), lr=0.5)]
-    return [torch.optim.Adam(model.parameters(), lr=0.05)]  # "dense": Adam takes only dense gradients
 
 
 def wrap(opts: list[torch.optim.Optimizer], model: Model, kind: str, passes: int, groups: int | None,
@@ -77,7 +78,7 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: float, what: str) -> None:
 
 def train_case(kind: str, passes: int, groups: int | None, process_set: hvd.ProcessSet) -> None:
     shard, size = process_set.rank(), process_set.size()
-    model, reference = Model(sparse=True), Model(sparse=kind != "dense")
+    model, reference = Model(sparse=True), Model(sparse=True)
     opts = wrap(optimizers(kind, model), model, kind, passes, groups, process_set)
     ref_opts = optimizers(kind, reference)
     what = f"{kind} passes={passes} groups={groups}"
@@ -92,7 +93,7 @@ def train_case(kind: str, passes: int, groups: int | None, process_set: hvd.Proc
         for opt in opts:
             opt.synchronize()
         grad = model.emb.weight.grad
-        assert grad.is_sparse == (kind != "dense"), f"{what} step {step}: the embedding's gradient is {grad.layout}"
+        assert grad.is_sparse, f"{what} step {step}: the embedding's gradient is {grad.layout}"
         for (name, got), want in zip(model.named_parameters(), reference.parameters(), strict=True):
             close(got.grad, want.grad, 1e-6, f"{what} step {step} gradient of {name}")
         for opt in opts:
@@ -136,11 +137,37 @@ def rows_change_under_one_name(rank: int, size: int) -> None:
     print("ok rows change under one name", flush=True)
 
 
+def different_rows_per_rank(rank: int, size: int, as_dense: bool) -> None:
+    """Horovod's SparseAdam scenario: a sparse embedding alone, no named_parameters, each rank looking up
+    a different number of rows. With sparse_as_dense the gradient is reduced dense and reaches the
+    optimizer sparse again, as in Horovod (SparseAdam refuses dense gradients)."""
+    torch.manual_seed(0)
+    emb, ref = torch.nn.Embedding(VOCAB, DIM, sparse=True), torch.nn.Embedding(VOCAB, DIM, sparse=True)
+    ref.load_state_dict(emb.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1), sparse_as_dense=as_dense)
+    ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
+    what = f"different rows per rank sparse_as_dense={as_dense}"
+    for step in range(3):
+        ids = [torch.arange(step, step + r + 2) % VOCAB for r in range(size)]  # rank r: r + 2 rows
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        (emb(ids[rank]) * (rank + 1)).sum().backward()
+        (sum((ref(ids[r]) * (r + 1)).sum() for r in range(size)) / size).backward()
+        opt.step()
+        ref_opt.step()
+        assert emb.weight.grad.is_sparse, f"{what} step {step}: the optimizer got a {emb.weight.grad.layout} gradient"
+        close(emb.weight.grad, ref.weight.grad, 1e-6, f"{what} step {step} gradient")
+        close(emb.weight.detach(), ref.weight.detach(), 1e-6, f"{what} step {step} weights")
+    print(f"ok {what}", flush=True)
+
+
 def main() -> None:
     world = MPI.COMM_WORLD.Get_size()
     subset = hvd.ProcessSet(list(range(world - 1)))  # every rank but the last: Average divides by its size
     hvd.init(process_sets=[subset])
     rows_change_under_one_name(hvd.rank(), hvd.size())
+    for as_dense in (False, True):
+        different_rows_per_rank(hvd.rank(), hvd.size(), as_dense)
     for kind, passes, groups in CASES:
         train_case(kind, passes, groups, hvd.global_process_set)
     no_rank_uses_the_embedding(hvd.global_process_set)
