@@ -20,6 +20,7 @@ from .arguments import (
     as_array,
     broadcast_meta,
     check_outputs,
+    one_device,
     reducescatter_pairs,
     reduction_meta,
 )
@@ -65,6 +66,8 @@ def _give_back(target: Communicator, name: str | None, collective: Collective) -
 
 def _submit(pairs: list[tuple[RequestMeta, np.ndarray | None]], target: Communicator,
             outputs: Sequence[np.ndarray | None] | None = None) -> GroupHandle:
+    if len(pairs) > 1:
+        pairs = one_device(pairs, target)
     outputs = outputs if outputs is not None else [None] * len(pairs)
     requests = [Request(meta, tensor, Handle(meta.name), output)
                 for (meta, tensor), output in zip(pairs, outputs, strict=True)]

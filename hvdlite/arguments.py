@@ -117,3 +117,24 @@ def reducescatter_pairs(tensors: Sequence[Any], names: list[str], base: str, op:
             raise UnsupportedOperationError(f"reducescatter of tensor {member!r} needs at least one dimension")
         pairs.append((reduction_meta(Collective.REDUCESCATTER, array, member, op, prescale, postscale), array))
     return pairs
+
+
+def one_device(pairs: Pairs, target: Communicator) -> Pairs:
+    """A group's tensors must share one device, as in Horovod; a group that mixes them fails on every rank.
+
+    Raising here alone would leave a peer whose group is uniform waiting for tensors that never come,
+    and a rank cannot know its peers' groups. So, with peers, every member of a mixed group goes to
+    negotiation described as mixed, with this rank's number: no other rank describes it alike, so the
+    ranks' descriptions disagree and every rank gets a TensorMismatchError naming each rank's devices.
+    """
+    first_on: dict[str, str] = {}
+    for meta, _ in pairs:
+        first_on.setdefault(meta.device, meta.name)
+    if len(first_on) < 2:
+        return pairs
+    where = ", ".join(f"{name!r} on {device}" for device, name in first_on.items())
+    detail = f"{where}; a group's tensors must share one device"
+    if target.size == 1:
+        raise UnsupportedOperationError(f"a group mixes devices ({detail})")
+    marker = f"mixed ({detail}) on rank {target.process_set.ranks[target.rank]}"
+    return [(meta._replace(device=marker), tensor) for meta, tensor in pairs]

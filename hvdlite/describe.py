@@ -23,7 +23,7 @@ def describe_reduction(collective: Collective, array: np.ndarray | DeviceArray, 
                        prescale: float, postscale: float) -> RequestMeta:
     """The checked description of a reduction (raises on a bad dtype, op or scale factor)."""
     dtype = dtypes.dtype_name(array, name)
-    dtypes.check_reduction(dtype, op, prescale, postscale, name, device_of(array))
+    dtypes.check_reduction(dtype, op, prescale, postscale, name)
     return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
                        device=device_of(array))
 

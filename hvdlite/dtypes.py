@@ -79,17 +79,15 @@ def wire_op(name: str, op: ReduceOp) -> ReduceOp:
     return ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
 
 
-def check_reduction(name: str, op: ReduceOp, prescale: float, postscale: float, tensor: str,
-                    device: str = "cpu") -> None:
+def check_reduction(name: str, op: ReduceOp, prescale: float, postscale: float, tensor: str) -> None:
     """Reject reductions that have no sensible meaning for the dtype, naming the tensor.
 
     Integer tensors may be scaled, as in Horovod: each value times the factor in float64, truncated
-    back to the integer type (before the reduction for ``prescale``, after it for ``postscale``);
-    on the host only so far.
+    back to the integer type (before the reduction for ``prescale``, after it for ``postscale``),
+    on the host and on a GPU alike.
     """
     if name == "bool" and op is ReduceOp.AVERAGE:
         raise UnsupportedOperationError(f"tensor {tensor!r}: Average is not defined for bool; use Sum/Min/Max")
-    if not is_floating(name) and (prescale != 1.0 or postscale != 1.0) and (name == "bool" or device != "cpu"):
+    if name == "bool" and (prescale != 1.0 or postscale != 1.0):
         raise UnsupportedOperationError(
-            f"tensor {tensor!r}: prescale_factor/postscale_factor need a floating-point tensor"
-            f"{'' if name == 'bool' else ' on a GPU'}, got {name}")
+            f"tensor {tensor!r}: prescale_factor/postscale_factor need a numeric tensor, got bool")

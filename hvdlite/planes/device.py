@@ -19,8 +19,8 @@ import numpy as np
 from .. import errors
 from ..config import Config
 from ..gpu import nccl, selection
-from ..gpu.arrays import device_count
-from ..pipeline.fuse import WorkItem
+from ..gpu.arrays import DEVICE, device_count
+from ..pipeline.fuse import WorkItem, describe
 from ..request import Request
 from ..transport.base import Transport
 from .base import Outcome, succeeded
@@ -57,6 +57,9 @@ class DevicePlane:
         return item.responses[0].meta.device != "cpu"
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
+        device = item.responses[0].meta.device
+        if device != DEVICE:  # a mixed group (arguments.one_device) that no peer contradicted: its peers had joined
+            raise errors.UnsupportedOperationError(f"{describe(item)}: tensors on {device}")
         if self._runner is None:
             if self._make_runner is None:
                 raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")

@@ -13,14 +13,15 @@ With ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` on several hosts, allreduces go throug
 Fused allreduces whose every member has an output (the optimizer's in-place gradients) pack
 into a persistent device fusion buffer and copy back out; members that want new tensors get
 views into a fresh buffer, as on the host path. Scale factors and the division of an Average
-go into NCCL's pre-multiplied sum; Min/Max/Product scale with cupy before and after.
+go into NCCL's pre-multiplied sum; Min/Max/Product, and integers (which NCCL cannot pre-multiply),
+scale with cupy before and after, as the host path does (:mod:`hvdlite.gpu.scaling`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,21 +40,34 @@ from ..utils.rows import scatter_rows
 _SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
 
 
-def reduction_plan(dtype: str, op: ReduceOp, prescale: float, postscale: float,
-                   size: int) -> tuple[ReduceOp, float, float, float]:
-    """How to run a reduction on NCCL: (NCCL op, factor folded into NCCL, pre-factor, post-factor).
+class ReductionPlan(NamedTuple):
+    """How a reduction runs on NCCL."""
+
+    op: ReduceOp  # the NCCL op
+    factor: float  # folded into NCCL's pre-multiplied sum (floating Sum and Average)
+    pre: float  # applied to the inputs before the reduction
+    post: float  # applied to the result after it ...
+    divisor: int  # ... and then divided by (a scaled integer Average)
+
+
+def reduction_plan(dtype: str, op: ReduceOp, prescale: float, postscale: float, size: int) -> ReductionPlan:
+    """How to run a reduction of ``dtype`` on NCCL.
 
     Sum and a floating Average become one pre-multiplied sum by ``prescale * postscale [/ size]``;
-    an integer Average is ncclAvg (integer division, as the host path's truncation); Min, Max and
-    Product keep the factors for separate scaling before and after.
+    an unscaled integer Average is ncclAvg (integer division, as the host path's truncation). NCCL
+    cannot pre-multiply integers, so a scaled integer reduction scales before and after, and its
+    Average is a Sum whose result is divided with the post-scale, as the host path does. Min, Max
+    and Product keep the factors for separate scaling before and after.
     """
     wire_op = dtypes.wire_op(dtype, op)
-    if wire_op is ReduceOp.AVERAGE and not dtypes.is_floating(dtype):
-        return ReduceOp.AVERAGE, 1.0, 1.0, 1.0
-    if wire_op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+    if dtypes.is_floating(dtype) and wire_op in (ReduceOp.SUM, ReduceOp.AVERAGE):
         factor = prescale * postscale / (size if wire_op is ReduceOp.AVERAGE else 1)
-        return ReduceOp.SUM, factor, 1.0, 1.0
-    return wire_op, 1.0, prescale, postscale
+        return ReductionPlan(ReduceOp.SUM, factor, 1.0, 1.0, 1)
+    if wire_op is ReduceOp.AVERAGE:
+        if prescale == 1.0 and postscale == 1.0:
+            return ReductionPlan(ReduceOp.AVERAGE, 1.0, 1.0, 1.0, 1)
+        return ReductionPlan(ReduceOp.SUM, 1.0, prescale, postscale, size)
+    return ReductionPlan(wire_op, 1.0, prescale, postscale, 1)
 
 
 def member_offsets(counts: list[int], itemsize: int) -> list[int]:
@@ -142,13 +156,16 @@ class NcclPlane:
         cp = self._cp
         meta = responses[0].meta
         wire = dtypes.wire_name(meta.dtype, DEVICE)
-        nccl_op, factor, pre, post = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale,
-                                                    self._comm.size)
+        plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
         requests = [local.get(r.meta.name) for r in responses]
         counts = [math.prod(r.meta.shape) for r in responses]
         first = requests[0]
-        if len(responses) == 1 and first is not None and wire == meta.dtype and pre == 1.0:
-            return [self._allreduce_one(first, counts[0], wire, nccl_op, factor, post, responses)]
+        if len(responses) == 1 and wire == meta.dtype and plan.pre == 1.0:  # decided alike on every rank
+            if first is None:  # this rank joined: its zeros go unpadded, as many as its peers reduce
+                zeros = cp.zeros(max(counts[0], 1), storage_dtype(wire))
+                self._reduce(zeros.data.ptr, zeros, counts[0], meta, wire, plan.op, plan.factor, responses)
+                return [from_cupy(zeros[:counts[0]], wire, meta.shape)]
+            return [self._allreduce_one(first, counts[0], wire, plan, responses)]
         storage = storage_dtype(wire)
         starts = member_offsets(counts, storage.itemsize)
         everyone_has_output = all(r is not None and r.output is not None for r in requests)
@@ -159,9 +176,9 @@ class NcclPlane:
             else:
                 buffer[start:start + count] = cupy_view(request.tensor)  # casts int16 up to int32
                 buffer[start + count:end] = 0
-        scale_in_place(buffer, wire, pre, cp)
-        self._reduce(buffer.data.ptr, buffer, starts[-1], meta, wire, nccl_op, factor, responses)
-        scale_in_place(buffer, wire, post, cp)
+        scale_in_place(buffer, wire, plan.pre, cp)
+        self._reduce(buffer.data.ptr, buffer, starts[-1], meta, wire, plan.op, plan.factor, responses)
+        scale_in_place(buffer, wire, plan.post, cp, plan.divisor)
         results = []
         for response, request, start, count in zip(responses, requests, starts, counts, strict=False):
             piece = buffer[start:start + count]
@@ -175,13 +192,13 @@ class NcclPlane:
                                          response.meta.shape))
         return results
 
-    def _allreduce_one(self, request: Request, count: int, wire: str, nccl_op: ReduceOp, factor: float,
-                       post: float, responses: tuple[Response, ...]) -> DeviceArray:
+    def _allreduce_one(self, request: Request, count: int, wire: str, plan: ReductionPlan,
+                       responses: tuple[Response, ...]) -> DeviceArray:
         """One tensor in its own dtype: reduced straight from its memory, into its output or a new buffer."""
         output = request.output
         target = cupy_view(output) if output is not None else self._cp.empty(count, storage_dtype(wire))
-        self._reduce(request.tensor.ptr, target, count, request.meta, wire, nccl_op, factor, responses)
-        scale_in_place(target, wire, post, self._cp)
+        self._reduce(request.tensor.ptr, target, count, request.meta, wire, plan.op, plan.factor, responses)
+        scale_in_place(target, wire, plan.post, self._cp, plan.divisor)
         return output if output is not None else from_cupy(target, wire, request.meta.shape)
 
     def _fusion_buffer(self, count: int, storage: np.dtype) -> Any:
@@ -240,14 +257,13 @@ class NcclPlane:
         meta = response.meta
         wire = dtypes.wire_name(meta.dtype, DEVICE)
         storage = storage_dtype(wire)
-        nccl_op, factor, pre, post = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale,
-                                                    self._comm.size)
+        plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
         rows = scatter_rows(meta.shape[0], self._comm.size)
         row = math.prod(meta.shape[1:])
         source = cupy_view(request.tensor)
-        if wire != meta.dtype or pre != 1.0:
-            source = source.astype(storage)
-            scale_in_place(source, wire, pre, cp)
+        if wire != meta.dtype or plan.pre != 1.0:
+            source = source.astype(storage)  # a copy: the caller's tensor is never scaled
+            scale_in_place(source, wire, plan.pre, cp)
         mine = cp.empty(max(rows[self._comm.rank] * row, 1), storage)
         offset = 0
         with group():  # uneven blocks: one reduce per block, rooted at the rank that keeps it
@@ -255,10 +271,10 @@ class NcclPlane:
                 count = block_rows * row
                 if count:
                     self._comm.reduce(source.data.ptr + offset * storage.itemsize, mine.data.ptr, count, wire,
-                                      nccl_op, root, self._stream.ptr, factor)
+                                      plan.op, root, self._stream.ptr, plan.factor)
                 offset += count
         mine = mine[:rows[self._comm.rank] * row]
-        scale_in_place(mine, wire, post, cp)
+        scale_in_place(mine, wire, plan.post, cp, plan.divisor)
         if wire != meta.dtype:
             mine = mine.astype(storage_dtype(meta.dtype))
         return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])

@@ -132,13 +132,19 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
-    """Start an alltoall; the handle yields (received tensor, rows received from each rank)."""
+    """Start an alltoall; the handle yields (received tensor, rows received from each rank).
+
+    The row counts are int32 on ``splits``'s device when ``splits`` is a tensor, else on the CPU (as
+    Horovod makes them: ``splits.new()``).
+    """
+    where = splits.device if isinstance(splits, torch.Tensor) else None
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
 
     def convert(result: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         data, received = result
-        return from_numpy(data, tensor), torch.from_numpy(received.astype(np.int32))
+        counts = torch.from_numpy(received.astype(np.int32))
+        return from_numpy(data, tensor), counts if where is None else counts.to(where)
 
     return MappedHandle(api.alltoall_async(to_numpy(tensor, name), splits, name, process_set), convert)
 

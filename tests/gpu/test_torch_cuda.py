@@ -3,7 +3,8 @@
 np=1 is a size-1 NCCL communicator. np=2 on one GPU uses the host-staged plane by default, and
 NCCL itself with NCCL_MULTI_RANK_GPU_ENABLE=1 (experimental, NCCL >= 2.30; with an older NCCL the
 job must fall back to host staging and say why). Each test also checks which plane rank 0
-reported, so a silent fallback cannot pass as NCCL.
+reported, so a silent fallback cannot pass as NCCL. "semantics" checks each collective against the
+same call on CPU tensors (tests/gpu/scripts/torch_semantics.py).
 """
 
 from pathlib import Path
@@ -23,7 +24,7 @@ PLANES = {
 CASES = [(1, "nccl"), (1, "staged"), (2, "shared_default"), (2, "multi_rank_nccl"), (3, "shared_default")]
 
 
-@pytest.mark.parametrize("case", ["ops", "optimizer"])
+@pytest.mark.parametrize("case", ["ops", "optimizer", "semantics"])
 @pytest.mark.parametrize("np,plane", CASES)
 def test_torch_cuda_tensors(np, plane, case):
     env, reported = PLANES[plane]

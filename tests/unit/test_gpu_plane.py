@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -19,9 +20,12 @@ from hvdlite.ops import Collective, ReduceOp
 from hvdlite.pipeline import fuse as fusion
 from hvdlite.pipeline.coordinator import find_mismatch
 from hvdlite.pipeline.execute import Executor
+from hvdlite.planes.host import HostPlane
+from hvdlite.planes.host import scale_in_place as host_scale_in_place
 from hvdlite.planes.nccl import member_offsets, reduction_plan
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
+from hvdlite.transport.shm import UFUNCS
 
 needs_nccl = pytest.mark.skipif(nccl.library_path() is None, reason="nvidia-nccl-cu12 is not installed")
 
@@ -125,12 +129,84 @@ def test_gpu_keys_are_stable_and_distinguish_hosts_and_buses() -> None:
 
 # ---- reductions on NCCL --------------------------------------------------------------------------
 def test_sums_and_float_averages_fold_every_factor_into_one_premultiplied_sum() -> None:
-    assert reduction_plan("float32", ReduceOp.AVERAGE, 1.0, 1.0, 4) == (ReduceOp.SUM, 0.25, 1.0, 1.0)
-    assert reduction_plan("bfloat16", ReduceOp.AVERAGE, 0.5, 3.0, 3) == (ReduceOp.SUM, 0.5, 1.0, 1.0)
-    assert reduction_plan("float16", ReduceOp.SUM, 2.0, 3.0, 8) == (ReduceOp.SUM, 6.0, 1.0, 1.0)
-    assert reduction_plan("int32", ReduceOp.AVERAGE, 1.0, 1.0, 3) == (ReduceOp.AVERAGE, 1.0, 1.0, 1.0)
-    assert reduction_plan("float32", ReduceOp.MAX, 2.0, 0.5, 3) == (ReduceOp.MAX, 1.0, 2.0, 0.5)
+    assert reduction_plan("float32", ReduceOp.AVERAGE, 1.0, 1.0, 4) == (ReduceOp.SUM, 0.25, 1.0, 1.0, 1)
+    assert reduction_plan("bfloat16", ReduceOp.AVERAGE, 0.5, 3.0, 3) == (ReduceOp.SUM, 0.5, 1.0, 1.0, 1)
+    assert reduction_plan("float16", ReduceOp.SUM, 2.0, 3.0, 8) == (ReduceOp.SUM, 6.0, 1.0, 1.0, 1)
+    assert reduction_plan("int32", ReduceOp.AVERAGE, 1.0, 1.0, 3) == (ReduceOp.AVERAGE, 1.0, 1.0, 1.0, 1)
+    assert reduction_plan("float32", ReduceOp.MAX, 2.0, 0.5, 3) == (ReduceOp.MAX, 1.0, 2.0, 0.5, 1)
     assert reduction_plan("bool", ReduceOp.SUM, 1.0, 1.0, 2)[0] is ReduceOp.MAX  # logical or
+
+
+def test_scaled_integers_scale_around_the_reduction_since_nccl_premultiplies_only_floats() -> None:
+    assert reduction_plan("int32", ReduceOp.SUM, 0.5, 3.0, 2) == (ReduceOp.SUM, 1.0, 0.5, 3.0, 1)
+    assert reduction_plan("uint8", ReduceOp.AVERAGE, 2.0, 1.0, 3) == (ReduceOp.SUM, 1.0, 2.0, 1.0, 3)
+    assert reduction_plan("int64", ReduceOp.AVERAGE, 1.0, 0.5, 4) == (ReduceOp.SUM, 1.0, 1.0, 0.5, 4)
+    assert reduction_plan("int8", ReduceOp.PRODUCT, 1.0, 2.0, 2) == (ReduceOp.PRODUCT, 1.0, 1.0, 2.0, 1)
+
+
+def _host_reduction(inputs: list[np.ndarray], dtype: str, op: ReduceOp, pre: float, post: float) -> np.ndarray:
+    """What the host plane computes (its own scaling functions, the ranks' values reduced in rank order)."""
+    host = HostPlane(transport=None, rank=0, size=len(inputs))
+    wire = dtypes.wire_dtype(dtype)
+    scaled = [x.astype(wire) for x in inputs]
+    for buffer in scaled:
+        if pre != 1.0:
+            host_scale_in_place(buffer, pre)
+    result = scaled[0].copy()
+    for buffer in scaled[1:]:
+        UFUNCS[dtypes.wire_op(dtype, op)](result, buffer, out=result)
+    scale = host._postscaler(dtype, op, post)
+    if scale is not None:
+        scale(result)
+    return result.astype(dtype)
+
+
+def _nccl_reduction(inputs: list[np.ndarray], dtype: str, op: ReduceOp, pre: float, post: float) -> np.ndarray:
+    """What the NCCL plane computes, with NumPy in cupy's place: its plan, its scaling, NCCL's integer ops."""
+    wire = dtypes.wire_name(dtype, DEVICE)
+    plan = reduction_plan(dtype, op, pre, post, len(inputs))
+    assert plan.factor == 1.0, "NCCL pre-multiplies floats only"
+    scaled = [x.astype(wire) for x in inputs]
+    for buffer in scaled:
+        scaling.scale_in_place(buffer, wire, plan.pre, np)
+    total = scaled[0].copy()
+    for buffer in scaled[1:]:
+        UFUNCS[plan.op](total, buffer, out=total)
+    if plan.op is ReduceOp.AVERAGE:  # ncclAvg on integers: the sum divided, truncated toward zero
+        total = np.where(total < 0, -(-total // len(inputs)), total // len(inputs)).astype(wire)
+    scaling.scale_in_place(total, wire, plan.post, np, plan.divisor)
+    return total.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64"])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])
+def test_integer_scaling_on_the_device_equals_the_host_plane_bit_for_bit(dtype: str, op: ReduceOp) -> None:
+    rng = np.random.default_rng(7)
+    # In range: int16 travels as int32 on NCCL, so only an overflow could tell the planes apart.
+    high = 4 if op is ReduceOp.PRODUCT else 7
+    low = 0 if dtype == "uint8" else 1 - high
+    factors = [(1.0, 1.0), (0.5, 3.0), (2.5, 0.3), (1.0, 1 / 3), (0.7, 1.0), (1.0, 0.1)]
+    if dtype != "uint8":
+        factors.append((-1.5, 0.7))
+    for size in (1, 2, 3) if op is ReduceOp.PRODUCT else (1, 2, 3, 7):
+        inputs = [rng.integers(low, high, 40).astype(dtype) for _ in range(size)]
+        for pre, post in factors:
+            expected = _host_reduction(inputs, dtype, op, pre, post)
+            got = _nccl_reduction(inputs, dtype, op, pre, post)
+            assert np.array_equal(got, expected), (size, pre, post, got, expected)
+
+
+def test_integer_scaling_is_the_hosts_float64_product_truncated_also_for_large_int64() -> None:
+    values = np.array([2**62 + 1, -(2**53) - 3, 7, -7, 2**40 + 5], np.int64)
+    for factor in (1.0000001, 0.3, -1.5):
+        expected = values.copy()
+        host_scale_in_place(expected, factor)
+        got = values.copy()
+        scaling.scale_in_place(got, "int64", factor, np)
+        assert np.array_equal(got, expected), (factor, got, expected)
+    halves = np.array([5, -5], np.int32)
+    scaling.scale_in_place(halves, "int32", 1.0, np, divisor=2)
+    assert halves.tolist() == [2, -2]  # an Average truncates toward zero, as the host's
 
 
 def test_only_an_integer_average_cannot_be_split_into_hierarchical_stages() -> None:
@@ -192,6 +268,40 @@ def test_ranks_that_disagree_on_device_get_an_error_naming_each_ranks_memory() -
     message = find_mismatch("w", {0: _meta("w", "float32", "cpu"), 1: _meta("w", "float32", "cuda"),
                                   2: _meta("w", "float32", "cuda")})
     assert message == "Mismatched device for allreduce of tensor 'w': rank 0: cpu, rank 1: cuda, rank 2: cuda"
+
+
+def _group(device_of_member: list[str]) -> list[tuple[RequestMeta, None]]:
+    return [(_meta(f"g.{i}", "float32", device), None) for i, device in enumerate(device_of_member)]
+
+
+def _set(rank: int, size: int) -> SimpleNamespace:
+    """The parts of a communicator that the device check reads (this rank's place in a set of job ranks)."""
+    return SimpleNamespace(rank=rank, size=size, process_set=SimpleNamespace(ranks=[10 + r for r in range(size)]))
+
+
+def test_a_group_mixing_devices_fails_on_every_rank_whatever_the_peers_groups_hold() -> None:
+    uniform = _group(["cuda", "cuda"])
+    assert arguments.one_device(uniform, _set(0, 2)) is uniform
+    mixed = [arguments.one_device(_group(["cpu", "cuda"]), _set(rank, 3)) for rank in range(3)]
+    assert {meta.device for meta, _ in mixed[0]} == {
+        "mixed ('g.0' on cpu, 'g.1' on cuda; a group's tensors must share one device) on rank 10"}
+    # Every rank mixed, or only some: each member's descriptions disagree, so negotiation fails it everywhere.
+    for groups in (mixed, [mixed[0], uniform, uniform], [_group(["cpu", "cpu"]), mixed[1], uniform]):
+        for member in range(2):
+            message = find_mismatch(f"g.{member}", {r: groups[r][member][0] for r in range(3)})
+            assert message.startswith(f"Mismatched device for allreduce of tensor 'g.{member}': rank 0: "), message
+            assert "'g.0' on cpu, 'g.1' on cuda" in message, message
+    with pytest.raises(errors.UnsupportedOperationError,
+                       match="a group mixes devices \\('g.0' on cpu, 'g.1' on cuda; a group's tensors must share"):
+        arguments.one_device(_group(["cpu", "cuda", "cpu"]), _set(0, 1))  # alone: no peer waits, so raise at once
+
+
+def test_a_mixed_group_that_no_peer_contradicted_is_refused_by_the_device_plane_on_every_rank() -> None:
+    executor = Executor(transport=None, rank=0, size=2, device_runner=lambda host: pytest.fail("no runner"))
+    (meta, _), _ = arguments.one_device(_group(["cpu", "cuda"]), _set(0, 2))
+    item = fusion.WorkItem((Response(meta),))
+    with pytest.raises(errors.UnsupportedOperationError, match=r"allreduce of \['g.0'\]: tensors on mixed \("):
+        executor.run(item, {})
 
 
 def test_a_device_array_is_described_with_its_device() -> None:

@@ -1,12 +1,14 @@
 """torch CUDA tensors through hvdlite: every collective and dtype, in place and not, and
 DistributedOptimizer equivalence with one process on the full batch. Usage: torch_cuda.py CASE.
 
-Expected values are computed on the host from each rank's known inputs. Prints "ok CASE" at the end.
+Expected values are computed on the host from each rank's known inputs; the "semantics" case
+(torch_semantics.py) compares each call with the same call on CPU tensors. Prints "ok CASE" at the end.
 """
 
 import sys
 
 import torch
+from torch_semantics import semantics
 
 import hvdlite.torch as hvd
 
@@ -108,7 +110,7 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
-    {"ops": ops, "optimizer": optimizer}[case](rank, size, device)
+    {"ops": ops, "optimizer": optimizer, "semantics": semantics}[case](rank, size, device)
     print(f"ok {case}", flush=True)
     hvd.shutdown()
 

@@ -6,10 +6,13 @@ Usage: torch_api.py CASE. Each check prints "ok <name>"; a failed check raises (
 import sys
 import warnings
 
+import numpy as np
 import torch
 from checks import expect_error
 
 import hvdlite.torch as hvd
+from hvdlite import api
+from hvdlite.gpu.arrays import DeviceArray
 
 torch.set_num_threads(1)
 
@@ -242,6 +245,17 @@ def case_sparse(rank, size):
     print("ok sparse", flush=True)
 
 
+def mixed_groups(rank, size):
+    """A group mixing host and device tensors fails on every rank, also on a rank whose own group is
+    uniform (it must not wait forever). The device array is never read: negotiation refuses the group."""
+    host = np.ones(2, np.float32)
+    device = DeviceArray(0x1000, (2,), np.float32, 0, owner=None)
+    for name, mixing in (("mixed.all", range(size)), ("mixed.first", [0])):
+        group = [host, device if rank in mixing else host.copy()]
+        expect_error(hvd.TensorMismatchError, f"'{name}.0' on cpu, '{name}.1' on cuda; a group's tensors must share "
+                     "one device", lambda group=group, name=name: api.grouped_allreduce(group, name=name), name)
+
+
 def case_errors(rank, size):
     expect_error(hvd.UnsupportedOperationError, "complex64", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64),
                                                                                  name="cplx"), "dtype")
@@ -251,6 +265,7 @@ def case_errors(rank, size):
     # Shapes that disagree across ranks: every rank gets an error naming the tensor and the shapes.
     expect_error(hvd.TensorMismatchError, "'bad.shape'",
                  lambda: hvd.allreduce(torch.ones(rank + 1), name="bad.shape"), "mismatch")
+    mixed_groups(rank, size)
     # Non-contiguous and in-place forms still work after an error.
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
     hvd.allreduce_(t, op=hvd.Sum)
@@ -261,8 +276,10 @@ def case_errors(rank, size):
 def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    {"gradients": case_gradients, "optimizer": case_optimizer, "grad_scaler": case_grad_scaler,
-     "state": case_state, "sparse": case_sparse, "errors": case_errors}[sys.argv[1]](rank, size)
+    cases = {"gradients": case_gradients, "optimizer": case_optimizer, "grad_scaler": case_grad_scaler,
+             "state": case_state, "sparse": case_sparse, "errors": case_errors}
+    for case in sys.argv[1].split(","):  # one job for several cases: each prints "ok <case>"
+        cases[case](rank, size)
     hvd.shutdown()
 
 
