@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -62,3 +63,16 @@ def run_script(script: str, np: int, *args: str, env: dict[str, str] | None = No
     if expect_ok:
         assert result.returncode == 0, f"job failed with exit code {result.returncode}; output:\n{result.output}"
     return result
+
+
+def shared_script(script: str, np: int, *args: str, env: dict[str, str] | None = None,
+                  timeout: float = 240) -> JobResult:
+    """The result of one job that several tests share (same script, size, arguments and environment):
+    it runs once per test session, for the first test that asks; each test checks its own part of it.
+    Its output and exit code are kept whatever they are: a failure shows in every test that shares it."""
+    return _shared(script, np, args, tuple(sorted((env or {}).items())), timeout)
+
+
+@functools.cache
+def _shared(script: str, np: int, args: tuple[str, ...], env: tuple[tuple[str, str], ...], timeout: float) -> JobResult:
+    return run_job(["python", str(SCRIPTS / script), *args], np=np, env=dict(env), timeout=timeout)

@@ -1,13 +1,13 @@
 """Local SGD with real ranks: each rank's parameters against a replay of every rank in one process.
 
-Usage: torch_local_sgd.py sgd|adam [overlap|sets]. Rank r trains a Linear(4, 1) on its own data (x = r + 1)
+Usage: torch_local_sgd.py KIND[:MODE],... (KIND sgd|adam, MODE overlap|sets), each run in turn. Rank r trains a Linear(4, 1) on its own data (x = r + 1)
 for STEPS steps with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``; the replay steps a copy
 per rank (gradients averaged during the warm-up, local afterwards, parameters, and with Adam its
 state, averaged every PERIOD local steps; with ``overlap`` (SGD only), each average is taken of the
 parameters at one averaging step and lands at the next as ``params += mean - anchor``). With
 ``sets``, the even and the odd ranks are two process sets, each averaging only inside itself, and
 every step takes two backward passes (``backward_passes_per_step=2``, on data x = r + 1 and r + 2).
-Prints 'ok local sgd <rank>'.
+Prints 'ok local sgd <kind> <mode or plain> <rank>' for each run.
 """
 
 import copy
@@ -96,15 +96,9 @@ def _average(per_rank: list[list[torch.Tensor]]) -> None:
                 t.copy_(mean.to(t.dtype))
 
 
-def main() -> None:
-    kind, mode = sys.argv[1], (sys.argv[2:] or [""])[0]
+def check(kind: str, mode: str, sets: list[hvd.ProcessSet], rank: int, size: int) -> None:
+    """One run: ``kind`` (sgd|adam) with ``mode`` ("", overlap or sets) against its replay."""
     overlap, split = mode == "overlap", mode == "sets"
-    torch.set_num_threads(1)
-    from mpi4py import MPI
-
-    sets = [hvd.ProcessSet(ranks) for ranks in sets_for(MPI.COMM_WORLD.Get_size(), split)] if split else []
-    hvd.init(process_sets=sets)
-    rank, size = hvd.rank(), hvd.size()
     mine = next(s for s in sets if s.included()) if split else hvd.global_process_set
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -129,8 +123,19 @@ def main() -> None:
         assert in_step == (local <= 0 or (local % PERIOD == 0 and not overlap) or mine.size() == 1), (rank, step, every)
     landed = (STEPS - WARMUP) // PERIOD - (1 if overlap else 0)  # the last overlapped average is in flight
     assert optimizer._hvdlite_reducer.local_sgd.averages == landed
-    print(f"ok local sgd {rank}", flush=True)
     copy.deepcopy(optimizer.state_dict())  # the optimizer is still a plain torch optimizer
+    print(f"ok local sgd {kind} {mode or 'plain'} {rank}", flush=True)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    from mpi4py import MPI
+
+    sets = [hvd.ProcessSet(ranks) for ranks in sets_for(MPI.COMM_WORLD.Get_size(), True)]
+    hvd.init(process_sets=sets)
+    for spec in sys.argv[1].split(","):  # one job for several runs, one after the other
+        kind, _, mode = spec.partition(":")
+        check(kind, mode, sets, hvd.rank(), hvd.size())
     hvd.shutdown()
 
 
