@@ -28,21 +28,23 @@ def _label(kind: str, name: str | None) -> str:
     return f"{kind} of {name!r}" if name else kind
 
 
-def _place(process_set: ProcessSet | None, collective: Collective, name: str | None) -> tuple[int, int]:
-    """This rank's rank and the size among ``process_set``'s ranks (default: the job's).
+def _place(process_set: ProcessSet | None, collective: Collective,
+           name: str | None) -> tuple[str | None, int, int]:
+    """The request name (:func:`.tensors.graph_name`), and this rank's rank and the size among
+    ``process_set``'s ranks (default: the job's).
 
     Raises the core's clear error now, when the op is built (traced), if this rank cannot take
     part in a collective on ``process_set``: a graph built on a rank outside the set fails at once.
+    A graph's names are counted per process set, since only the set's ranks build its collectives.
     """
     target = current().communicators.of(process_set, collective, name)
-    return target.rank, target.size
+    return graph_name(name, target.process_set.process_set_id), target.rank, target.size
 
 
 def allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, prescale: float, postscale: float,
               single: bool = False, process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Reduce ``tensors`` as one group (``single``: one tensor named exactly ``name``)."""
-    base = graph_name(name, "allreduce")
-    _place(process_set, Collective.ALLREDUCE, base)
+    base, _, _ = _place(process_set, Collective.ALLREDUCE, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
@@ -60,8 +62,7 @@ def allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, pres
 def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = False,
               process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Concatenate every rank's tensors along dimension 0 (its length is known only at run time)."""
-    base = graph_name(name, "allgather")
-    _place(process_set, Collective.ALLGATHER, base)
+    base, _, _ = _place(process_set, Collective.ALLGATHER, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
@@ -78,8 +79,7 @@ def allgather(tensors: Sequence[tf.Tensor], name: str | None, single: bool = Fal
 def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, single: bool = False,
               process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """``root_rank``'s ``tensors`` on every rank, as one group (``single``: one tensor named exactly ``name``)."""
-    base = graph_name(name, "broadcast")
-    _place(process_set, Collective.BROADCAST, base)
+    base, _, _ = _place(process_set, Collective.BROADCAST, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         return broadcast_arrays(arrays, root_rank, base, single, process_set)
@@ -93,8 +93,7 @@ def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None, si
 def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
              process_set: ProcessSet | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Send ``splits[r]`` rows to rank r; returns (received rows, rows received from each rank as int32)."""
-    base = graph_name(name, "alltoall")
-    _, size = _place(process_set, Collective.ALLTOALL, base)
+    base, _, size = _place(process_set, Collective.ALLTOALL, name)
 
     def run(array: np.ndarray, *split_array: np.ndarray) -> list[np.ndarray]:
         data, received = api.synchronize(api.alltoall_async(array, split_array[0] if split_array else None, base,
@@ -115,8 +114,7 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
 def reducescatter(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, prescale: float, postscale: float,
                   single: bool = False, process_set: ProcessSet | None = None) -> list[tf.Tensor]:
     """Reduce each tensor and keep this rank's block of rows (the first ``rows % size`` ranks get one more)."""
-    base = graph_name(name, "reducescatter")
-    rank, size = _place(process_set, Collective.REDUCESCATTER, base)
+    base, rank, size = _place(process_set, Collective.REDUCESCATTER, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
         if single:
@@ -143,7 +141,7 @@ def join(process_set: ProcessSet | None = None) -> tf.Tensor:
 
 def barrier(process_set: ProcessSet | None = None) -> tf.Tensor:
     """Wait for every rank of ``process_set``; returns an int32 zero so that a graph can depend on it."""
-    _place(process_set, Collective.BARRIER, None)
+    current().communicators.of(process_set, Collective.BARRIER, None)  # fails at once outside the set
     (result,) = run_on_host(lambda: [np.array(api.barrier(process_set) or 0, dtype=np.int32)], [], [tf.int32],
                             "barrier")
     result.set_shape([])

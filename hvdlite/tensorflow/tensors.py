@@ -15,6 +15,7 @@ tensors through host memory.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,9 +26,9 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
 from .. import dtypes
-from ..errors import TensorMismatchError, UnsupportedOperationError
+from ..errors import UnsupportedOperationError
 from ..gpu import arrays as gpu_arrays
-from .errors import as_tensorflow_error
+from .errors import CONVERTED, as_tensorflow_error
 
 _TF_TO_CORE: dict[tf.dtypes.DType, str] = {
     tf.uint8: "uint8", tf.int8: "int8", tf.uint16: "uint16", tf.int16: "int16", tf.int32: "int32", tf.int64: "int64",
@@ -63,17 +64,29 @@ def in_graph() -> bool:
     return not tf.executing_eagerly()
 
 
-def graph_name(name: str | None, kind: str) -> str | None:
+GRAPH_KIND = "tfgraph"  # the kind of generated name an unnamed collective in a graph gets
+
+
+def graph_name(name: str | None, process_set_id: int = 0) -> str | None:
     """The request name for a collective built now.
 
-    Eagerly ``None`` lets the core count calls. In a graph the name is fixed when the op is traced:
-    the graph's unique name for ``kind`` under the current name scope, which every rank derives the
-    same way and which stays the same when a function is retraced, so steps reuse the core's
-    response cache.
+    Eagerly ``None`` lets the core count calls. In a graph the name is fixed when the op is built:
+    ``tfgraph.noname.<n>`` for the n-th unnamed collective built in this graph on this process set,
+    whatever its kind. Every rank that builds the same graph derives the same names (no name scope:
+    those hold Keras layer names, which count the layers each rank happened to create), and a
+    retraced function gets them again, so steps reuse the core's response cache. Ranks that run
+    different sequences of them (a branch on the rank, or a fetch that needs fewer of them) get a
+    ``TensorMismatchError``, not a stall: at the same n they disagree on the collective or tensor,
+    at different n the core sees that they are at different points of the sequence.
     """
     if name is not None or not in_graph():
         return name
-    return tf_ops.get_default_graph().unique_name(f"hvdlite_{kind}", mark_as_used=True)
+    graph = tf_ops.get_default_graph()
+    counts = getattr(graph, "_hvdlite_collectives", None)
+    if counts is None:
+        counts = graph._hvdlite_collectives = collections.Counter()
+    counts[process_set_id] += 1
+    return f"{GRAPH_KIND}.noname.{counts[process_set_id]}"
 
 
 def _refuse_xla(what: str) -> None:
@@ -136,13 +149,14 @@ def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Ten
     """Run ``fn`` on NumPy views of ``inputs`` and return its arrays as tensors.
 
     Eagerly ``fn`` runs now, in this thread, so the core's exceptions reach the caller (ranks that
-    disagree: also as ``tf.errors.FailedPreconditionError``, as Horovod's ops raise). In a graph it
-    becomes one op that runs each time the graph does.
+    disagree: also as ``tf.errors.FailedPreconditionError``, a bad argument: also as
+    ``tf.errors.InvalidArgumentError``, as Horovod's ops raise). In a graph it becomes one op that
+    runs each time the graph does.
     """
     if not in_graph():
         try:
             results = fn(*(to_core(t) for t in inputs))
-        except TensorMismatchError as exc:
+        except CONVERTED as exc:
             raise as_tensorflow_error(exc).with_traceback(exc.__traceback__) from None
         return [from_core(r, d) for r, d in zip(results, output_dtypes, strict=True)]
     _refuse_xla(what)

@@ -3,7 +3,7 @@
 - allreduce: an allreduce of the gradient with the same op and scale factors;
 - allgather: this rank's rows of the gradient **averaged** over ranks (Horovod's choice; the
   mathematical gradient is their sum, ``size`` times larger);
-- broadcast: the averaged gradient on the root rank, zeros elsewhere;
+- broadcast: the averaged gradient on the root rank, times zero elsewhere (the allreduce runs on every rank);
 - alltoall: the gradient sent back along the rows each rank sent here;
 - reducescatter: every rank's gradient block gathered, times ``size`` for Sum and as is for
   Average, times the scale factors (Horovod's choice again: ``size`` times the mathematical gradient,
@@ -74,7 +74,12 @@ def allgather_grad(ops: GradientOps, grad: Any, rows: Any) -> Any:
 def broadcast_grad(ops: GradientOps, grad: Any, root_rank: int) -> Any:
     """Gradient of a broadcast from ``root_rank``: only the root's input reaches the outputs."""
     (averaged,) = ops.allreduce([grad], ReduceOp.AVERAGE, 1.0, 1.0)
-    return averaged if basics.rank() == root_rank else ops.zeros_like(averaged)  # root_rank: a rank of the job
+    if basics.rank() == root_rank:  # root_rank: a rank of the job
+        return averaged
+    # Times zero, as Horovod does, not new zeros: the result must depend on the allreduce on every
+    # rank. A graph runs only what a fetched result depends on (TensorFlow's zeros_like of a known
+    # shape is a constant), so zeros would let the other ranks skip the allreduce the root waits in.
+    return ops.scale(averaged, 0.0)
 
 
 def alltoall_grad(ops: GradientOps, grad: Any, received: Any) -> Any:

@@ -69,7 +69,7 @@ def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
 def test_places_where_horovod_tensorflow_behaved_differently(np):
     result = run_script("tf_horovod_compat.py", np, timeout=240)
     cases = ["graph_without_dependencies", "uint16", "error_types", "broadcast_inplace", "mixed_dense_and_sparse",
-             "signatures"]
+             "signatures", "broadcast_grad", "graph_divergence"]
     for rank in range(np):
         assert _ok_lines(result, rank) == cases, result.output
 

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from hvdlite import dtypes
 from hvdlite.errors import UnsupportedOperationError
+from hvdlite.naming import diverged_generated_names
 from hvdlite.ops import ReduceOp
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradients import DistributedGradientTape, predivide_scales
@@ -38,19 +39,37 @@ def test_unsupported_dtypes_and_sparse_inputs_are_refused_by_name():
 
 
 def test_graph_names_are_fixed_at_trace_and_stable_across_retraces():
-    assert graph_name(None, "allreduce") is None, "eagerly the core counts calls"
-    assert graph_name("mine", "allreduce") == "mine"
+    assert graph_name(None) is None, "eagerly the core counts calls"
+    assert graph_name("mine") == "mine"
     names = []
 
     @tf.function
     def trace(x):
-        with tf.name_scope("tower"):
-            names.append((graph_name(None, "allreduce"), graph_name(None, "allreduce")))
+        with tf.name_scope(f"tower_{len(names)}"):  # a scope differs between traces; names do not
+            names.append((graph_name(None), graph_name(None, process_set_id=2), graph_name(None)))
         return x
 
     trace(tf.ones(1))
     trace(tf.ones(2))  # a new shape retraces
-    assert names[0] == names[1] == ("tower/hvdlite_allreduce", "tower/hvdlite_allreduce_1"), names
+    assert names[0] == names[1] == ("tfgraph.noname.1", "tfgraph.noname.1", "tfgraph.noname.2"), names
+
+
+def test_graph_names_are_generated_names_the_core_checks_for_divergence():
+    """Ranks at different points of a graph's sequence of unnamed collectives fail instead of stalling."""
+    with tf.Graph().as_default():
+        sequence = [graph_name(None) for _ in range(3)]
+    assert diverged_generated_names({sequence[0]: [0], sequence[2]: [1]}), "rank 1 ran two more than rank 0"
+    assert not diverged_generated_names({sequence[1]: [0, 1]})
+
+
+def test_local_argument_errors_are_also_tensorflows_invalid_argument_error():
+    def refuse(array):
+        raise UnsupportedOperationError("alltoall of tensor 'x': splits [1] must be 2 non-negative counts")
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="splits") as caught:
+        run_on_host(refuse, [tf.ones(1)], [tf.float32], "alltoall of 'x'")
+    assert isinstance(caught.value, UnsupportedOperationError) and isinstance(caught.value, NotImplementedError)
+    assert caught.value.args == ("alltoall of tensor 'x': splits [1] must be 2 non-negative counts",)
 
 
 def test_xla_compiled_functions_are_refused_at_trace_time():

@@ -2,6 +2,8 @@
 place, checked against what Horovod's code does. Prints "ok <case>" for each.
 """
 
+import itertools
+
 import numpy as np
 import tensorflow as tf
 from checks import expect_error
@@ -55,8 +57,75 @@ def case_error_types(rank, size):
     slices = tf.IndexedSlices(tf.ones([1, 1]), tf.constant([0]), dense_shape=tf.constant([4, 1]))
     for base in (NotImplementedError, ValueError):
         expect_error(base, "Sum and Average", lambda: hvd.allreduce(slices, op=hvd.Max), "sparse max")
-        expect_error(base, "does not divide", lambda: hvd.alltoall(tf.ones([size + 1, 1])), "alltoall splits")
+    # Bad arguments a collective checks on its rank: Horovod's ops raise tf.errors.InvalidArgumentError
+    # (test_horovod_alltoall_equal_split_length_error, _splits_error); hvdlite's error is that too.
+    for text, call in [("does not divide", lambda: hvd.alltoall(tf.ones([size + 1, 1]))),
+                       ("must be", lambda: hvd.alltoall(tf.ones([size, 1]), splits=[1] * (size + 1))),
+                       ("must be", lambda: hvd.alltoall(tf.ones([size - 1]), splits=[1] * size)),
+                       ("root_rank=", lambda: hvd.broadcast(tf.ones(1), root_rank=size)),
+                       ("at least one dimension", lambda: hvd.allgather(tf.constant(1.0))),
+                       ("at least one dimension", lambda: hvd.reducescatter(tf.constant(1.0)))]:
+        for base in (tf.errors.InvalidArgumentError, hvd.UnsupportedOperationError, NotImplementedError, ValueError):
+            expect_error(base, text, call, text)
+        expect_error(tf.errors.InvalidArgumentError, text, tf.function(call, autograph=False), f"{text} in a graph")
     print("ok error_types", flush=True)
+
+
+def case_broadcast_grad(rank, size):
+    """Horovod's test_horovod_broadcast_grad: a broadcast from each root, float32 and float64, 1-3
+    dimensions, differentiated eagerly, in tf.function and in a TF1 graph. The gradient is the average
+    of the output gradients on the root (Horovod's current rule), times zero elsewhere: a graph runs
+    only what a fetch depends on, and zeros that did not depend on the allreduce let the other ranks
+    skip the allreduce the root waited in."""
+    cases = list(itertools.product([tf.float32, tf.float64], [1, 2, 3], range(size)))
+
+    def check(got, dim, root):
+        assert np.array_equal(np.asarray(got), np.full([5] * dim, 1.0 if rank == root else 0.0)), (dim, root, got)
+
+    for dtype, dim, root in cases:
+        variable = tf.Variable(tf.ones([5] * dim) * rank)
+        with tf.GradientTape() as tape:
+            tensor = tf.cast(variable, dtype)
+            broadcasted = hvd.broadcast(tensor, root)
+        check(tape.gradient(broadcasted, tensor), dim, root)
+
+    def graph_gradient(dtype, dim, root):
+        tensor = tf.cast(tf.ones([5] * dim) * rank, dtype)
+        return tf.gradients(hvd.broadcast(tensor, root), tensor, tf.ones([5] * dim, dtype))[0]
+
+    traced = tf.function(lambda: [graph_gradient(*case) for case in cases], autograph=False)()
+    for got, (_, dim, root) in zip(traced, cases, strict=True):
+        check(got, dim, root)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        for dtype, dim, root in cases:  # one graph: each run also runs the collectives built before
+            check(session.run(graph_gradient(dtype, dim, root)), dim, root)
+    print("ok broadcast_grad", flush=True)
+
+
+def case_graph_divergence(rank, size):
+    """Ranks that run different sequences of unnamed collectives in a graph: an error on every rank
+    (as the core gives for unnamed eager calls), not a stall. Graph names are the core's generated
+    names (tfgraph.noname.<n>), so the core sees either two collectives under one name or ranks at
+    different points of the sequence."""
+    def branch():  # rank 0 builds an allreduce the others do not
+        if rank == 0:
+            hvd.allreduce(tf.ones(7))
+        return hvd.broadcast(tf.ones(5), 0)
+    expect_error(tf.errors.InvalidArgumentError, "Mismatched collective", tf.function(branch, autograph=False),
+                 "branch on the rank")
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float64, [None])
+        first = hvd.allreduce(x, op=hvd.Sum)
+        second = hvd.allreduce(x, op=hvd.Sum)  # chained after first: running it runs first too
+        with tf.compat.v1.Session() as session:
+            if rank:
+                session.run(first, {x: [1.0]})  # rank 0 fetches nothing here; its next run completes this one
+            # Then rank 0 is at the second collective and the others at the first again (with a new
+            # shape, so it is not answered by the response cache and reaches the coordinator at once).
+            expect_error(tf.errors.InvalidArgumentError, "different sequences of unnamed tfgraph",
+                         lambda: session.run(second, {x: [1.0] if rank == 0 else [1.0, 2.0]}), "fetch")
+    assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == size, "the job goes on"
+    print("ok graph_divergence", flush=True)
 
 
 def case_broadcast_inplace(rank, size):
@@ -105,13 +174,25 @@ def case_mixed_dense_and_sparse(rank, size):
         got = [_dense_of(t) for t in run()]
         for index, (g, w) in enumerate(zip(got, want, strict=True)):
             assert np.allclose(g, w), (compiled, index, g, w)
-    # uint8 IndexedSlices with Average: values scaled as the core scales integers (float64, truncated).
-    slices = tf.IndexedSlices(tf.constant([[2 * (rank + 1)]], tf.uint8), tf.constant([rank]),
-                              dense_shape=tf.constant([size, 1]))
-    result = hvd.allreduce(slices, op=hvd.Average)
-    assert result.values.dtype == tf.uint8, result.values.dtype
-    assert result.values.numpy()[:, 0].tolist() == [int(2 * (r + 1) / size) for r in range(size)], result.values
+    # Integer IndexedSlices with Average, alone and in a group, eagerly and in a graph: values scaled as
+    # the core scales integers (in float64, truncated toward zero), in their own dtype.
+    for dtype, sign in ((tf.uint8, 1), (tf.int8, -1)):
+        def alone(dtype=dtype, sign=sign):
+            return hvd.allreduce(_int_slices(dtype, sign * (2 * rank + 1), rank, size), op=hvd.Average)
+
+        def grouped(dtype=dtype, sign=sign):
+            return hvd.grouped_allreduce([tf.constant([rank], dtype), _int_slices(dtype, sign * (2 * rank + 1), rank,
+                                                                                 size)], op=hvd.Average)[1]
+        for run in (alone, grouped, tf.function(alone), tf.function(grouped)):
+            result = run()
+            assert result.values.dtype == dtype, result.values.dtype
+            want = [int(sign * (2 * r + 1) / size) for r in range(size)]
+            assert result.values.numpy()[:, 0].tolist() == want, (dtype, run, result.values)
     print("ok mixed_dense_and_sparse", flush=True)
+
+
+def _int_slices(dtype, value, rank, size):
+    return tf.IndexedSlices(tf.constant([[value]], dtype), tf.constant([rank]), dense_shape=tf.constant([size, 1]))
 
 
 def case_signatures(rank, size):
@@ -156,7 +237,7 @@ def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     for case in (case_graph_without_dependencies, case_uint16, case_error_types, case_broadcast_inplace,
-                 case_mixed_dense_and_sparse, case_signatures):
+                 case_mixed_dense_and_sparse, case_signatures, case_broadcast_grad, case_graph_divergence):
         case(rank, size)
     hvd.shutdown()
 
