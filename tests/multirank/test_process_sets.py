@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from .harness import run_script
+from .harness import run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 
@@ -96,7 +96,8 @@ def test_jax_collectives_and_optax_train_on_overlapping_and_disjoint_sets(np, mo
     """Every JAX collective outside and inside jit on each set a rank is in; two optax groups (evens,
     odds) each equal to one process on the group's whole batch; and, on each set a rank is not in,
     the core's ProcessSetError from every call at once (inside jit: while tracing)."""
-    result = run_script("jax_process_sets.py", np, mode, timeout=300)
+    result = shared_script("jax_process_sets.py", np, "static,dynamic", timeout=400)  # one job for both modes
+    assert result.returncode == 0, result.output
     sets = [list(range(0, np, 2)), list(range(1, np, 2)), [0, 1] if np == 3 else [0, 1, 2]]  # ids 1, 2, 3
     refused = re.compile(r"caught ProcessSetError (eager|jit) (\w+): .* rank (\d+) is not in process set "
                          r"(\d+) (\[.*?\])")

@@ -261,11 +261,11 @@ def dynamic(rank, size):
 def main():
     from mpi4py import MPI
 
-    mode = sys.argv[1]
-    {"static": static, "dynamic": dynamic}[mode](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
-    assert hvd.allreduce(jnp.ones(1), op=hvd.Sum).tolist() == [hvd.size()]  # the global set is untouched
-    hvd.shutdown()
-    print(f"ok jax process sets {mode}", flush=True)
+    for mode in sys.argv[1].split(","):  # one job, init -> shutdown -> init between modes
+        {"static": static, "dynamic": dynamic}[mode](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+        assert hvd.allreduce(jnp.ones(1), op=hvd.Sum).tolist() == [hvd.size()]  # the global set is untouched
+        hvd.shutdown()
+        print(f"ok jax process sets {mode}", flush=True)
 
 
 if __name__ == "__main__":
