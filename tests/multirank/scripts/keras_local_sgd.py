@@ -1,11 +1,11 @@
 """Keras local SGD with real ranks: each rank's weights against a replay of every rank in one process.
 
-Usage: keras_local_sgd.py sgd|adam fit|eager. Rank r fits a Dense(1) model to its own data
+Usage: keras_local_sgd.py KIND:MODE,... (KIND sgd|adam, MODE fit|eager), one run after the other. Rank r fits a Dense(1) model to its own data
 (x = r + 1) for STEPS updates with ``local_sgd_period=PERIOD, local_sgd_warmup_steps=WARMUP``:
 through ``model.fit`` (one batch per step, in a tf.function) or eager ``apply_gradients``. The
 replay runs one plain Keras model and optimizer per rank (gradients averaged during the warm-up,
 local afterwards; weights, and with Adam its moments, averaged every PERIOD local updates).
-Prints 'ok keras local sgd <rank>'.
+Prints 'ok keras local sgd <kind> <mode> <rank>' for each run.
 """
 
 import os
@@ -73,9 +73,12 @@ def _average(per_rank: list[list[tf.Variable]]) -> None:
 
 
 def main() -> None:
-    kind, mode = sys.argv[1], sys.argv[2]
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    for spec in sys.argv[1].split(","):  # KIND:MODE,... one run after the other in one job
+        check(*spec.split(":"), hvd.rank(), hvd.size())
+
+
+def check(kind: str, mode: str, rank: int, size: int) -> None:
     expected = replay(kind, size)
     model = make_model()
     optimizer = hvd.DistributedOptimizer(make_optimizer(kind), local_sgd_period=PERIOD,
@@ -95,7 +98,7 @@ def main() -> None:
         local = step + 1 - WARMUP
         # Equal on every rank during the warm-up and right after an average; apart in between.
         assert together == (local <= 0 or local % PERIOD == 0), (rank, step, every)
-    print(f"ok keras local sgd {rank}", flush=True)
+    print(f"ok keras local sgd {kind} {mode} {rank}", flush=True)
 
 
 if __name__ == "__main__":

@@ -267,11 +267,8 @@ def main():
     cases = {"gradients": case_gradients, "static_shapes": case_static_shapes, "sparse": case_sparse,
              "variables": case_variables, "callbacks": case_callbacks, "mixed_precision": case_mixed_precision,
              "errors": case_errors}
-    if sys.argv[1] == "state":
-        case_state(rank, size, sys.argv[2])
-    else:
-        for name in sys.argv[1].split(","):
-            cases[name](rank, size)
+    for name in sys.argv[1].split(","):  # "state" saves into the directory sys.argv[2]
+        case_state(rank, size, sys.argv[2]) if name == "state" else cases[name](rank, size)
     hvd.shutdown()
 
 
