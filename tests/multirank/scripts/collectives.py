@@ -12,13 +12,17 @@ import sys
 import ml_dtypes
 import numpy as np
 
-FRAMEWORK = sys.argv[1] if len(sys.argv) > 1 else "numpy"
+# One job may run the body for both forms of a framework in turn ("tensorflow,tensorflow-graph"):
+# TensorFlow's start costs seconds a rank. VARIANTS maps each form to its namespace.
+FRAMEWORKS = sys.argv[1].split(",") if len(sys.argv) > 1 else ["numpy"]
+FRAMEWORK = FRAMEWORKS[0]
 if FRAMEWORK == "torch":
     import torch
 
     import hvdlite.torch as hvd
 
     torch.set_num_threads(1)
+    VARIANTS = {"torch": hvd}
 
     def T(array):
         array = np.asarray(array)
@@ -38,13 +42,13 @@ elif FRAMEWORK.startswith("tensorflow"):
 
     import hvdlite.tensorflow as hvd
 
-    if FRAMEWORK == "tensorflow-graph":
-        def traced(fn):
-            return lambda *args, **kwargs: tf.function(lambda: fn(*args, **kwargs), autograph=False)()
+    def traced(fn):
+        return lambda *args, **kwargs: tf.function(lambda: fn(*args, **kwargs), autograph=False)()
 
-        hvd = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
+    VARIANTS = {"tensorflow": hvd, "tensorflow-graph": types.SimpleNamespace(**{
+        name: traced(getattr(hvd, name)) if name in {
             "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
-            "reducescatter", "grouped_reducescatter", "barrier"} else getattr(hvd, name) for name in hvd.__all__})
+            "reducescatter", "grouped_reducescatter", "barrier"} else getattr(hvd, name) for name in hvd.__all__})}
 
     def T(array):
         return tf.constant(np.asarray(array))
@@ -62,22 +66,22 @@ elif FRAMEWORK.startswith("jax"):
 
     import hvdlite.jax as hvd
 
-    if FRAMEWORK == "jax-jit":
-        def traced(fn):
-            return lambda *args, **kwargs: jax.jit(lambda *a: fn(*a, **kwargs))(*args)
+    def traced(fn):
+        return lambda *args, **kwargs: jax.jit(lambda *a: fn(*a, **kwargs))(*args)
 
-        host_alltoall = hvd.alltoall
+    host_alltoall = hvd.alltoall
 
-        def jit_alltoall(tensor, splits=None, name=None):  # with splits the output size is not static
-            if splits is not None:
-                return host_alltoall(tensor, splits, name)
-            return traced(host_alltoall)(tensor, name=name)
+    def jit_alltoall(tensor, splits=None, name=None):  # with splits the output size is not static
+        if splits is not None:
+            return host_alltoall(tensor, splits, name)
+        return traced(host_alltoall)(tensor, name=name)
 
-        # allgather stays on the host: this body gathers uneven first dimensions (jax_api.py covers jit).
-        hvd = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
-            "allreduce", "grouped_allreduce", "broadcast", "reducescatter", "grouped_reducescatter"}
-            else getattr(hvd, name) for name in hvd.__all__})
-        hvd.alltoall = jit_alltoall
+    # allgather stays on the host: this body gathers uneven first dimensions (jax_api.py covers jit).
+    jitted = types.SimpleNamespace(**{name: traced(getattr(hvd, name)) if name in {
+        "allreduce", "grouped_allreduce", "broadcast", "reducescatter", "grouped_reducescatter"}
+        else getattr(hvd, name) for name in hvd.__all__})
+    jitted.alltoall = jit_alltoall
+    VARIANTS = {"jax": hvd, "jax-jit": jitted}
 
     def T(array):
         return jnp.asarray(array)
@@ -87,6 +91,8 @@ elif FRAMEWORK.startswith("jax"):
         return np.asarray(array)
 else:
     import hvdlite as hvd
+
+    VARIANTS = {"numpy": hvd}
 
     def T(array):
         return array
@@ -324,13 +330,21 @@ def test_topology(rank, size):
 
 
 def main():
+    global FRAMEWORK, hvd
+    for FRAMEWORK in FRAMEWORKS:
+        hvd = VARIANTS[FRAMEWORK]
+        run_body()
+
+
+def run_body():
+    """Every check, then shutdown -> init -> shutdown; each line printed is "ok <framework> <check>"."""
     hook_before = sys.excepthook
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     for test in (test_topology, test_allreduce, test_fp16_exact, test_grouped_and_fusion, test_allgather,
                  test_broadcast, test_alltoall, test_reducescatter, test_objects_and_barrier, test_join_then_objects):
         test(rank, size)
-        print(f"ok {test.__name__}", flush=True)
+        print(f"ok {FRAMEWORK} {test.__name__}", flush=True)
     hvd.shutdown()
     assert not hvd.is_initialized()
     # shutdown leaves nothing behind: no exception hook, no cached buffers
@@ -344,7 +358,7 @@ def main():
     assert len(current().descriptions) == 0 and not current().adapter_state, "the new runtime inherited state"
     assert N(hvd.allreduce(T(np.ones(3)), op=hvd.Sum, name="after.reinit")).tolist() == [size] * 3
     hvd.shutdown()
-    print("ok reinit", flush=True)
+    print(f"ok {FRAMEWORK} reinit", flush=True)
 
 
 if __name__ == "__main__":
