@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 from collections.abc import Mapping
 
+from hvdlite.gpu import stack
+
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("JAX", "jax"))
 
 
@@ -54,5 +56,15 @@ def report(env: Mapping[str, str] | None = None) -> str:
               "Available Tensor Operations:", f"    {box(hvdlite.nccl_built() > 0)} NCCL",
               f"    {box(True)} MPI", f"    {box(False)} Gloo", "",
               "Available Reduce Ops:", "    Average, Sum, Min, Max, Product", "",
-              "Detected Schedulers:", *(f"    {line}" for line in schedulers(env or {}))]
+              "Detected Schedulers:", *(f"    {line}" for line in schedulers(env or {})), "",
+              "CUDA stack:", *(f"    {line}" for line in stack.describe(_torch_cuda()))]
     return "\n".join(lines)
+
+
+def _torch_cuda() -> str | None:
+    """The CUDA version torch was built for (None: no torch, or a CPU build)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    return torch.version.cuda

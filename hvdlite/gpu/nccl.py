@@ -1,4 +1,4 @@
-"""A ctypes binding to the NCCL library that ``nvidia-nccl-cu12`` installs (``libnccl.so.2``).
+"""A ctypes binding to the NCCL library that ``nvidia-nccl-cu12`` or ``-cu13`` installs (``libnccl.so.2``).
 
 Why ctypes on the wheel's library rather than ``cupy.cuda.nccl``: hvdlite needs calls cupy does
 not wrap (``ncclRedOpCreatePreMulSum``, which folds the pre/post-scale factors and the division
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError, DeviceError
 from ..ops import ReduceOp
+from . import stack
 
 UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
 
@@ -52,11 +53,15 @@ class NcclUnavailableError(NcclError):
 
 
 def library_path() -> str | None:
-    """Where ``nvidia-nccl-cu12`` put ``libnccl.so.2``, or None if that wheel is not installed."""
+    """Where the NCCL wheel chosen for this CUDA stack put ``libnccl.so.2`` (:func:`.stack.choose_nccl`:
+    ``nvidia-nccl-cu12`` or ``-cu13``), or None if no NCCL wheel is installed."""
+    chosen = stack.choose_nccl(stack.installed(stack.NCCL_WHEELS), stack.installed(stack.CUPY_WHEELS))
+    found = stack.library_in(chosen) if chosen is not None else None
+    if found is not None or chosen is None:
+        return found
+    # A wheel whose record lists no files (installed by other means): its package's usual place.
     spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
+    for root in spec.submodule_search_locations if spec is not None and spec.submodule_search_locations else ():
         path = os.path.join(root, "lib", "libnccl.so.2")
         if os.path.exists(path):
             return path
@@ -67,7 +72,8 @@ def library_path() -> str | None:
 def _library() -> ctypes.CDLL:
     path = library_path()
     if path is None:
-        raise NcclUnavailableError("NCCL is not installed: pip install 'hvdlite[gpu]' (nvidia-nccl-cu12)")
+        raise NcclUnavailableError("NCCL is not installed: pip install 'hvdlite[gpu]' (CUDA 12: nvidia-nccl-cu12) "
+                                   "or 'hvdlite[gpu-cu13]' (CUDA 13: nvidia-nccl-cu13)")
     try:
         lib = ctypes.CDLL(path)
     except OSError as exc:

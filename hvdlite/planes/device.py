@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import errors
 from ..config import Config
-from ..gpu import nccl, selection
+from ..gpu import nccl, selection, stack
 from ..gpu.arrays import DEVICE, device_count
 from ..pipeline.fuse import WorkItem, describe
 from ..request import Request
@@ -108,6 +108,10 @@ class GpuRunner:
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
         if self._plane is None:
+            if self._local_rank == 0:  # once a host: wheels for another CUDA fail later, and obscurely
+                for problem in stack.mismatches(stack.installed(stack.CUPY_WHEELS), stack.installed(stack.NCCL_WHEELS),
+                                                stack.loaded_torch_cuda()):
+                    log.warning("CUDA stack: %s", problem)
             self._plane = self._set_up(item, local)
         return self._plane.dispatch(item.responses, local)
 
