@@ -1,6 +1,8 @@
 """Where the time of one small blocking allreduce goes, stage by stage, against raw mpi4py.
 
 Run:  hvdliterun -np 2 python bench/small_op_breakdown.py [--bytes 4] [--calls 4000] [--reps 5]
+      hvdliterun -np 1 python bench/small_op_breakdown.py --device cuda   (a CUDA tensor on NCCL:
+      bench/small_op_breakdown_gpu.py, whose docstring lists its stages)
 
 Each rep times ``--calls`` blocking ``hvdlite.allreduce`` calls on a float32 array of ``--bytes``
 bytes (Sum, one name: the response cache answers every call after the first), and the same number
@@ -88,7 +90,13 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=4)
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import small_op_breakdown_gpu
+
+        small_op_breakdown_gpu.main(args)
+        return
     hvd.init()
     comm = MPI.COMM_WORLD
     x = np.ones(max(1, args.bytes // 4), np.float32)

@@ -80,6 +80,7 @@ class Config:
     verbose: bool = False
     gpu_operations: str = "NCCL"
     hierarchical_allreduce: bool = False
+    async_completion: bool = True  # NCCL results stream-ordered: no host synchronization per collective
     dynamic_process_sets: bool = False
     nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # HOROVOD_* settings to report (rank 0)
@@ -250,6 +251,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_HIERARCHICAL_ALLREDUCE", "hierarchical_allreduce", flag,
             "GPU allreduce as NCCL reduce inside each host, MPI across hosts, NCCL broadcast",
             _switch("--hierarchical-allreduce")),
+    Setting("HVDLITE_ASYNC_COMPLETION", "async_completion", flag,
+            "1 (default): a GPU collective's handle completes once NCCL's work is enqueued, and waiting on it "
+            "makes torch's current stream wait (JAX and TensorFlow: the host waits); 0: synchronize() returns "
+            "after the work finished on the GPU (Horovod's default)"),
     Setting("HVDLITE_DYNAMIC_PROCESS_SETS", "dynamic_process_sets", flag,
             "1: process sets may be added and removed after init (hvd.add_process_set, remove_process_set), "
             "as with init(process_sets='dynamic')", _switch("--process-sets-dynamic")),

@@ -53,6 +53,7 @@ ALIASES: tuple[Alias, ...] = tuple(Alias(PREFIX + name, "HVDLITE_" + name) for n
 )) + (
     Alias("HOROVOD_TIMELINE", "HVDLITE_TIMELINE", _timeline),
     Alias("HOROVOD_STALL_CHECK_DISABLE", "HVDLITE_STALL_CHECK", _inverted_flag),
+    Alias("HOROVOD_ENABLE_ASYNC_COMPLETION", "HVDLITE_ASYNC_COMPLETION"),
 )
 ALIASES_BY_NAME = {alias.horovod: alias for alias in ALIASES}
 

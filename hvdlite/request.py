@@ -48,12 +48,15 @@ class Handle:
     reads ``_waiters``, and a waiter registers before it re-reads ``_done``.
     """
 
-    __slots__ = ("name", "driver", "_done", "_result", "_error", "_waiters")
+    __slots__ = ("name", "driver", "completion", "_done", "_result", "_error", "_waiters")
 
     def __init__(self, name: str) -> None:
         self.name = name
         # Set by the engine on submit: runs the engine's cycles on the waiting thread when it can.
         self.driver: Callable[[Handle], None] | None = None
+        # Set by a device plane whose result is stream-ordered (hvdlite.gpu.completion.Completion):
+        # each wait orders the waiter after the collective on the GPU.
+        self.completion: Any = None
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -112,6 +115,8 @@ class Handle:
                 # A fresh instance so the traceback shows the caller, not the engine thread.
                 raise type(error)(str(error)) from error
             raise error
+        if self.completion is not None:
+            self.completion.consume()
         return self._result
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,17 +32,21 @@ def storage_dtype(name: str) -> np.dtype:
 class DeviceArray:
     """A contiguous tensor in GPU memory, described for the core (never copied by wrapping)."""
 
-    __slots__ = ("ptr", "shape", "dtype", "device_id", "owner", "ready")
+    __slots__ = ("ptr", "shape", "dtype", "device_id", "owner", "ready", "current_stream")
     device = DEVICE
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
-                 ready: Any = None) -> None:
+                 ready: Any = None, current_stream: Callable[[int], int] | None = None) -> None:
         self.ptr = int(ptr)
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.device_id = int(device_id)
         self.owner = owner  # keeps the memory alive while the core uses it
         self.ready = ready  # a cupy Event recorded where the data was produced, or None if it is complete
+        # The framework's "current CUDA stream of the calling thread" (device id -> stream pointer),
+        # or None for a framework without streams: how a result's completion is handed over
+        # (hvdlite.gpu.completion).
+        self.current_stream = current_stream
 
     @property
     def size(self) -> int:
@@ -97,18 +102,17 @@ def record_ready(stream_ptr: int | None, device_id: int) -> Any:
     """An event recorded now on the framework's stream ``stream_ptr`` (None: nothing to wait for)."""
     if stream_ptr is None:
         return None
-    import cupy
+    from . import completion
 
-    with cupy.cuda.Device(device_id):
-        event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
-        event.record(cupy.cuda.ExternalStream(stream_ptr, device_id))
-    return event
+    return completion.record(completion.new_event(device_id), stream_ptr)
 
 
 def wrap(ptr: int, shape: tuple[int, ...], dtype_name: str, device_id: int, owner: Any,
-         stream_ptr: int | None) -> DeviceArray:
-    """Describe a framework's contiguous device tensor; ``stream_ptr`` is the stream that produced it."""
-    return DeviceArray(ptr, shape, dtypes.SUPPORTED[dtype_name], device_id, owner, record_ready(stream_ptr, device_id))
+         stream_ptr: int | None, current_stream: Callable[[int], int] | None = None) -> DeviceArray:
+    """Describe a framework's contiguous device tensor; ``stream_ptr`` is the stream that produced it,
+    ``current_stream`` how to find the stream a waiting thread uses (None: the host waits)."""
+    return DeviceArray(ptr, shape, dtypes.SUPPORTED[dtype_name], device_id, owner, record_ready(stream_ptr, device_id),
+                       current_stream)
 
 
 @functools.cache

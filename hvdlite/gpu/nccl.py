@@ -40,6 +40,7 @@ NCCL_OP: dict[ReduceOp, int] = {
 }
 _SCALAR_HOST_IMMEDIATE = 1  # ncclScalarResidence_t: the scalar is read from host memory at call time
 _IN_PROGRESS = 7  # ncclInProgress
+_MAX_PREMUL_OPS = 64  # pre-multiplied sums kept per communicator (one per dtype and factor in use)
 _SCALAR_DTYPE = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
                  "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 
@@ -80,6 +81,11 @@ def _library() -> ctypes.CDLL:
         raise NcclUnavailableError(f"cannot load NCCL from {path}: {exc}") from None
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclGetLastError.restype = ctypes.c_char_p
+    # Declared, so the per-operation calls pass plain ints without building ctypes objects first.
+    pointer, count, enum = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    lib.ncclAllReduce.argtypes = [pointer, pointer, count, enum, enum, pointer, pointer]
+    lib.ncclReduce.argtypes = [pointer, pointer, count, enum, enum, ctypes.c_int, pointer, pointer]
+    lib.ncclBroadcast.argtypes = [pointer, pointer, count, enum, ctypes.c_int, pointer, pointer]
     return lib
 
 
@@ -144,6 +150,8 @@ class Communicator:
         self.size = size
         self.rank = rank
         self._aborted = False
+        # Pre-multiplied sums by (dtype, factor), made once: an Average at np > 1 uses one on every call.
+        self._premul_ops: dict[tuple[str, float], int] = {}
 
     @classmethod
     def create(cls, uid: bytes, size: int, rank: int, device_id: int, timeout: float | None) -> Communicator:
@@ -181,6 +189,11 @@ class Communicator:
             raise outcome[0]
         return cls(handle, size, rank)
 
+    @property
+    def aborted(self) -> bool:
+        """True once :meth:`abort` (or :meth:`destroy`) ran."""
+        return self._aborted
+
     def async_error(self) -> str:
         """NCCL's asynchronous error for this communicator ('' if none): a failed peer or network."""
         result = ctypes.c_int()
@@ -204,21 +217,16 @@ class Communicator:
     def allreduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, stream: int,
                   scale: float = 1.0) -> None:
         """``recv = op(send over ranks)``; with ``scale`` != 1 (Sum only): ``sum(scale * send)``."""
-        with self._op(dtype, op, scale) as nccl_op:
-            _check(_library().ncclAllReduce(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(count),
-                                            NCCL_DTYPE[dtype], nccl_op, self._handle, ctypes.c_void_p(stream)),
-                   "ncclAllReduce", self._handle)
+        _check(_library().ncclAllReduce(send, recv, count, NCCL_DTYPE[dtype], self._op(dtype, op, scale), self._handle,
+                                        stream), "ncclAllReduce", self._handle)
 
     def reduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, root: int, stream: int,
                scale: float = 1.0) -> None:
-        with self._op(dtype, op, scale) as nccl_op:
-            _check(_library().ncclReduce(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(count),
-                                         NCCL_DTYPE[dtype], nccl_op, root, self._handle, ctypes.c_void_p(stream)),
-                   "ncclReduce", self._handle)
+        _check(_library().ncclReduce(send, recv, count, NCCL_DTYPE[dtype], self._op(dtype, op, scale), root,
+                                     self._handle, stream), "ncclReduce", self._handle)
 
     def broadcast(self, send: int, recv: int, nbytes: int, root: int, stream: int) -> None:
-        _check(_library().ncclBroadcast(ctypes.c_void_p(send), ctypes.c_void_p(recv), ctypes.c_size_t(nbytes),
-                                        NCCL_DTYPE["uint8"], root, self._handle, ctypes.c_void_p(stream)),
+        _check(_library().ncclBroadcast(send, recv, nbytes, NCCL_DTYPE["uint8"], root, self._handle, stream),
                "ncclBroadcast", self._handle)
 
     def send(self, buffer: int, nbytes: int, peer: int, stream: int) -> None:
@@ -229,24 +237,26 @@ class Communicator:
         _check(_library().ncclRecv(ctypes.c_void_p(buffer), ctypes.c_size_t(nbytes), NCCL_DTYPE["uint8"], peer,
                                    self._handle, ctypes.c_void_p(stream)), "ncclRecv", self._handle)
 
-    @contextmanager
-    def _op(self, dtype: str, op: ReduceOp, scale: float) -> Iterator[int]:
-        """The NCCL op for ``op``; a Sum with a scale factor is a pre-multiplied sum, made and freed here."""
+    def _op(self, dtype: str, op: ReduceOp, scale: float) -> int:
+        """The NCCL op for ``op``; a Sum with a scale factor is a pre-multiplied sum, made once per
+        (dtype, factor) and kept (NCCL reads a host scalar when the op is made; the op is reusable)."""
         if scale == 1.0:
-            yield NCCL_OP[op]
-            return
+            return NCCL_OP[op]
+        made = self._premul_ops.get((dtype, scale))
+        if made is not None:
+            return made
         if op is not ReduceOp.SUM or dtype not in _SCALAR_DTYPE:
             raise NcclError(f"a scaled reduction needs Sum on a floating dtype, got {op.name} on {dtype}")
+        if len(self._premul_ops) >= _MAX_PREMUL_OPS:  # drop the oldest; NCCL allows it once its calls returned
+            oldest = next(iter(self._premul_ops))
+            _library().ncclRedOpDestroy(self._premul_ops.pop(oldest), self._handle)
         created = ctypes.c_int()
         scalar = ctypes.create_string_buffer(scalar_bytes(dtype, scale))
         _check(_library().ncclRedOpCreatePreMulSum(ctypes.byref(created), scalar, NCCL_DTYPE[dtype],
                                                    _SCALAR_HOST_IMMEDIATE, self._handle),
                "ncclRedOpCreatePreMulSum", self._handle)
-        try:
-            yield created.value
-        finally:
-            # NCCL allows destroying the op as soon as the call that uses it has returned.
-            _library().ncclRedOpDestroy(created.value, self._handle)
+        self._premul_ops[(dtype, scale)] = created.value
+        return created.value
 
 
 @contextmanager

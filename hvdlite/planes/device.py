@@ -36,6 +36,8 @@ class DeviceRunner(Protocol):
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list: ...
 
+    def poll(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -71,7 +73,10 @@ class DevicePlane:
         on_done(succeeded(item.responses, self.run(item, local)))
 
     def finish(self) -> None:
-        pass  # a device item completes within start()
+        # A device item completes within start(); work it left on the GPU is watched here, every
+        # cycle (idle ones included), so a collective that can never finish ends in an error.
+        if self._runner is not None:
+            self._runner.poll()
 
     def close(self) -> None:
         if self._runner is not None:
@@ -115,6 +120,10 @@ class GpuRunner:
             self._plane = self._set_up(item, local)
         return self._plane.dispatch(item.responses, local)
 
+    def poll(self) -> None:
+        if self._plane is not None:
+            self._plane.poll()
+
     def close(self) -> None:
         if self._plane is not None:
             self._plane.close()
@@ -148,7 +157,8 @@ class GpuRunner:
         uid = exchange_unique_id(transport, self._host.rank)
         comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
         poll_seconds = self._config.poll_time_ms / 1000
-        return NcclPlane(comm, device_id, self._config.comm_timeout, poll_seconds, self._hierarchy(device_id))
+        return NcclPlane(comm, device_id, self._config.comm_timeout, poll_seconds, self._hierarchy(device_id),
+                         self._config.async_completion)
 
     def _hierarchy(self, device_id: int) -> Any:
         """The hierarchical reducer when asked for and the job spans hosts (same answer on every rank)."""

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import dtypes
+from ..gpu import completion
 from ..gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
 from ..gpu.hierarchical import HierarchicalReducer, supports
 from ..gpu.nccl import Communicator, NcclError, group
@@ -36,8 +37,6 @@ from ..response import Response
 from ..utils.buffers import padded_count
 from ..utils.polling import WaitTimeout, wait_until
 from ..utils.rows import scatter_rows
-
-_SPIN_SECONDS = 0.05  # as MPI data waits: a collective in flight finishes soonest when watched closely
 
 
 class ReductionPlan(NamedTuple):
@@ -79,46 +78,90 @@ def member_offsets(counts: list[int], itemsize: int) -> list[int]:
 
 
 class NcclPlane:
-    """The NCCL data plane of one rank: one communicator, one stream, one fusion buffer."""
+    """The NCCL data plane of one rank: one communicator, one stream, one fusion buffer.
+
+    With ``async_completion`` a dispatch returns as soon as its work is enqueued and each handle
+    carries a :class:`~hvdlite.gpu.completion.Completion`; otherwise it returns once the work has
+    finished on the GPU (Horovod's default). See :mod:`hvdlite.gpu.completion`.
+    """
 
     name = "NCCL"
 
     def __init__(self, comm: Communicator, device_id: int, timeout: float | None, poll_seconds: float,
-                 hierarchy: HierarchicalReducer | None = None) -> None:
+                 hierarchy: HierarchicalReducer | None = None, async_completion: bool = True) -> None:
         import cupy
 
         self._cp = cupy
+        self._runtime = cupy.cuda.runtime
         self._comm = comm
         self._hierarchy = hierarchy
         self._device_id = device_id
         self._timeout = timeout
         self._poll_seconds = poll_seconds
+        self._async = async_completion
         with cupy.cuda.Device(device_id):
             self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream_ptr = self._stream.ptr
         self._fusion = None  # persistent device fusion buffer (uint8), grown on demand
+        self._in_flight = completion.InFlight(comm.async_error, timeout, describe)
 
     def close(self) -> None:
-        if self._hierarchy is not None:
-            self._hierarchy.close()
-        self._comm.destroy()
+        try:
+            if not self._comm.aborted:  # an aborted communicator's work never finishes
+                self._in_flight.drain(self._poll_seconds)
+        finally:
+            if self._hierarchy is not None:
+                self._hierarchy.close()
+            self._comm.destroy()
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
-        collective = responses[0].meta.collective
-        with self._cp.cuda.Device(self._device_id), self._stream:
-            for response in responses:
-                request = local.get(response.meta.name)
+        self._in_flight.reap()
+        requests = [local.get(r.meta.name) for r in responses]
+        previous = self._runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
+        if previous != self._device_id:
+            self._runtime.setDevice(self._device_id)
+        try:
+            for request in requests:
                 if request is not None and request.tensor.ready is not None:
-                    self._stream.wait_event(request.tensor.ready)
-            if collective is Collective.ALLREDUCE:
-                results = self._allreduce(responses, local)
-            else:
-                (response,) = responses
-                request = local[response.meta.name]
-                run = {Collective.BROADCAST: self._broadcast, Collective.ALLGATHER: self._allgather,
-                       Collective.ALLTOALL: self._alltoall, Collective.REDUCESCATTER: self._reducescatter}
-                results = [run[collective](response, request)]
-            self._wait_finished(responses)
+                    completion.stream_waits(self._stream_ptr, request.tensor.ready)
+            with self._stream:  # cupy's own work (fusion copies, scaling) goes on the plane's stream too
+                results = self._run(responses, requests, local)
+            self._complete(responses, requests)
+        finally:
+            if previous != self._device_id:
+                self._runtime.setDevice(previous)
         return results
+
+    def poll(self) -> None:
+        """Between cycles: release finished work's inputs; fail on NCCL's error or the deadline."""
+        problem = self._in_flight.check()
+        if problem:
+            self._comm.abort()  # a kernel waiting on a dead peer would otherwise spin forever
+            raise NcclError(problem)
+
+    def _run(self, responses: tuple[Response, ...], requests: list[Request | None],
+             local: Mapping[str, Request]) -> list:
+        collective = responses[0].meta.collective
+        if collective is Collective.ALLREDUCE:
+            return self._allreduce(responses, requests)
+        (response,) = responses
+        request = local[response.meta.name]
+        run = {Collective.BROADCAST: self._broadcast, Collective.ALLGATHER: self._allgather,
+               Collective.ALLTOALL: self._alltoall, Collective.REDUCESCATTER: self._reducescatter}
+        return [run[collective](response, request)]
+
+    def _complete(self, responses: tuple[Response, ...], requests: list[Request | None]) -> None:
+        """Record the completion event; hand it to the handles, or wait for it here."""
+        event = completion.record(completion.new_event(self._device_id), self._stream_ptr)
+        if not self._async:
+            self._wait_finished(responses, event)
+            return
+        self._in_flight.add(event, requests, responses)
+        for request in requests:
+            if request is not None:
+                request.handle.completion = completion.Completion(
+                    event, self._device_id, request.tensor.current_stream, self._timeout, self._poll_seconds,
+                    request.meta)
 
     def _reduce(self, send: int, recv: Any, count: int, meta: Any, wire: str, op: ReduceOp, factor: float,
                 responses: tuple[Response, ...]) -> None:
@@ -127,12 +170,13 @@ class NcclPlane:
             self._hierarchy.allreduce(send, recv, count, wire, op, factor, self._stream,
                                       lambda: self._wait_finished(responses))
         else:
-            self._comm.allreduce(send, recv.data.ptr, count, wire, op, self._stream.ptr, factor)
+            self._comm.allreduce(send, recv.data.ptr, count, wire, op, self._stream_ptr, factor)
 
     # ---- waiting -----------------------------------------------------------------------------
-    def _wait_finished(self, responses: tuple[Response, ...]) -> None:
-        event = self._cp.cuda.Event(block=False, disable_timing=True)
-        event.record(self._stream)
+    def _wait_finished(self, responses: tuple[Response, ...], event: Any = None) -> None:
+        """Block until the work enqueued so far finished: a short spin, then sleeps (no spinning core)."""
+        if event is None:
+            event = completion.record(completion.new_event(self._device_id), self._stream_ptr)
 
         def finished() -> bool:
             if event.done:
@@ -140,24 +184,21 @@ class NcclPlane:
             failure = self._comm.async_error()
             if failure:
                 self._comm.abort()
-                names = [r.meta.name for r in responses]
-                raise NcclError(f"NCCL failed during {responses[0].meta.collective.name.lower()} of {names}: "
-                                f"{failure}")
+                raise NcclError(f"NCCL failed during {describe(responses)}: {failure}")
             return False
 
         try:
-            wait_until(finished, _SPIN_SECONDS, self._poll_seconds, self._timeout)
+            wait_until(finished, completion.HOST_SPIN_SECONDS, self._poll_seconds, self._timeout)
         except WaitTimeout:
             self._comm.abort()  # a kernel waiting on a dead peer would otherwise spin forever
             raise
 
     # ---- allreduce ---------------------------------------------------------------------------
-    def _allreduce(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+    def _allreduce(self, responses: tuple[Response, ...], requests: list[Request | None]) -> list:
         cp = self._cp
         meta = responses[0].meta
         wire = dtypes.wire_name(meta.dtype, DEVICE)
         plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
-        requests = [local.get(r.meta.name) for r in responses]
         counts = [math.prod(r.meta.shape) for r in responses]
         first = requests[0]
         if len(responses) == 1 and wire == meta.dtype and plan.pre == 1.0:  # decided alike on every rank
@@ -196,6 +237,10 @@ class NcclPlane:
                        responses: tuple[Response, ...]) -> DeviceArray:
         """One tensor in its own dtype: reduced straight from its memory, into its output or a new buffer."""
         output = request.output
+        if output is not None and plan.post == 1.0 and plan.divisor == 1 and self._hierarchy is None:
+            # The optimizer's in-place gradient: pointers only, no array object built.
+            self._comm.allreduce(request.tensor.ptr, output.ptr, count, wire, plan.op, self._stream_ptr, plan.factor)
+            return output
         target = cupy_view(output) if output is not None else self._cp.empty(count, storage_dtype(wire))
         self._reduce(request.tensor.ptr, target, count, request.meta, wire, plan.op, plan.factor, responses)
         scale_in_place(target, wire, plan.post, self._cp, plan.divisor)
@@ -213,7 +258,7 @@ class NcclPlane:
         output = request.output
         fresh = None if output is not None else self._cp.empty(request.tensor.nbytes, self._cp.uint8)
         target = output.ptr if output is not None else fresh.data.ptr
-        self._comm.broadcast(request.tensor.ptr, target, request.tensor.nbytes, meta.root_rank, self._stream.ptr)
+        self._comm.broadcast(request.tensor.ptr, target, request.tensor.nbytes, meta.root_rank, self._stream_ptr)
         return output if output is not None else from_cupy(fresh.view(storage_dtype(meta.dtype)), meta.dtype,
                                                            meta.shape)
 
@@ -226,7 +271,7 @@ class NcclPlane:
         with group():  # NCCL has no allgatherv: one broadcast per rank, launched together
             for root, nbytes in enumerate(counts):
                 if nbytes:
-                    self._comm.broadcast(request.tensor.ptr, output.data.ptr + offset, nbytes, root, self._stream.ptr)
+                    self._comm.broadcast(request.tensor.ptr, output.data.ptr + offset, nbytes, root, self._stream_ptr)
                 offset += nbytes
         shape = (sum(response.per_rank),) + meta.shape[1:]
         return from_cupy(output[:sum(counts)].view(storage_dtype(meta.dtype)), meta.dtype, shape)
@@ -243,9 +288,9 @@ class NcclPlane:
         with group():
             for peer in range(self._comm.size):
                 if sent[peer]:
-                    self._comm.send(send_at, sent[peer], peer, self._stream.ptr)
+                    self._comm.send(send_at, sent[peer], peer, self._stream_ptr)
                 if received[peer]:
-                    self._comm.recv(recv_at, received[peer], peer, self._stream.ptr)
+                    self._comm.recv(recv_at, received[peer], peer, self._stream_ptr)
                 send_at += sent[peer]
                 recv_at += received[peer]
         shape = (sum(received_rows),) + meta.shape[1:]
@@ -271,10 +316,15 @@ class NcclPlane:
                 count = block_rows * row
                 if count:
                     self._comm.reduce(source.data.ptr + offset * storage.itemsize, mine.data.ptr, count, wire,
-                                      plan.op, root, self._stream.ptr, plan.factor)
+                                      plan.op, root, self._stream_ptr, plan.factor)
                 offset += count
         mine = mine[:rows[self._comm.rank] * row]
         scale_in_place(mine, wire, plan.post, cp, plan.divisor)
         if wire != meta.dtype:
             mine = mine.astype(storage_dtype(meta.dtype))
         return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])
+
+
+def describe(responses: tuple[Response, ...]) -> str:
+    """``allreduce of ['a', 'b']``: what a device work item is, for errors."""
+    return f"{responses[0].meta.collective.name.lower()} of {[r.meta.name for r in responses]}"

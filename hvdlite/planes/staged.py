@@ -39,6 +39,9 @@ class HostStagedPlane:
     def close(self) -> None:
         pass
 
+    def poll(self) -> None:
+        pass  # every dispatch returns with its work finished: nothing is left in flight
+
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
         with self._cp.cuda.Device(self._device_id), self._stream:
             staged = {}

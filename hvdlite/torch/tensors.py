@@ -42,11 +42,27 @@ def _on_gpu_plane(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cuda" and gpu_arrays.device_count() > 0
 
 
+def current_stream(device_id: int) -> int:
+    """The calling thread's current torch CUDA stream on ``device_id``, as a raw pointer.
+
+    Through torch's C binding when it has it (this runs for every GPU tensor submitted and every
+    handle waited on: building a ``torch.cuda.Stream`` object costs several times more).
+    """
+    return _RAW_STREAM(device_id)
+
+
+def _raw_stream_of_public_api(device_id: int) -> int:
+    return torch.cuda.current_stream(device_id).cuda_stream
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
+
+
 def _device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray:
     tensor = tensor.detach().contiguous()
-    stream = torch.cuda.current_stream(tensor.device).cuda_stream
-    return gpu_arrays.wrap(tensor.data_ptr(), tuple(tensor.shape), _TORCH_TO_CORE[tensor.dtype], tensor.device.index,
-                           tensor, stream)
+    device_id = tensor.get_device()
+    return gpu_arrays.wrap(tensor.data_ptr(), tuple(tensor.shape), _TORCH_TO_CORE[tensor.dtype], device_id,
+                           tensor, current_stream(device_id), current_stream)
 
 
 def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_arrays.DeviceArray:

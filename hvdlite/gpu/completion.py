@@ -1,0 +1,148 @@
+"""When a device collective's result may be used: stream-ordered (asynchronous) completion.
+
+A collective on the NCCL plane is enqueued on the plane's CUDA stream, followed by a *completion
+event*. With asynchronous completion (``HVDLITE_ASYNC_COMPLETION=1``, the default; Horovod's
+``HOROVOD_ENABLE_ASYNC_COMPLETION``) its handle completes as soon as the work is enqueued, and
+waiting on the handle costs no host synchronization: for torch tensors the caller's *current
+stream* waits for the event (:meth:`Completion.consume`), as torch's own NCCL process group does,
+so everything the caller enqueues afterwards sees the result and the host runs ahead of the GPU.
+Frameworks that give the core no stream (JAX, TensorFlow) get a host wait on the event instead,
+so their results are complete when ``synchronize`` returns, as before.
+
+The plane keeps each collective's inputs alive until its event has fired (:class:`InFlight`): the
+framework's caching allocator must not hand their memory to new tensors while NCCL still reads it.
+The same bookkeeping watches the deadline and NCCL's asynchronous error of work in flight, so a
+dead peer ends in an error within ``HVDLITE_COMM_TIMEOUT_SECONDS``, never in a stream that waits
+forever.
+
+Events are cupy ``Event`` objects (destroyed when the last reference goes), recorded and waited on
+through cupy's thin runtime bindings: this is the per-operation hot path of every GPU collective.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CommTimeoutError
+from ..utils.polling import WaitTimeout, wait_until
+
+# A host wait spins this long (a small collective is done within it), then sleeps with backoff:
+# a rank waiting for a long GPU queue costs a few percent of a core, not a spinning one.
+HOST_SPIN_SECONDS = 200e-6
+CurrentStream = Callable[[int], int]  # device id -> the calling thread's current CUDA stream (a framework's)
+
+
+def new_event(device_id: int) -> Any:
+    """A CUDA event without timing (the cheapest kind), created on ``device_id``."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    previous = runtime.getDevice()
+    if previous == device_id:
+        return cupy.cuda.Event(block=False, disable_timing=True)
+    runtime.setDevice(device_id)
+    try:
+        return cupy.cuda.Event(block=False, disable_timing=True)
+    finally:
+        runtime.setDevice(previous)
+
+
+def record(event: Any, stream_ptr: int) -> Any:
+    """Record ``event`` on the stream ``stream_ptr`` (a raw pointer: no stream object is built)."""
+    import cupy
+
+    cupy.cuda.runtime.eventRecord(event.ptr, stream_ptr)
+    return event
+
+
+def stream_waits(stream_ptr: int, event: Any) -> None:
+    """Work enqueued on ``stream_ptr`` from now on waits for ``event``."""
+    import cupy
+
+    cupy.cuda.runtime.streamWaitEvent(stream_ptr, event.ptr, 0)
+
+
+def host_wait(event: Any, timeout: float | None, max_sleep: float, what: str) -> None:
+    """Block until ``event`` fired: a short spin, then sleeps backing off up to ``max_sleep``."""
+    try:
+        wait_until(lambda: event.done, HOST_SPIN_SECONDS, max_sleep, timeout)
+    except WaitTimeout as exc:
+        raise CommTimeoutError(f"{what} did not finish on the GPU within {exc.seconds:g} s") from None
+
+
+class Completion:
+    """What waiting on a device collective's handle does (see the module docstring)."""
+
+    __slots__ = ("event", "device_id", "current_stream", "timeout", "max_sleep", "meta")
+
+    def __init__(self, event: Any, device_id: int, current_stream: CurrentStream | None, timeout: float | None,
+                 max_sleep: float, meta: Any) -> None:
+        self.event = event
+        self.device_id = device_id
+        self.current_stream = current_stream  # None: the framework has no streams, the host waits
+        self.timeout = timeout
+        self.max_sleep = max_sleep
+        self.meta = meta  # the request's RequestMeta: named in a timeout's message
+
+    def consume(self) -> None:
+        """Order the caller after the collective: its current stream waits, or its thread does."""
+        if self.current_stream is not None:
+            stream_waits(self.current_stream(self.device_id), self.event)
+        else:
+            what = f"{self.meta.collective.name.lower()} of {self.meta.name!r}"
+            host_wait(self.event, self.timeout, self.max_sleep, what)
+
+
+class InFlight:
+    """Device work enqueued and not yet seen finished, oldest first: what it holds alive, and since when.
+
+    ``failure()`` is NCCL's asynchronous error ('' if none), asked only while work is in flight;
+    ``describe(what)`` names an entry's work in an error (built only then: this runs per operation).
+    """
+
+    def __init__(self, failure: Callable[[], str], timeout: float | None,
+                 describe: Callable[[Any], str] = str) -> None:
+        self._failure = failure
+        self._timeout = timeout
+        self._describe = describe
+        self._entries: collections.deque[tuple[Any, Any, Any, float]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, event: Any, keep_alive: Any, what: Any) -> None:
+        """Track ``event``; ``keep_alive`` (the requests, hence their tensors) is dropped once it fired."""
+        self._entries.append((event, keep_alive, what, time.monotonic()))
+
+    def reap(self) -> None:
+        """Drop every entry whose event fired (they fire in order: one stream)."""
+        entries = self._entries
+        while entries and entries[0][0].done:
+            entries.popleft()
+
+    def check(self) -> str:
+        """Reap, then describe why the oldest entry can never finish ('' while all is well): NCCL
+        reported an error, or it has been in flight longer than the deadline."""
+        self.reap()
+        if not self._entries:
+            return ""
+        _, _, work, since = self._entries[0]
+        what = self._describe(work)
+        failure = self._failure()
+        if failure:
+            return f"NCCL failed during {what}: {failure}"
+        waited = time.monotonic() - since
+        if self._timeout is not None and waited > self._timeout:
+            return (f"{what} has not finished on the GPU after {waited:.0f} s (HVDLITE_COMM_TIMEOUT_SECONDS="
+                    f"{self._timeout:g}): a peer stopped taking part")
+        return ""
+
+    def drain(self, max_sleep: float) -> None:
+        """Wait (bounded by the deadline) until everything in flight finished; for shutdown."""
+        while self._entries:
+            event, _, work, _ = self._entries[-1]
+            host_wait(event, self._timeout, max_sleep, self._describe(work))
+            self.reap()

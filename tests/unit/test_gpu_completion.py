@@ -1,0 +1,91 @@
+"""Stream-ordered completion of device collectives (hvdlite.gpu.completion), with stand-in events:
+what a handle's wait does, and how work in flight is released, failed and drained."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdlite.errors import CommTimeoutError
+from hvdlite.gpu import completion
+from hvdlite.ops import Collective
+from hvdlite.request import Handle, RequestMeta
+
+META = RequestMeta("grad", Collective.ALLREDUCE)
+
+
+class Event:
+    """Stands in for a cupy Event: ``done`` once ``fire()`` was called."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+        self.ptr = id(self)
+
+    def fire(self) -> None:
+        self.done = True
+
+
+def test_waiting_on_a_handle_hands_the_completion_to_the_current_stream_on_every_wait(monkeypatch) -> None:
+    waits = []
+    monkeypatch.setattr(completion, "stream_waits", lambda stream, event: waits.append((stream, event)))
+    event = Event()
+    handle = Handle("grad")
+    handle.completion = completion.Completion(event, 3, lambda device: 1000 + device, 1.0, 0.001, META)
+    handle.set_result("result")
+    assert handle.wait() == "result" and waits == [(1003, event)]
+    handle.wait()  # another wait (another stream, maybe) orders that caller too
+    assert waits == [(1003, event), (1003, event)]
+
+
+def test_a_handle_that_failed_raises_without_touching_the_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(completion, "stream_waits", lambda *args: pytest.fail("waited on a failed handle"))
+    handle = Handle("grad")
+    handle.completion = completion.Completion(Event(), 0, lambda device: 1, 1.0, 0.001, META)
+    handle.set_error(ValueError("bad"))
+    with pytest.raises(ValueError, match="bad"):
+        handle.wait()
+
+
+def test_without_a_framework_stream_the_host_waits_for_the_event_and_times_out_naming_the_work() -> None:
+    meta = RequestMeta("w", Collective.BROADCAST)
+    fired = completion.Completion(Event(done=True), 0, None, 1.0, 0.001, meta)
+    fired.consume()
+    stuck = completion.Completion(Event(), 0, None, 0.05, 0.001, meta)
+    with pytest.raises(CommTimeoutError, match="broadcast of 'w' did not finish on the GPU within 0.05 s"):
+        stuck.consume()
+
+
+def test_work_in_flight_is_released_in_order_once_its_event_fired() -> None:
+    in_flight = completion.InFlight(lambda: "", timeout=None)
+    first, second = Event(), Event()
+    in_flight.add(first, ["inputs 1"], "allreduce of ['a']")
+    in_flight.add(second, ["inputs 2"], "allreduce of ['b']")
+    second.fire()  # cannot happen on one stream before the first, but must not release the first
+    in_flight.reap()
+    assert len(in_flight) == 2
+    first.fire()
+    assert in_flight.check() == "" and len(in_flight) == 0
+
+
+def test_an_nccl_error_or_the_deadline_is_reported_for_the_oldest_work_in_flight() -> None:
+    failures = [""]
+    in_flight = completion.InFlight(lambda: failures[0], timeout=None)
+    in_flight.add(Event(), [], "allreduce of ['a']")
+    assert in_flight.check() == ""
+    failures[0] = "remote process exited"
+    assert in_flight.check() == "NCCL failed during allreduce of ['a']: remote process exited"
+    late = completion.InFlight(lambda: "", timeout=0.0)
+    late.add(Event(), [], "allgather of ['g']")
+    assert late.check().startswith("allgather of ['g'] has not finished on the GPU after")
+    assert "HVDLITE_COMM_TIMEOUT_SECONDS=0" in late.check()
+
+
+def test_draining_waits_for_the_newest_work_and_releases_everything() -> None:
+    in_flight = completion.InFlight(lambda: "", timeout=1.0)
+    in_flight.add(Event(done=True), [], "a")
+    in_flight.add(Event(done=True), [], "b")
+    in_flight.drain(0.001)
+    assert len(in_flight) == 0
+    stuck = completion.InFlight(lambda: "", timeout=0.05)
+    stuck.add(Event(), [], "allreduce of ['c']")
+    with pytest.raises(CommTimeoutError, match="allreduce of \\['c'\\]"):
+        stuck.drain(0.001)
