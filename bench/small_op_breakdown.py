@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--profile", action="store_true", help="with --device cuda: a cProfile of the calls")
     args = parser.parse_args()
     if args.device == "cuda":
         import small_op_breakdown_gpu

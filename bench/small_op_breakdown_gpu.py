@@ -22,7 +22,7 @@ rows are exclusive and add up to the call):
   with ``HVDLITE_ASYNC_COMPLETION=0``)
 - complete; the rest of the call (handle, drive loop, Ctrl-C deferral).
 
-Then the same timing with host-synchronized completion (Horovod's default), and the CPU this
+``--profile`` prints a cProfile of the plain calls first. Then the same timing with host-synchronized completion (Horovod's default), and the CPU this
 process burns while a blocking allreduce waits 0.5 s for a busy GPU, in each completion mode.
 """
 
@@ -95,6 +95,8 @@ def cpu_seconds() -> float:
 def waiting_cpu(torch, hvd, x, busy_cycles: int) -> tuple[float, float]:
     """(seconds the blocking allreduce took, CPU share of this process meanwhile) while the GPU is busy
     about 0.5 s before the tensor is produced."""
+    y = x * 1
+    hvd.allreduce_(y, op=hvd.Sum, name="small.busy")  # the name negotiated once: the cached path is timed
     torch.cuda.synchronize()
     torch.cuda._sleep(busy_cycles)
     y = x * 1  # produced after the busy kernel: its ready event fires only then
@@ -169,26 +171,29 @@ def main(args: argparse.Namespace) -> None:
     if nccl_plane().name != "NCCL":
         raise SystemExit(f"the GPU plane is {nccl_plane().name}, not NCCL: run one rank per GPU")
     times = measure(torch, hvd, x, args, comm)
+    if args.profile:
+        profile(torch, hvd, x, args.calls, comm)
     instrument()
     SPENT.clear()
     total = timed_gpu(torch, lambda: hvd.allreduce_(x, op=hvd.Sum, name="small"), args.calls, comm)
+    spent = dict(SPENT)  # before the waits below add their own
     cycles = busy_cycles_for(torch, 0.5)
     waits = {"stream-ordered (default)": waiting_cpu(torch, hvd, x, cycles)}
     nccl_plane()._async = False
     waits["host-synchronized"] = waiting_cpu(torch, hvd, x, cycles)
     nccl_plane()._async = True
     if hvd.rank() == 0:
-        report(args, hvd.size(), times, total, waits)
+        report(args, hvd.size(), times, total, spent, waits)
     hvd.shutdown()
 
 
-def report(args: argparse.Namespace, size: int, times: dict[str, list[float]], total: float,
+def report(args: argparse.Namespace, size: int, times: dict[str, list[float]], total: float, spent: dict[str, int],
            waits: dict[str, tuple[float, float]]) -> None:
     print(f"{args.bytes} B float32 CUDA allreduce, np={size}, {args.reps} reps x {args.calls} calls, "
           "us a call, median [min-max]:")
     for name, values in times.items():
         print(f"  {name}: {statistics.median(values) * 1e6:.1f} [{min(values) * 1e6:.1f}-{max(values) * 1e6:.1f}]")
-    per_call = {stage: ns / args.calls / 1e3 for stage, ns in SPENT.items()}
+    per_call = {stage: ns / args.calls / 1e3 for stage, ns in spent.items()}
     print(f"\ninstrumented pass (stream-ordered completion): {total * 1e6:.1f} us a call (rank 0's split)")
     print("| stage | us a call | share |")
     print("|---|---|---|")
@@ -198,4 +203,17 @@ def report(args: argparse.Namespace, size: int, times: dict[str, list[float]], t
     print(f"| rest (handle, drive loop, Ctrl-C deferral) | {rest:.1f} | {rest / (total * 1e6):.0%} |")
     print("\na blocking allreduce_ of a tensor produced behind 0.5 s of GPU work:")
     for mode, (wall, share) in waits.items():
-        print(f"  {mode}: returned after {wall * 1e3:.1f} ms; this process's CPU meanwhile {share:.1%} of a core")
+        print(f"  {mode}: returned after {wall * 1e3:.2f} ms; this process's CPU meanwhile {share:.1%} of a core")
+
+
+def profile(torch, hvd, x, calls: int, comm: MPI.Comm) -> None:
+    """``--profile``: cProfile of ``calls`` blocking calls, the functions with the most own time (rank 0)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    timed_gpu(torch, lambda: hvd.allreduce_(x, op=hvd.Sum, name="small"), calls, comm)
+    profiler.disable()
+    if hvd.rank() == 0:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(28)

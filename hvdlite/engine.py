@@ -100,7 +100,7 @@ class Engine:
         me = threading.get_ident()
         self._drivers.add(me)  # the engine thread starts no cycle while a caller drives
         try:
-            while not handle.done() and not self._queue.closed:
+            while not handle.delivered() and not self._queue.closed:
                 if idle_streak:
                     time.sleep(self._backoff(idle_streak))  # Ctrl-C here leaves with the work handed over
                 if not self._driving.acquire(blocking=False):
@@ -114,7 +114,7 @@ class Engine:
                 idle_streak = 0 if progressed else idle_streak + 1
         finally:
             self._drivers.discard(me)  # before the wake-up, so the engine thread sees it gone
-            if not handle.done() or self._queue.has_work:
+            if not handle.delivered() or self._queue.has_work:
                 self._wake.set()
 
     def shutdown(self, timeout: float | None = None) -> None:

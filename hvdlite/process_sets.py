@@ -65,6 +65,12 @@ class ProcessSet:
         self.process_set_id = None
         self._rank = None
 
+    def __copy__(self) -> ProcessSet:
+        return self  # a set is the registry's entry: a copy would be a set nobody registered
+
+    def __deepcopy__(self, memo: dict) -> ProcessSet:
+        return self  # copy.deepcopy(model) of a model holding a SyncBatchNorm keeps using the same set
+
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 

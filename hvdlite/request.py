@@ -63,7 +63,12 @@ class Handle:
         self._waiters: list[_thread.LockType] = []
 
     def done(self) -> bool:
-        """True once the result (or an error) is ready; never blocks."""
+        """True once the result (or an error) is ready, on the GPU too; never blocks."""
+        return self._done and (self.completion is None or self.completion.done)
+
+    def delivered(self) -> bool:
+        """True once the engine handed over the result or error (a device result may still be
+        in flight on the GPU: :meth:`wait` orders the caller after it)."""
         return self._done
 
     def set_result(self, result: Any) -> None:

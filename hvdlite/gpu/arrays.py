@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from . import completion
 
 DEVICE = "cuda"  # RequestMeta.device of every device tensor; host arrays are "cpu"
 
@@ -32,7 +33,7 @@ def storage_dtype(name: str) -> np.dtype:
 class DeviceArray:
     """A contiguous tensor in GPU memory, described for the core (never copied by wrapping)."""
 
-    __slots__ = ("ptr", "shape", "dtype", "device_id", "owner", "ready", "current_stream")
+    __slots__ = ("ptr", "shape", "dtype", "device_id", "owner", "ready", "current_stream", "stream")
     device = DEVICE
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
@@ -47,6 +48,18 @@ class DeviceArray:
         # or None for a framework without streams: how a result's completion is handed over
         # (hvdlite.gpu.completion).
         self.current_stream = current_stream
+        self.stream: int | None = None  # the framework stream it was submitted from (None: unknown)
+
+    @classmethod
+    def of_framework(cls, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
+                     stream: int | None, current_stream: Callable[[int], int] | None) -> DeviceArray:
+        """Like the constructor, for arguments already of the right types (an adapter's hot path:
+        one per tensor per collective); records the ready event on ``stream``."""
+        array = cls.__new__(cls)
+        array.ptr, array.shape, array.dtype, array.device_id, array.owner = ptr, shape, dtype, device_id, owner
+        array.ready = record_ready(stream, device_id)
+        array.current_stream, array.stream = current_stream, stream
+        return array
 
     @property
     def size(self) -> int:
@@ -102,8 +115,6 @@ def record_ready(stream_ptr: int | None, device_id: int) -> Any:
     """An event recorded now on the framework's stream ``stream_ptr`` (None: nothing to wait for)."""
     if stream_ptr is None:
         return None
-    from . import completion
-
     return completion.record(completion.new_event(device_id), stream_ptr)
 
 
@@ -111,8 +122,8 @@ def wrap(ptr: int, shape: tuple[int, ...], dtype_name: str, device_id: int, owne
          stream_ptr: int | None, current_stream: Callable[[int], int] | None = None) -> DeviceArray:
     """Describe a framework's contiguous device tensor; ``stream_ptr`` is the stream that produced it,
     ``current_stream`` how to find the stream a waiting thread uses (None: the host waits)."""
-    return DeviceArray(ptr, shape, dtypes.SUPPORTED[dtype_name], device_id, owner, record_ready(stream_ptr, device_id),
-                       current_stream)
+    return DeviceArray.of_framework(int(ptr), tuple(int(d) for d in shape), dtypes.SUPPORTED[dtype_name],
+                                    int(device_id), owner, stream_ptr, current_stream)
 
 
 @functools.cache

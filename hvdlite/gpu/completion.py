@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CommTimeoutError
+from ..errors import CommTimeoutError, DeviceError
 from ..utils.polling import WaitTimeout, wait_until
 
 # A host wait spins this long (a small collective is done within it), then sleeps with backoff:
@@ -35,19 +35,63 @@ HOST_SPIN_SECONDS = 200e-6
 CurrentStream = Callable[[int], int]  # device id -> the calling thread's current CUDA stream (a framework's)
 
 
-def new_event(device_id: int) -> Any:
-    """A CUDA event without timing (the cheapest kind), created on ``device_id``."""
+_DISABLE_TIMING = 0x2  # cudaEventDisableTiming: the cheapest event to record and query
+_NOT_READY = 600  # cudaErrorNotReady
+_POOLS: dict[int, list[int]] = {}  # device id -> CUDA events no Event object refers to any more
+
+
+class Event:
+    """A CUDA event (no timing) taken from a per-device pool, and given back when its last reference
+    goes: every device collective records two, and creating a CUDA event costs more than recording one.
+
+    Recycling is safe then: nothing can wait on an event nobody refers to, and re-recording an event
+    leaves the waits enqueued before unaffected (CUDA captures the event's state at each wait).
+    """
+
+    __slots__ = ("ptr", "device_id")
+
+    def __init__(self, device_id: int) -> None:
+        pool = _POOLS.get(device_id)
+        self.ptr = pool.pop() if pool else _create_event(device_id)
+        self.device_id = device_id
+
+    def __del__(self) -> None:
+        try:
+            _POOLS.setdefault(self.device_id, []).append(self.ptr)
+        except (AttributeError, TypeError):  # interpreter shutdown: module globals are gone
+            pass
+
+    @property
+    def done(self) -> bool:
+        """True once the work recorded before the event finished (never blocks)."""
+        import cupy
+
+        status = cupy.cuda.runtime.eventQuery(self.ptr)
+        if status == 0:
+            return True
+        if status == _NOT_READY:
+            return False
+        raise DeviceError(f"CUDA error {status} on GPU {self.device_id} while waiting for device work "
+                          f"({cupy.cuda.runtime.getErrorString(status).decode(errors='replace')})")
+
+
+def _create_event(device_id: int) -> int:
     import cupy
 
     runtime = cupy.cuda.runtime
     previous = runtime.getDevice()
     if previous == device_id:
-        return cupy.cuda.Event(block=False, disable_timing=True)
+        return runtime.eventCreateWithFlags(_DISABLE_TIMING)
     runtime.setDevice(device_id)
     try:
-        return cupy.cuda.Event(block=False, disable_timing=True)
+        return runtime.eventCreateWithFlags(_DISABLE_TIMING)
     finally:
         runtime.setDevice(previous)
+
+
+def new_event(device_id: int) -> Event:
+    """An event on ``device_id``, from the pool."""
+    return Event(device_id)
 
 
 def record(event: Any, stream_ptr: int) -> Any:
@@ -76,24 +120,43 @@ def host_wait(event: Any, timeout: float | None, max_sleep: float, what: str) ->
 class Completion:
     """What waiting on a device collective's handle does (see the module docstring)."""
 
-    __slots__ = ("event", "device_id", "current_stream", "timeout", "max_sleep", "meta")
+    __slots__ = ("event", "device_id", "current_stream", "timeout", "max_sleep", "meta", "keep", "source_stream")
 
     def __init__(self, event: Any, device_id: int, current_stream: CurrentStream | None, timeout: float | None,
-                 max_sleep: float, meta: Any) -> None:
+                 max_sleep: float, meta: Any, keep: Any = None, source_stream: int | None = None) -> None:
         self.event = event
         self.device_id = device_id
         self.current_stream = current_stream  # None: the framework has no streams, the host waits
         self.timeout = timeout
         self.max_sleep = max_sleep
         self.meta = meta  # the request's RequestMeta: named in a timeout's message
+        # The request's device memory (input, output), held until the caller is ordered after the
+        # collective: from then on the framework's allocator reuses it only behind the collective.
+        self.keep = keep
+        self.source_stream = source_stream  # the stream the input was submitted from
 
     def consume(self) -> None:
-        """Order the caller after the collective: its current stream waits, or its thread does."""
+        """Order the caller after the collective: its current stream waits, or its thread does.
+
+        Then the memory is released when that is safe: after a host wait; after a stream wait on
+        the stream the tensor was submitted from (torch's caching allocator hands a freed block
+        only to work on the stream it belongs to, which now waits for the collective). Waited on
+        another stream, it stays held until the plane sees the event fired.
+        """
         if self.current_stream is not None:
-            stream_waits(self.current_stream(self.device_id), self.event)
+            stream = self.current_stream(self.device_id)
+            stream_waits(stream, self.event)
+            if stream == self.source_stream:
+                self.keep = None
         else:
             what = f"{self.meta.collective.name.lower()} of {self.meta.name!r}"
             host_wait(self.event, self.timeout, self.max_sleep, what)
+            self.keep = None
+
+    @property
+    def done(self) -> bool:
+        """True once the collective finished on the GPU."""
+        return self.event.done
 
 
 class InFlight:

@@ -124,8 +124,10 @@ class NcclPlane:
             for request in requests:
                 if request is not None and request.tensor.ready is not None:
                     completion.stream_waits(self._stream_ptr, request.tensor.ready)
-            with self._stream:  # cupy's own work (fusion copies, scaling) goes on the plane's stream too
-                results = self._run(responses, requests, local)
+            results = self._allreduce_in_place(responses, requests)
+            if results is None:
+                with self._stream:  # cupy's own work (fusion copies, scaling) goes on the plane's stream too
+                    results = self._run(responses, requests, local)
             self._complete(responses, requests)
         finally:
             if previous != self._device_id:
@@ -156,12 +158,16 @@ class NcclPlane:
         if not self._async:
             self._wait_finished(responses, event)
             return
-        self._in_flight.add(event, requests, responses)
+        completions = []
         for request in requests:
             if request is not None:
-                request.handle.completion = completion.Completion(
-                    event, self._device_id, request.tensor.current_stream, self._timeout, self._poll_seconds,
-                    request.meta)
+                tensor = request.tensor
+                request.handle.completion = done = completion.Completion(
+                    event, self._device_id, tensor.current_stream, self._timeout, self._poll_seconds, request.meta,
+                    (tensor, request.output), tensor.stream)
+                completions.append(done)
+        # A joined rank's zeros and fresh results live in cupy's pool on this stream: reused only behind it.
+        self._in_flight.add(event, completions, responses)
 
     def _reduce(self, send: int, recv: Any, count: int, meta: Any, wire: str, op: ReduceOp, factor: float,
                 responses: tuple[Response, ...]) -> None:
@@ -233,14 +239,27 @@ class NcclPlane:
                                          response.meta.shape))
         return results
 
+    def _allreduce_in_place(self, responses: tuple[Response, ...], requests: list[Request | None]) -> list | None:
+        """The optimizer's case, kept lean (pointers only, no array object, no cupy stream switch): one
+        tensor reduced in place in its own dtype with nothing to scale around NCCL. None otherwise."""
+        request = requests[0]
+        if len(responses) != 1 or request is None or request.output is None or self._hierarchy is not None:
+            return None
+        meta = request.meta
+        if meta.collective is not Collective.ALLREDUCE or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype:
+            return None
+        plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
+        if plan.pre != 1.0 or plan.post != 1.0 or plan.divisor != 1:
+            return None
+        count = math.prod(meta.shape)
+        self._comm.allreduce(request.tensor.ptr, request.output.ptr, count, meta.dtype, plan.op, self._stream_ptr,
+                             plan.factor)
+        return [request.output]
+
     def _allreduce_one(self, request: Request, count: int, wire: str, plan: ReductionPlan,
                        responses: tuple[Response, ...]) -> DeviceArray:
         """One tensor in its own dtype: reduced straight from its memory, into its output or a new buffer."""
         output = request.output
-        if output is not None and plan.post == 1.0 and plan.divisor == 1 and self._hierarchy is None:
-            # The optimizer's in-place gradient: pointers only, no array object built.
-            self._comm.allreduce(request.tensor.ptr, output.ptr, count, wire, plan.op, self._stream_ptr, plan.factor)
-            return output
         target = cupy_view(output) if output is not None else self._cp.empty(count, storage_dtype(wire))
         self._reduce(request.tensor.ptr, target, count, request.meta, wire, plan.op, plan.factor, responses)
         scale_in_place(target, wire, plan.post, self._cp, plan.divisor)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..gpu import completion
 from ..gpu.arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
 from ..ops import Collective
 from ..request import Request
@@ -63,7 +64,7 @@ class HostStagedPlane:
 
     def _to_host(self, array: DeviceArray) -> np.ndarray:
         if array.ready is not None:
-            self._stream.wait_event(array.ready)
+            completion.stream_waits(self._stream.ptr, array.ready)
         host = cupy_view(array).get(stream=self._stream)
         return host.view(array.dtype).reshape(array.shape)
 

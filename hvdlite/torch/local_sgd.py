@@ -125,8 +125,10 @@ class LocalSGD:
         self.finish()
         tensors = [param.data for param in self._names]
         if self._average_state:
+            # Only state beside its parameter: Adam's "step" is a float32 scalar on the CPU even for
+            # CUDA parameters (the same on every rank), and a group cannot mix devices.
             tensors += [value for param in self._names for _, value in sorted(self._optimizer.state[param].items())
-                        if torch.is_tensor(value) and value.is_floating_point()]
+                        if torch.is_tensor(value) and value.is_floating_point() and value.device == param.device]
         if tensors:
             grouped_allreduce_(tensors, op=Average, name="local_sgd", process_set=self._process_set)
         self.averages += 1

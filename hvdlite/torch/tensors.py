@@ -58,11 +58,17 @@ def _raw_stream_of_public_api(device_id: int) -> int:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
 
 
+_NUMPY_DTYPE = {dtype: dtypes.SUPPORTED[name] for dtype, name in _TORCH_TO_CORE.items()}
+
+
 def _device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray:
-    tensor = tensor.detach().contiguous()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if tensor.requires_grad:  # held until the collective finished: without its autograd graph
+        tensor = tensor.detach()
     device_id = tensor.get_device()
-    return gpu_arrays.wrap(tensor.data_ptr(), tuple(tensor.shape), _TORCH_TO_CORE[tensor.dtype], device_id,
-                           tensor, current_stream(device_id), current_stream)
+    return gpu_arrays.DeviceArray.of_framework(tensor.data_ptr(), tuple(tensor.shape), _NUMPY_DTYPE[tensor.dtype],
+                                               device_id, tensor, current_stream(device_id), current_stream)
 
 
 def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_arrays.DeviceArray:

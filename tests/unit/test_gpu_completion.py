@@ -89,3 +89,40 @@ def test_draining_waits_for_the_newest_work_and_releases_everything() -> None:
     stuck.add(Event(), [], "allreduce of ['c']")
     with pytest.raises(CommTimeoutError, match="allreduce of \\['c'\\]"):
         stuck.drain(0.001)
+
+
+def test_events_come_from_a_per_device_pool_and_go_back_when_the_last_reference_goes(monkeypatch) -> None:
+    made = iter(range(100, 200))
+    monkeypatch.setattr(completion, "_create_event", lambda device: next(made))
+    monkeypatch.setattr(completion, "_POOLS", {})
+    first = completion.Event(0)
+    assert first.ptr == 100
+    held = completion.Event(0)  # a second event while the first is alive: a new one
+    assert held.ptr == 101
+    del first
+    assert completion.Event(0).ptr == 100  # recycled (and given back again at once)
+    assert completion.Event(1).ptr == 102  # events belong to their device
+    assert completion._POOLS == {0: [100], 1: [102]}
+
+
+def test_a_handle_is_done_for_poll_only_once_the_gpu_finished_but_delivered_at_once() -> None:
+    event = Event()
+    handle = Handle("grad")
+    handle.completion = completion.Completion(event, 0, lambda device: 1, 1.0, 0.001, META)
+    handle.set_result("result")
+    assert handle.delivered() and not handle.done()
+    event.fire()
+    assert handle.done()
+
+
+def test_the_inputs_are_released_once_their_own_stream_waits_or_the_host_waited(monkeypatch) -> None:
+    monkeypatch.setattr(completion, "stream_waits", lambda stream, event: None)
+    same = completion.Completion(Event(), 0, lambda device: 7, 1.0, 0.001, META, keep=("in", "out"), source_stream=7)
+    same.consume()
+    assert same.keep is None
+    other = completion.Completion(Event(), 0, lambda device: 8, 1.0, 0.001, META, keep=("in", "out"), source_stream=7)
+    other.consume()  # waited on another stream: the allocator could hand the memory to stream 7's work
+    assert other.keep == ("in", "out")
+    host = completion.Completion(Event(done=True), 0, None, 1.0, 0.001, META, keep=("in", "out"))
+    host.consume()
+    assert host.keep is None

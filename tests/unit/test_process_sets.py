@@ -140,3 +140,15 @@ def test_includes_tells_members_from_outsiders_and_refuses_unregistered_sets():
     with pytest.raises(ProcessSetError, match="must be a hvd.ProcessSet"):
         sets.includes([1, 2], Collective.ALLREDUCE, "x")
     sets.close()
+
+
+def test_copies_of_a_process_set_are_the_set_itself_so_a_copied_model_keeps_working() -> None:
+    import copy
+
+    from hvdlite.process_sets import ProcessSet, global_process_set
+
+    members = ProcessSet([0, 2])
+    holder = {"set": members, "global": global_process_set}
+    copied = copy.deepcopy(holder)
+    assert copied["set"] is members and copied["global"] is global_process_set
+    assert copy.copy(members) is members
