@@ -38,6 +38,8 @@ from ..utils.buffers import padded_count
 from ..utils.polling import WaitTimeout, wait_until
 from ..utils.rows import scatter_rows
 
+_MAX_REMEMBERED = 4096  # in-place launch plans kept (one per gradient of the models in use)
+
 
 class ReductionPlan(NamedTuple):
     """How a reduction runs on NCCL."""
@@ -104,6 +106,9 @@ class NcclPlane:
         self._stream_ptr = self._stream.ptr
         self._fusion = None  # persistent device fusion buffer (uint8), grown on demand
         self._in_flight = completion.InFlight(comm.async_error, timeout, describe)
+        # RequestMeta -> (count, op, factor) for allreduces the lean in-place path runs, () for the others:
+        # the same gradient's meta comes back every step.
+        self._in_place_launches: dict[Any, tuple] = {}
 
     def close(self) -> None:
         try:
@@ -246,14 +251,15 @@ class NcclPlane:
         if len(responses) != 1 or request is None or request.output is None or self._hierarchy is not None:
             return None
         meta = request.meta
-        if meta.collective is not Collective.ALLREDUCE or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype:
+        launch = self._in_place_launches.get(meta)
+        if launch is None:
+            launch = self._in_place_launches[meta] = in_place_launch(meta, self._comm.size)
+            if len(self._in_place_launches) > _MAX_REMEMBERED:
+                del self._in_place_launches[next(iter(self._in_place_launches))]
+        if not launch:
             return None
-        plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
-        if plan.pre != 1.0 or plan.post != 1.0 or plan.divisor != 1:
-            return None
-        count = math.prod(meta.shape)
-        self._comm.allreduce(request.tensor.ptr, request.output.ptr, count, meta.dtype, plan.op, self._stream_ptr,
-                             plan.factor)
+        count, op, factor = launch
+        self._comm.allreduce(request.tensor.ptr, request.output.ptr, count, meta.dtype, op, self._stream_ptr, factor)
         return [request.output]
 
     def _allreduce_one(self, request: Request, count: int, wire: str, plan: ReductionPlan,
@@ -342,6 +348,17 @@ class NcclPlane:
         if wire != meta.dtype:
             mine = mine.astype(storage_dtype(meta.dtype))
         return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])
+
+
+def in_place_launch(meta: Any, size: int) -> tuple:
+    """(count, op, factor) when an in-place allreduce of ``meta`` is one NCCL call on its own memory
+    (its own dtype on the wire, nothing to scale before or after); () otherwise."""
+    if meta.collective is not Collective.ALLREDUCE or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype:
+        return ()
+    plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, size)
+    if plan.pre != 1.0 or plan.post != 1.0 or plan.divisor != 1:
+        return ()
+    return math.prod(meta.shape), plan.op, plan.factor
 
 
 def describe(responses: tuple[Response, ...]) -> str:

@@ -39,7 +39,7 @@ def cast(tensor: torch.Tensor, dtype_name: str) -> torch.Tensor:
 
 def _on_gpu_plane(tensor: torch.Tensor) -> bool:
     """True for a CUDA tensor that hvdlite's GPU plane can take as it is (cupy sees a GPU)."""
-    return tensor.device.type == "cuda" and gpu_arrays.device_count() > 0
+    return tensor.is_cuda and gpu_arrays.device_count() > 0
 
 
 def current_stream(device_id: int) -> int:

@@ -22,7 +22,7 @@ from hvdlite.pipeline.coordinator import find_mismatch
 from hvdlite.pipeline.execute import Executor
 from hvdlite.planes.host import HostPlane
 from hvdlite.planes.host import scale_in_place as host_scale_in_place
-from hvdlite.planes.nccl import member_offsets, reduction_plan
+from hvdlite.planes.nccl import in_place_launch, member_offsets, reduction_plan
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
 from hvdlite.transport.shm import UFUNCS
@@ -374,3 +374,16 @@ def test_cupy_views_address_the_right_bytes_in_the_right_storage_type() -> None:
     assert cupy_view(result).data.ptr == view.data.ptr and result.owner is view
     ints = cupy_view(DeviceArray(0x2000, (3,), np.int16, 1, owner=None))
     assert ints.dtype == np.int16 and ints.data.device_id == 1
+
+
+def test_the_lean_in_place_path_takes_exactly_the_allreduces_that_are_one_nccl_call() -> None:
+    def meta(dtype: str, op: ReduceOp = ReduceOp.SUM, pre: float = 1.0, post: float = 1.0) -> RequestMeta:
+        return RequestMeta("g", Collective.ALLREDUCE, dtype, (3, 4), op, pre, post, device="cuda")
+
+    assert in_place_launch(meta("float32"), 2) == (12, ReduceOp.SUM, 1.0)
+    assert in_place_launch(meta("bfloat16", ReduceOp.AVERAGE, pre=0.5), 4) == (12, ReduceOp.SUM, 0.125)
+    assert in_place_launch(meta("int32", ReduceOp.AVERAGE), 2) == (12, ReduceOp.AVERAGE, 1.0)  # ncclAvg
+    assert in_place_launch(meta("int32", ReduceOp.SUM, post=2.0), 2) == ()  # scaled around NCCL
+    assert in_place_launch(meta("float32", ReduceOp.MAX, pre=2.0), 2) == ()
+    assert in_place_launch(meta("int16"), 2) == ()  # travels as int32
+    assert in_place_launch(RequestMeta("b", Collective.BROADCAST, "float32", (3,), device="cuda"), 2) == ()
