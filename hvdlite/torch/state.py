@@ -52,6 +52,19 @@ class _TensorSlot:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    device_type: str = "cpu"  # the root's tensor's device type: a receiver allocates on its own such device
+
+
+def receiving_device(device_type: str, optimizer: Any) -> torch.device:
+    """Where a receiving rank puts a state tensor the root holds on a ``device_type`` device: beside
+    this rank's parameters of that type (its own GPU), else the type's current device; "cpu" stays."""
+    if device_type == "cpu":
+        return torch.device("cpu")
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.device.type == device_type:
+                return param.device
+    return torch.device(device_type)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
@@ -73,10 +86,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
 
     def send(tensor: torch.Tensor) -> _TensorSlot:
         tensors.append(tensor)
-        return _TensorSlot(tuple(tensor.shape), tensor.dtype)
+        return _TensorSlot(tuple(tensor.shape), tensor.dtype, tensor.device.type)
 
     def receive(slot: _TensorSlot) -> torch.Tensor:
-        tensors.append(torch.empty(slot.shape, dtype=slot.dtype))
+        # On the root's kind of device (found on the GPU: receivers allocated CUDA state on the CPU,
+        # and the broadcast failed with a device mismatch on every rank).
+        device = receiving_device(slot.device_type, optimizer)
+        tensors.append(torch.empty(slot.shape, dtype=slot.dtype, device=device))
         return tensors[-1]
 
     structure = _replace(optimizer.state_dict(), torch.Tensor, send) if is_root else None
