@@ -86,8 +86,20 @@ def check_reduction(name: str, op: ReduceOp, prescale: float, postscale: float, 
     back to the integer type (before the reduction for ``prescale``, after it for ``postscale``),
     on the host and on a GPU alike.
     """
+    if op is ReduceOp.ADASUM:
+        _check_adasum(name, prescale, postscale, tensor)
     if name == "bool" and op is ReduceOp.AVERAGE:
         raise UnsupportedOperationError(f"tensor {tensor!r}: Average is not defined for bool; use Sum/Min/Max")
     if name == "bool" and (prescale != 1.0 or postscale != 1.0):
         raise UnsupportedOperationError(
             f"tensor {tensor!r}: prescale_factor/postscale_factor need a numeric tensor, got bool")
+
+
+def _check_adasum(name: str, prescale: float, postscale: float, tensor: str) -> None:
+    """Adasum weighs floating-point gradients by their dot products: no integers, no extra scaling."""
+    if not is_floating(name):
+        raise UnsupportedOperationError(f"tensor {tensor!r}: Adasum needs a floating-point tensor "
+                                        f"(float16, bfloat16, float32, float64), got {name}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise UnsupportedOperationError(f"tensor {tensor!r}: Adasum takes no prescale_factor/postscale_factor "
+                                        f"(got {prescale:g}, {postscale:g}): scale the tensor before or after")

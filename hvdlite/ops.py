@@ -38,7 +38,7 @@ class Collective(enum.IntEnum):
 
 def resolve_op(op: ReduceOp | int | None, average: bool | None = None) -> ReduceOp:
     """Turn Horovod's ``op=`` / deprecated ``average=`` pair into one :class:`ReduceOp`."""
-    if average is None and op.__class__ is ReduceOp and op is not ReduceOp.ADASUM:
+    if average is None and op.__class__ is ReduceOp:
         return op  # already resolved (every call of a training loop): no enum lookup
     if op is not None and average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both")
@@ -50,6 +50,4 @@ def resolve_op(op: ReduceOp | int | None, average: bool | None = None) -> Reduce
         resolved = ReduceOp(int(op))
     except ValueError:
         raise ValueError(f"unknown reduction op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
-    if resolved is ReduceOp.ADASUM:
-        raise NotImplementedError("op=Adasum is not implemented in hvdlite yet; use Average or Sum")
     return resolved

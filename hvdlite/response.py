@@ -8,7 +8,7 @@ import math
 
 from . import dtypes
 from .autotune import Params
-from .ops import Collective
+from .ops import Collective, ReduceOp
 from .request import RequestMeta
 
 
@@ -47,8 +47,10 @@ class Response:
         """Allreduces share a fusion buffer only if these agree. Host and device tensors never
         share one: they live in different memories."""
         meta = self.meta
-        return (meta.device, dtypes.wire_name(meta.dtype, meta.device), dtypes.wire_op(meta.dtype, meta.op),
-                meta.prescale, meta.postscale)
+        key = (meta.device, dtypes.wire_name(meta.dtype, meta.device), dtypes.wire_op(meta.dtype, meta.op),
+               meta.prescale, meta.postscale)
+        # Adasum weighs each tensor by its own dot products and norms, as Horovod does: never fused.
+        return key + (meta.name,) if meta.op is ReduceOp.ADASUM else key
 
     @property
     def cacheable(self) -> bool:

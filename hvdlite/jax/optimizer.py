@@ -30,7 +30,7 @@ from ..errors import UnsupportedOperationError
 from ..ops import Average, Collective, ReduceOp, Sum
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
-from ..training.options import check_passes, predivide_scales
+from ..training.options import check_passes, predivide_scales, refuse_adasum_optimizer
 from ..training.powersgd import PowerSGD, check_powersgd_options
 from .arrays import is_traced
 from .collectives import allreduce
@@ -70,8 +70,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     averages weight matrices as low-rank approximations with error feedback (state:
     :class:`hvdlite.jax.powersgd.PowerSGDState`).
     """
-    if op not in (Average, Sum):
-        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
+    _check_op(op)
     prescale, postscale = predivide_scales(op, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
@@ -194,6 +193,12 @@ def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: 
         return new_updates, AccumulationState((state.mini_step + 1) % k, kept, new_inner)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_op(op: ReduceOp) -> None:
+    refuse_adasum_optimizer(op)
+    if op not in (Average, Sum):
+        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
 
 
 def _next_instance(process_set: ProcessSet | None) -> int:

@@ -80,6 +80,7 @@ class HostPlane:
         """
         meta, tensor = request.meta, request.tensor
         if (self.size == 1 or meta.collective is not Collective.ALLREDUCE or meta.device != "cpu" or meta.prescale != 1.0
+                or meta.op is ReduceOp.ADASUM
                 or not isinstance(tensor, np.ndarray) or tensor.dtype != dtypes.wire_dtype(meta.dtype)
                 or not 0 < tensor.nbytes <= CARRY_MAX_BYTES):
             return None
@@ -146,6 +147,15 @@ class HostPlane:
                    deliver: Callable[[list], None] | None = None) -> list | None:
         """Reduce one work item. Returns its results, or, given ``deliver``, passes them to it once
         the transport finished (possibly after this returns) and returns None."""
+        meta = responses[0].meta
+        if meta.op is ReduceOp.ADASUM:  # never fused (Response.fusion_key): one tensor, one Adasum
+            (response,) = responses
+            return _delivered([self._adasum(response, local.get(meta.name))], deliver)
+        return self._reduce_item(responses, local, deliver)
+
+    def _reduce_item(self, responses: tuple[Response, ...], local: Mapping[str, Request],
+                     deliver: Callable[[list], None] | None) -> list | None:
+        """:meth:`_allreduce` with the ufunc ops: fused, carried in pieces, maybe still in flight."""
         meta = responses[0].meta
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
@@ -246,6 +256,20 @@ class HostPlane:
             self.transport.allreduce(None, array, op, scale, done=done)
         return None
 
+    def _adasum(self, response: Response, request: Request | None) -> np.ndarray:
+        """Adasum of one tensor (:mod:`hvdlite.adasum`), in a float32/float64 copy; a joined rank's
+        zeros are neutral. The result goes to the request's output, or a new array."""
+        meta = response.meta
+        source = self._wire_input(response, request)
+        if isinstance(source, Segments):
+            raise errors.UnsupportedOperationError(f"{meta.name!r}: Adasum combines one tensor at a time, not a bucket")
+        buffer = np.array(source, dtype=dtypes.wire_dtype(meta.dtype))  # a copy: the input stays as it was
+        self.transport.adasum(buffer)
+        if request is not None and request.output is not None:
+            request.output.reshape(-1)[...] = buffer
+            return request.output
+        return buffer.astype(dtypes.SUPPORTED[meta.dtype], copy=False).reshape(meta.shape)
+
     def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
         if op is not ReduceOp.AVERAGE:
@@ -328,6 +352,14 @@ def _reduce_in_order(ufunc: np.ufunc, out: np.ndarray, payloads: list[memoryview
         ufunc(out, np.frombuffer(payload, out.dtype), out=out)
     if scale is not None:
         scale(out)
+
+
+def _delivered(results: list, deliver: Callable[[list], None] | None) -> list | None:
+    """``results`` returned, or handed to ``deliver`` (then None), as :meth:`HostPlane._allreduce` does."""
+    if deliver is None:
+        return results
+    deliver(results)
+    return None
 
 
 def _nothing() -> None:

@@ -18,10 +18,10 @@ import torch
 
 from .. import errors
 from ..compression import Compressor, NoneCompressor
-from ..ops import Average, Collective, ReduceOp
+from ..ops import Average, Collective, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
-from ..training.options import check_passes, predivide_scales
+from ..training.options import check_passes, predivide_scales, refuse_adasum_optimizer
 from ..training.powersgd import PowerSGD
 from .grad_sync import GradientSubmitter, name_parameters
 from .local_sgd import LocalSGD
@@ -157,6 +157,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     """
     _check_wrappable(optimizer)
     passes = check_passes(backward_passes_per_step)
+    refuse_adasum_optimizer(resolve_op(op))
     scales = predivide_scales(op, gradient_predivide_factor)
     names = name_parameters(optimizer, named_parameters)  # argument errors first, as Horovod: even before init()
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,

@@ -56,3 +56,13 @@ def require_sum_or_average(op: ReduceOp, what: str, hint: str = "") -> None:
     """Refuse any op but Sum and Average for ``what`` (a phrase naming the call and tensor)."""
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise UnsupportedOperationError(f"{what} supports Sum and Average, not {op.name}{hint}")
+
+
+def refuse_adasum_optimizer(op: ReduceOp) -> None:
+    """``DistributedOptimizer(op=Adasum)``: Horovod's version steps each rank's optimizer and combines
+    the parameter deltas; until that is built, refuse it here rather than reduce gradients otherwise."""
+    if op is ReduceOp.ADASUM:
+        raise UnsupportedOperationError(
+            "DistributedOptimizer(op=Adasum) (each rank steps, the parameter deltas are combined with Adasum, "
+            "as Horovod's _DistributedAdasumOptimizer) is not built yet; hvd.allreduce(..., op=hvd.Adasum) "
+            "works on CPU tensors")

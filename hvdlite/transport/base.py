@@ -86,5 +86,8 @@ class Transport(Protocol):
     def barrier(self) -> None:
         """Return once every rank has entered."""
 
+    def adasum(self, buffer: np.ndarray) -> None:
+        """Replace the flat float32/float64 ``buffer`` by the Adasum of every rank's (:mod:`hvdlite.adasum`)."""
+
     def close(self) -> None:
         """Release what the transport holds beyond its communicator (collective: at shutdown, on every rank)."""

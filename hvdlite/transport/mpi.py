@@ -35,6 +35,7 @@ from mpi4py import MPI
 
 from ..ops import ReduceOp
 from ..utils.polling import wait_until
+from .adasum import AdasumExchange
 from .shm import SharedMemoryAllreduce, SharedMemoryBand
 
 _MPI_OPS = {
@@ -270,6 +271,11 @@ class MpiTransport:
     def barrier(self) -> None:
         self.flush()
         self._wait(self._comm.Ibarrier())
+
+    def adasum(self, buffer: np.ndarray) -> None:
+        self.flush()
+        self._moved_large |= buffer.nbytes >= _LARGE_BYTES
+        AdasumExchange(self._comm, self._wait).reduce(buffer)
 
     def close(self) -> None:
         """Free the shared-memory window, if any (collective: every rank calls it at shutdown)."""

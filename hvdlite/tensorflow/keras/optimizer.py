@@ -28,7 +28,7 @@ from ...compression import Compressor, NoneCompressor
 from ...ops import Average, ReduceOp, resolve_op
 from ...process_sets import ProcessSet, global_process_set
 from ...training.local_sgd import LocalSGDSchedule
-from ...training.options import check_passes, predivide_scales
+from ...training.options import check_passes, predivide_scales, refuse_adasum_optimizer
 from .. import host_ops
 from ..gradients import check_groups, reduce_gradients
 from . import local_sgd as local_sgd_module
@@ -137,6 +137,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     check_groups(num_groups, groups)
     _check_wrappable(optimizer)
     resolved = resolve_op(op)
+    refuse_adasum_optimizer(resolved)
     if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum, got {resolved.name}")
     predivide_scales(resolved, gradient_predivide_factor)

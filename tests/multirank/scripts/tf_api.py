@@ -226,7 +226,9 @@ def case_mixed_precision(rank, size):
 def case_errors(rank, size):
     expect_error(hvd.UnsupportedOperationError, "complex64",
                  lambda: hvd.allreduce(tf.ones(2, tf.complex64), name="cplx"), "dtype")
-    expect_error(NotImplementedError, "Adasum", lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum), "adasum")
+    expect_error(hvd.UnsupportedOperationError, "Adasum needs a floating-point",
+                 lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum), "adasum int")
+    assert hvd.allreduce(tf.ones(2), op=hvd.Adasum, name="adasum.same").numpy().tolist() == [1.0, 1.0]
     expect_error(hvd.ProcessSetError, "is not registered",
                  lambda: hvd.allreduce(tf.ones(2), process_set=hvd.ProcessSet([0])), "process set")
     # Shapes that disagree across ranks: every rank gets an error naming the tensor, eagerly and in a graph.

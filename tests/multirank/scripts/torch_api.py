@@ -259,7 +259,12 @@ def mixed_groups(rank, size):
 def case_errors(rank, size):
     expect_error(hvd.UnsupportedOperationError, "complex64", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64),
                                                                                  name="cplx"), "dtype")
-    expect_error(NotImplementedError, "Adasum", lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "adasum")
+    expect_error(hvd.UnsupportedOperationError, "Adasum needs a floating-point",
+                 lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "adasum int")
+    expect_error(hvd.UnsupportedOperationError, "DistributedOptimizer(op=Adasum)",
+                 lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+                                                  op=hvd.Adasum), "adasum optimizer")
+    assert hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="adasum.same").tolist() == [1.0, 1.0]
     expect_error(hvd.ProcessSetError, "is not registered",
                  lambda: hvd.allreduce(torch.ones(2), process_set=hvd.ProcessSet([0])), "process set")
     # Shapes that disagree across ranks: every rank gets an error naming the tensor and the shapes.
