@@ -21,8 +21,9 @@ from ..compression import Compressor, NoneCompressor
 from ..ops import Average, Collective, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
-from ..training.options import check_passes, predivide_scales, refuse_adasum_optimizer
+from ..training.options import check_passes, predivide_scales
 from ..training.powersgd import PowerSGD
+from .adasum import AdasumDeltaReducer, refuse_with_adasum
 from .grad_sync import GradientSubmitter, name_parameters
 from .local_sgd import LocalSGD
 from .powersgd import PowerSGDReducer, powersgd_reducer
@@ -150,6 +151,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     ``compression=Compression.powersgd(rank=r, start_step=s)`` (:mod:`hvdlite.torch.powersgd`):
     after ``s`` plain steps, weight matrices are averaged as rank-r approximations with error
     feedback, all in ``synchronize()``; the state is ``optimizer._hvdlite_reducer.powersgd.state``.
+    ``op=Adasum``: each rank steps; the parameter changes are combined (:mod:`hvdlite.torch.adasum`).
 
     ``shard_optimizer_state=True`` (ZeRO-1/2, :mod:`hvdlite.torch.sharded`): each rank keeps the
     optimizer state for 1/N of the parameters; gradients are reduce-scattered, the shards stepped and
@@ -157,11 +159,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     """
     _check_wrappable(optimizer)
     passes = check_passes(backward_passes_per_step)
-    refuse_adasum_optimizer(resolve_op(op))
     scales = predivide_scales(op, gradient_predivide_factor)
     names = name_parameters(optimizer, named_parameters)  # argument errors first, as Horovod: even before init()
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
                                                "DistributedOptimizer's gradients")
+    if resolve_op(op) is ReduceOp.ADASUM:  # each rank steps; the parameter changes are combined (torch/adasum.py)
+        return _adasum(optimizer, names, member, passes, process_set, (compression is not NoneCompressor, groups or
+                       num_groups, sparse_as_dense, local_sgd_period is not None, shard_optimizer_state))
     if shard_optimizer_state:
         unsupported = {"compression": compression is not NoneCompressor, "groups": bool(groups or num_groups),
                        "sparse_as_dense": sparse_as_dense, "local_sgd_period": local_sgd_period is not None}
@@ -188,6 +192,16 @@ def _unsharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
     _bind(optimizer, GradientReducer(optimizer, names if member else {}, submitter, passes, local, powersgd), names)
     if local is not None:  # local SGD: land what is in flight and average now (e.g. after the last step)
         optimizer.average_parameters = local.average
+    return optimizer
+
+
+def _adasum(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], member: bool, passes: int,
+            process_set: ProcessSet, unsupported: tuple) -> torch.optim.Optimizer:
+    """``optimizer`` combining its parameter changes with Adasum; ``unsupported``: (compression, groups,
+    sparse_as_dense, local_sgd_period, shard_optimizer_state) as given, refused if set."""
+    labels = ("compression", "groups", "sparse_as_dense", "local_sgd_period", "shard_optimizer_state")
+    refuse_with_adasum({label: bool(value) for label, value in zip(labels, unsupported, strict=True)})
+    _bind(optimizer, AdasumDeltaReducer(optimizer, names if member else {}, passes, process_set), names)
     return optimizer
 
 

@@ -64,5 +64,5 @@ def refuse_adasum_optimizer(op: ReduceOp) -> None:
     if op is ReduceOp.ADASUM:
         raise UnsupportedOperationError(
             "DistributedOptimizer(op=Adasum) (each rank steps, the parameter deltas are combined with Adasum, "
-            "as Horovod's _DistributedAdasumOptimizer) is not built yet; hvd.allreduce(..., op=hvd.Adasum) "
-            "works on CPU tensors")
+            "as Horovod's _DistributedAdasumOptimizer) is built for torch only so far; hvd.allreduce(..., "
+            "op=hvd.Adasum) works on CPU tensors")

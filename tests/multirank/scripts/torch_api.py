@@ -261,9 +261,9 @@ def case_errors(rank, size):
                                                                                  name="cplx"), "dtype")
     expect_error(hvd.UnsupportedOperationError, "Adasum needs a floating-point",
                  lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "adasum int")
-    expect_error(hvd.UnsupportedOperationError, "DistributedOptimizer(op=Adasum)",
+    expect_error(ValueError, "op=Adasum) cannot be combined with compression",
                  lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
-                                                  op=hvd.Adasum), "adasum optimizer")
+                                                  op=hvd.Adasum, compression=hvd.Compression.fp16), "adasum optimizer")
     assert hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="adasum.same").tolist() == [1.0, 1.0]
     expect_error(hvd.ProcessSetError, "is not registered",
                  lambda: hvd.allreduce(torch.ones(2), process_set=hvd.ProcessSet([0])), "process set")
