@@ -15,7 +15,7 @@ The same bookkeeping watches the deadline and NCCL's asynchronous error of work 
 dead peer ends in an error within ``HVDLITE_COMM_TIMEOUT_SECONDS``, never in a stream that waits
 forever.
 
-Events are cupy ``Event`` objects (destroyed when the last reference goes), recorded and waited on
+Events come from a per-device pool (:class:`Event`, given back when the last reference goes), recorded and waited on
 through cupy's thin runtime bindings: this is the per-operation hot path of every GPU collective.
 """
 
