@@ -65,17 +65,22 @@ def wrap(owner: object, attribute: str, stage: str) -> None:
     setattr(owner, attribute, timed)
 
 
-def instrument() -> None:
-    """Timers on each stage's entry points, and on the two places a rank waits for its peers."""
-    wrap(api, "allreduce_async", "submit")
+def instrument_pipeline(submit: str) -> None:
+    """Timers on the stages every allreduce passes, host or device (``submit``: the core submit's label)."""
+    wrap(api, "allreduce_async", submit)
     for name in ("agree", "lone_vector", "agree_lone"):
         wrap(negotiate.Negotiator, name, "negotiate")
     wrap(communicator.fuse, "plan", "fuse")
     for name in ("start", "run", "finish"):
         wrap(Executor, name, "execute")
     wrap(HostPlane, "carriable", "execute")
-    wrap(HostPlane, "reduce_carried", "execute")
     wrap(communicator, "complete", "complete")
+
+
+def instrument() -> None:
+    """Timers on each stage's entry points, and on the two places a rank waits for its peers."""
+    instrument_pipeline("submit")
+    wrap(HostPlane, "reduce_carried", "execute")
     transport = current().engine.pipeline.executor.transport
     wrap(transport, "_wait", "execute: MPI")
     band = getattr(current().engine.pipeline.negotiator._control, "_shm", None)

@@ -34,7 +34,7 @@ import statistics
 import time
 
 from mpi4py import MPI
-from small_op_breakdown import SPENT, wrap
+from small_op_breakdown import SPENT, instrument_pipeline, wrap
 
 STAGES = ("submit, torch side", "submit, core", "negotiate", "fuse", "execute", "device plane", "CUDA events",
           "cudaStreamWaitEvent", "NCCL launch", "completion, handle side", "host wait", "complete")
@@ -42,22 +42,12 @@ STAGES = ("submit, torch side", "submit, core", "negotiate", "fuse", "execute", 
 
 def instrument() -> None:
     """Timers on each stage's entry points (exclusive: nested timed calls are subtracted)."""
-    from hvdlite import api
     from hvdlite.gpu import completion, nccl
-    from hvdlite.pipeline import communicator, negotiate
-    from hvdlite.pipeline.execute import Executor
-    from hvdlite.planes.host import HostPlane
     from hvdlite.planes.nccl import NcclPlane
     from hvdlite.torch import async_ops
 
+    instrument_pipeline("submit, core")
     wrap(async_ops, "to_numpy", "submit, torch side")
-    wrap(api, "allreduce_async", "submit, core")
-    for name in ("agree", "lone_vector", "agree_lone"):
-        wrap(negotiate.Negotiator, name, "negotiate")
-    wrap(communicator.fuse, "plan", "fuse")
-    for name in ("start", "run", "finish"):
-        wrap(Executor, name, "execute")
-    wrap(HostPlane, "carriable", "execute")
     wrap(NcclPlane, "dispatch", "device plane")
     wrap(completion, "new_event", "CUDA events")
     wrap(completion, "record", "CUDA events")
@@ -65,7 +55,6 @@ def instrument() -> None:
     wrap(nccl.Communicator, "allreduce", "NCCL launch")
     wrap(completion.Completion, "consume", "completion, handle side")
     wrap(NcclPlane, "_wait_finished", "host wait")
-    wrap(communicator, "complete", "complete")
 
 
 def nccl_plane():

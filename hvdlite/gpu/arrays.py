@@ -118,14 +118,6 @@ def record_ready(stream_ptr: int | None, device_id: int) -> Any:
     return completion.record(completion.new_event(device_id), stream_ptr)
 
 
-def wrap(ptr: int, shape: tuple[int, ...], dtype_name: str, device_id: int, owner: Any,
-         stream_ptr: int | None, current_stream: Callable[[int], int] | None = None) -> DeviceArray:
-    """Describe a framework's contiguous device tensor; ``stream_ptr`` is the stream that produced it,
-    ``current_stream`` how to find the stream a waiting thread uses (None: the host waits)."""
-    return DeviceArray.of_framework(int(ptr), tuple(int(d) for d in shape), dtypes.SUPPORTED[dtype_name],
-                                    int(device_id), owner, stream_ptr, current_stream)
-
-
 @functools.cache
 def device_count() -> int:
     """CUDA devices this process sees through cupy; 0 without cupy, a driver, or a GPU.

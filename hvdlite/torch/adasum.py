@@ -18,6 +18,7 @@ import torch
 
 from ..ops import Adasum
 from ..process_sets import ProcessSet
+from ..training.options import check_passes
 from . import async_ops
 from .step_control import TOO_MANY_PASSES, SkippableSynchronize
 
@@ -66,8 +67,6 @@ class AdasumDeltaReducer(SkippableSynchronize):
         self._original_zero_grad(set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        from ..training.options import check_passes
-
         self.backward_passes_per_step = check_passes(passes)
 
     def world_changed(self) -> None:

@@ -41,6 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+import verdict  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
 
@@ -180,12 +181,7 @@ def run_mode(mode: Mode, device: jax.Device, even: Any) -> bool:
             problems += spread(mode, got, process_set)
     except Exception as error:  # noqa: BLE001 - reported with the others below; hvdlite raises on every rank
         problems.append(f"{type(error).__name__}: {error}")
-    verdicts = hvd.allgather_object(problems, name=f"{mode.name}.verdict")  # every rank gets here
-    if problems:
-        print(f"FAILED jax {mode.name}: " + "; ".join(problems), flush=True)
-    else:
-        print(f"ok jax {mode.name}", flush=True)
-    return not any(verdicts)
+    return verdict.report("jax", mode.name, problems)
 
 
 def main(device_kind: str, chosen: str | None) -> None:
