@@ -27,11 +27,12 @@ import jax.numpy as jnp
 import optax
 
 from ..errors import UnsupportedOperationError
-from ..ops import Average, Collective, ReduceOp, Sum
+from ..ops import Adasum, Average, Collective, ReduceOp, Sum
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
-from ..training.options import check_passes, predivide_scales, refuse_adasum_optimizer
+from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD, check_powersgd_options
+from .adasum import adasum
 from .arrays import is_traced
 from .collectives import allreduce
 from .compression import Compression
@@ -68,9 +69,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     keeps ``tx``'s state for 1/N of the parameters on each rank (ZeRO-1; exact for elementwise ``tx``
     only): see :mod:`hvdlite.jax.sharded`. ``compression=Compression.powersgd(rank=, start_step=)``
     averages weight matrices as low-rank approximations with error feedback (state:
-    :class:`hvdlite.jax.powersgd.PowerSGDState`).
+    :class:`hvdlite.jax.powersgd.PowerSGDState`). ``op=Adasum``: each rank applies ``tx`` to its own
+    gradients and the resulting parameter changes are combined with Adasum (:mod:`hvdlite.jax.adasum`;
+    with ``backward_passes_per_step=k``, once per k steps, on the micro-batches' mean).
     """
     _check_op(op)
+    if op is Adasum:
+        options = {"compression": compression is not Compression.none, "gradient_predivide_factor":
+                   gradient_predivide_factor != 1.0, "local_sgd_period": local_sgd_period is not None,
+                   "shard_optimizer_state": shard_optimizer_state}
+        return _adasum(tx, options, backward_passes_per_step, name, process_set)
     prescale, postscale = predivide_scales(op, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
@@ -89,6 +97,18 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if passes > 1:
         return _accumulating(inner, reduce_updates, passes)
     return _reducing(inner, reduce_updates)
+
+
+def _adasum(tx: optax.GradientTransformation, unsupported: dict[str, bool], passes: int, name: str | None,
+            process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
+    """``tx`` stepping on each rank with its parameter changes combined by Adasum (:mod:`hvdlite.jax.adasum`);
+    ``unsupported``: the options given that Adasum does not combine with, refused by name."""
+    refuse_with_adasum(unsupported)
+    passes = check_passes(passes)
+    member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's changes")
+    base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
+    combined = adasum(optax.with_extra_args_support(tx), base, member, process_set)
+    return _accumulating(combined, _unchanged, passes) if passes > 1 else combined
 
 
 def _reducing(inner: optax.GradientTransformationExtraArgs,
@@ -196,9 +216,8 @@ def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: 
 
 
 def _check_op(op: ReduceOp) -> None:
-    refuse_adasum_optimizer(op)
-    if op not in (Average, Sum):
-        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
+    if op not in (Average, Sum, Adasum):
+        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average, Sum or Adasum, not {op!r}")
 
 
 def _next_instance(process_set: ProcessSet | None) -> int:

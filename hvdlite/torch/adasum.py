@@ -75,9 +75,3 @@ class AdasumDeltaReducer(SkippableSynchronize):
         for param in self._passes_seen:
             self._passes_seen[param] = 0
 
-
-def refuse_with_adasum(options: dict[str, bool]) -> None:
-    """The options the Adasum optimizer does not combine with (name -> given), refused by name."""
-    given = [name for name, used in options.items() if used]
-    if given:
-        raise ValueError(f"DistributedOptimizer(op=Adasum) cannot be combined with {', '.join(given)} (not built)")

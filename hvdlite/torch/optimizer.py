@@ -21,9 +21,9 @@ from ..compression import Compressor, NoneCompressor
 from ..ops import Average, Collective, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import current
-from ..training.options import check_passes, predivide_scales
+from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD
-from .adasum import AdasumDeltaReducer, refuse_with_adasum
+from .adasum import AdasumDeltaReducer
 from .grad_sync import GradientSubmitter, name_parameters
 from .local_sgd import LocalSGD
 from .powersgd import PowerSGDReducer, powersgd_reducer

@@ -58,6 +58,13 @@ def require_sum_or_average(op: ReduceOp, what: str, hint: str = "") -> None:
         raise UnsupportedOperationError(f"{what} supports Sum and Average, not {op.name}{hint}")
 
 
+def refuse_with_adasum(options: dict[str, bool]) -> None:
+    """The options ``DistributedOptimizer(op=Adasum)`` does not combine with (name -> given), refused by name."""
+    given = [name for name, used in options.items() if used]
+    if given:
+        raise ValueError(f"DistributedOptimizer(op=Adasum) cannot be combined with {', '.join(given)} (not built)")
+
+
 def refuse_adasum_optimizer(op: ReduceOp) -> None:
     """``DistributedOptimizer(op=Adasum)``: Horovod's version steps each rank's optimizer and combines
     the parameter deltas; until that is built, refuse it here rather than reduce gradients otherwise."""
