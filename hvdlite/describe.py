@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes
-from .errors import UnsupportedOperationError
 from .gpu.arrays import DeviceArray
 from .ops import Collective, ReduceOp
 from .request import RequestMeta
@@ -25,9 +24,6 @@ def describe_reduction(collective: Collective, array: np.ndarray | DeviceArray, 
     """The checked description of a reduction (raises on a bad dtype, op or scale factor)."""
     dtype = dtypes.dtype_name(array, name)
     dtypes.check_reduction(dtype, op, prescale, postscale, name)
-    if op is ReduceOp.ADASUM and device_of(array) != "cpu":
-        raise UnsupportedOperationError(f"tensor {name!r}: Adasum is not supported for GPU tensors yet (CPU tensors "
-                                        "only); use Average or Sum there")
     return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
                        device=device_of(array))
 

@@ -1,4 +1,5 @@
-"""Hierarchical allreduce (``HVDLITE_HIERARCHICAL_ALLREDUCE=1``): NCCL inside a host, MPI across hosts.
+"""Hierarchical allreduce (``HVDLITE_HIERARCHICAL_ALLREDUCE=1``): NCCL inside a host, MPI across hosts;
+and GPU Adasum, which is hierarchical by definition (:func:`average_then_adasum`).
 
 Inside a host GPUs talk over NVLink or PCIe, across hosts over the network. The allreduce is three
 steps: an NCCL reduce onto the host's first rank (its local root), an MPI allreduce among the local
@@ -54,17 +55,40 @@ def build_groups(comm: Any, hosts: list[str], rank: int, chunk_bytes: int, poll_
 
 
 def cross_host_allreduce(cross: MpiTransport, values: np.ndarray, dtype: str, op: ReduceOp) -> np.ndarray:
-    """Allreduce a local root's host copy (``dtype``'s storage: bfloat16 as uint16 bits) across hosts.
+    """Allreduce a local root's host copy (``dtype``'s storage: bfloat16 as uint16 bits) across hosts."""
+    return _reduced_in_float(values, dtype, lambda buffer: cross.allreduce(None, buffer, op))
 
-    MPI has no 16-bit float types: those are reduced in float32 and rounded once, as on the host path.
-    """
+
+def cross_host_adasum(cross: MpiTransport, values: np.ndarray, dtype: str) -> np.ndarray:
+    """Replace a local root's host copy (``dtype``'s storage) by the Adasum of every host's."""
+    return _reduced_in_float(values, dtype, cross.adasum)
+
+
+def _reduced_in_float(values: np.ndarray, dtype: str, reduce: Callable[[np.ndarray], None]) -> np.ndarray:
+    """``values`` after ``reduce`` (in place). MPI has no 16-bit float types: those are reduced in
+    float32 and rounded once, as on the host path."""
     if dtype in ("float16", "bfloat16"):
         typed = values.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else values
         wide = typed.astype(np.float32)
-        cross.allreduce(None, wide, op)
+        reduce(wide)
         return wide.astype(dtypes.SUPPORTED[dtype]).view(values.dtype)
-    cross.allreduce(None, values, op)
+    reduce(values)
     return values
+
+
+def average_then_adasum(groups: Groups, buffer: np.ndarray) -> None:
+    """GPU Adasum on host memory (the host-staged plane's): ``buffer`` (float32/float64, this rank's
+    tensor) becomes the Adasum, across hosts, of each host's average, on every rank.
+
+    Horovod's GPU Adasum averages inside a host first (NCCL) and applies Adasum only across hosts:
+    a host's GPUs see one larger batch, which is why its guide scales the learning rate by the
+    number of GPUs per host. Every GPU plane here gives that same result.
+    """
+    groups.local.allreduce(None, buffer, ReduceOp.SUM)
+    buffer /= groups.local_size
+    if groups.cross is not None:
+        groups.cross.adasum(buffer)
+    groups.local.broadcast(buffer, 0)
 
 
 def supports(dtype: str, op: ReduceOp) -> bool:
@@ -81,6 +105,15 @@ class HierarchicalReducer:
 
     def close(self) -> None:
         self._local.destroy()
+
+    def adasum(self, send: int, recv: Any, count: int, wire: str, stream: Any, wait: Callable[[], None]) -> None:
+        """``recv`` = the Adasum across hosts of each host's average of ``send`` (:func:`average_then_adasum`)."""
+        self._local.reduce(send, recv.data.ptr, count, wire, ReduceOp.SUM, 0, stream.ptr, 1.0 / self._local.size)
+        if self._cross is not None:
+            wait()  # the host's average is complete on this local root
+            host = recv.get(stream=stream)
+            recv.set(cross_host_adasum(self._cross, host, wire), stream=stream)
+        self._local.broadcast(recv.data.ptr, recv.data.ptr, count * recv.dtype.itemsize, 0, stream.ptr)
 
     def allreduce(self, send: int, recv: Any, count: int, wire: str, op: ReduceOp, factor: float, stream: Any,
                   wait: Callable[[], None]) -> None:

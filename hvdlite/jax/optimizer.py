@@ -42,19 +42,13 @@ from .sharded import sharded
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
-    tx: optax.GradientTransformation,
-    op: ReduceOp = Average,
-    compression: type | PowerSGD = Compression.none,
-    backward_passes_per_step: int = 1,
-    gradient_predivide_factor: float = 1.0,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-    local_sgd_period: int | None = None,
-    local_sgd_warmup_steps: int = 0,
-    local_sgd_average_state: bool = False,
-    shard_optimizer_state: bool = False,
+    tx: optax.GradientTransformation, op: ReduceOp = Average, compression: type | PowerSGD = Compression.none,
+    backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0, name: str | None = None,
+    process_set: ProcessSet = global_process_set, local_sgd_period: int | None = None,
+    local_sgd_warmup_steps: int = 0, local_sgd_average_state: bool = False, shard_optimizer_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-    """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them.
+    """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them;
+    ``op=Adasum``: each rank applies ``tx``, the changes are combined (:mod:`hvdlite.jax.adasum`).
 
     ``compression`` (e.g. ``Compression.fp16``) casts the updates for the reduction and back.
     ``backward_passes_per_step=k`` accumulates k micro-batch gradients locally and reduces their
@@ -69,28 +63,23 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     keeps ``tx``'s state for 1/N of the parameters on each rank (ZeRO-1; exact for elementwise ``tx``
     only): see :mod:`hvdlite.jax.sharded`. ``compression=Compression.powersgd(rank=, start_step=)``
     averages weight matrices as low-rank approximations with error feedback (state:
-    :class:`hvdlite.jax.powersgd.PowerSGDState`). ``op=Adasum``: each rank applies ``tx`` to its own
-    gradients and the resulting parameter changes are combined with Adasum (:mod:`hvdlite.jax.adasum`;
-    with ``backward_passes_per_step=k``, once per k steps, on the micro-batches' mean).
+    :class:`hvdlite.jax.powersgd.PowerSGDState`).
     """
     _check_op(op)
     if op is Adasum:
-        options = {"compression": compression is not Compression.none, "gradient_predivide_factor":
-                   gradient_predivide_factor != 1.0, "local_sgd_period": local_sgd_period is not None,
-                   "shard_optimizer_state": shard_optimizer_state}
-        return _adasum(tx, options, backward_passes_per_step, name, process_set)
-    prescale, postscale = predivide_scales(op, gradient_predivide_factor)
+        return _adasum(tx, (compression, gradient_predivide_factor, local_sgd_period, shard_optimizer_state),
+                       backward_passes_per_step, name, process_set)
+    scales = predivide_scales(op, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     inner = optax.with_extra_args_support(tx)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's updates")
     base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
-    reduce_updates = _updates_reducer(compression, base, op, (prescale, postscale), member, process_set)
+    reduce_updates = _updates_reducer(compression, base, op, scales, member, process_set)
     if isinstance(compression, PowerSGD):
         options = (op, gradient_predivide_factor, local_sgd_period, passes, shard_optimizer_state)
         return _powersgd(inner, compression, options, base, member, process_set)
     if shard_optimizer_state:
-        return _sharded(inner, passes, local_sgd_period, op, (prescale, postscale), compression, base, member,
-                        process_set)
+        return _sharded(inner, passes, local_sgd_period, op, scales, compression, base, member, process_set)
     if local_sgd_period is not None:
         schedule = (local_sgd_period, local_sgd_warmup_steps, local_sgd_average_state)
         return _local(inner, reduce_updates, passes, schedule, base, member, process_set)
@@ -99,11 +88,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     return _reducing(inner, reduce_updates)
 
 
-def _adasum(tx: optax.GradientTransformation, unsupported: dict[str, bool], passes: int, name: str | None,
+def _adasum(tx: optax.GradientTransformation, given: tuple, passes: int, name: str | None,
             process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
     """``tx`` stepping on each rank with its parameter changes combined by Adasum (:mod:`hvdlite.jax.adasum`);
-    ``unsupported``: the options given that Adasum does not combine with, refused by name."""
-    refuse_with_adasum(unsupported)
+    ``given``: (compression, gradient_predivide_factor, local_sgd_period, shard_optimizer_state), refused if set."""
+    compression, predivide, period, shard_state = given
+    refuse_with_adasum({"compression": compression is not Compression.none, "gradient_predivide_factor":
+                        predivide != 1.0, "local_sgd_period": period is not None, "shard_optimizer_state": shard_state})
     passes = check_passes(passes)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE, "DistributedOptimizer's changes")
     base = name if name is not None else f"DistributedOptimizer.{_next_instance(process_set)}"
@@ -217,7 +208,7 @@ def _accumulating(inner: optax.GradientTransformationExtraArgs, reduce_updates: 
 
 def _check_op(op: ReduceOp) -> None:
     if op not in (Average, Sum, Adasum):
-        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average, Sum or Adasum, not {op!r}")
+        raise UnsupportedOperationError(f"DistributedOptimizer reduces with Average or Sum (or Adasum), not {op!r}")
 
 
 def _next_instance(process_set: ProcessSet | None) -> int:

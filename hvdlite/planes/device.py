@@ -151,14 +151,15 @@ class GpuRunner:
         if choice.plane == selection.PLANE_MPI:
             from .staged import HostStagedPlane
 
-            return HostStagedPlane(self._host, device_id)
+            return HostStagedPlane(self._host, device_id, self._host_groups)
         from .nccl import NcclPlane
 
         uid = exchange_unique_id(transport, self._host.rank)
         comm = nccl.Communicator.create(uid, self._host.size, self._host.rank, device_id, self._config.comm_timeout)
         poll_seconds = self._config.poll_time_ms / 1000
+        one_host = len(set(self._hosts)) == 1
         return NcclPlane(comm, device_id, self._config.comm_timeout, poll_seconds, self._hierarchy(device_id),
-                         self._config.async_completion)
+                         self._config.async_completion, None if one_host else lambda: self._reducer(device_id))
 
     def _hierarchy(self, device_id: int) -> Any:
         """The hierarchical reducer when asked for and the job spans hosts (same answer on every rank)."""
@@ -168,13 +169,25 @@ class GpuRunner:
             if self._host.rank == 0:
                 log.info("HVDLITE_HIERARCHICAL_ALLREDUCE=1 on a single host: the flat NCCL allreduce is used")
             return None
-        from ..gpu.hierarchical import HierarchicalReducer, build_groups
-
-        timeout = self._config.comm_timeout
-        groups = build_groups(self._data_comm, self._hosts, self._host.rank, self._config.chunk_bytes,
-                              self._config.poll_time_ms / 1000, timeout)
-        uid = exchange_unique_id(groups.local, groups.local_rank)
-        local = nccl.Communicator.create(uid, groups.local_size, groups.local_rank, device_id, timeout)
+        reducer = self._reducer(device_id)
         if self._host.rank == 0:
-            log.info("hvdlite hierarchical allreduce: NCCL inside each of %d hosts, MPI across them", groups.hosts)
+            log.info("hvdlite hierarchical allreduce: NCCL inside each of %d hosts, MPI across them",
+                     len(set(self._hosts)))
+        return reducer
+
+    def _host_groups(self) -> Any:
+        """This rank's host and cross-host MPI groups (:func:`~hvdlite.gpu.hierarchical.build_groups`). Collective."""
+        from ..gpu.hierarchical import build_groups
+
+        return build_groups(self._data_comm, self._hosts, self._host.rank, self._config.chunk_bytes,
+                            self._config.poll_time_ms / 1000, self._config.comm_timeout)
+
+    def _reducer(self, device_id: int) -> Any:
+        """NCCL inside this rank's host, MPI across hosts (a HierarchicalReducer). Collective."""
+        from ..gpu.hierarchical import HierarchicalReducer
+
+        groups = self._host_groups()
+        uid = exchange_unique_id(groups.local, groups.local_rank)
+        local = nccl.Communicator.create(uid, groups.local_size, groups.local_rank, device_id,
+                                         self._config.comm_timeout)
         return HierarchicalReducer(local, groups.cross)

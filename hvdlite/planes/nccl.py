@@ -9,6 +9,8 @@ aborts the communicator so no kernel is left spinning on a dead peer.
 
 With ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` on several hosts, allreduces go through
 :mod:`.hierarchical` (NCCL inside each host, MPI across hosts) instead of one flat NCCL call.
+Adasum is hierarchical always, as in Horovod: the average inside each host, Adasum across hosts
+(on one host, the average of its ranks).
 
 Fused allreduces whose every member has an output (the optimizer's in-place gradients) pack
 into a persistent device fusion buffer and copy back out; members that want new tensors get
@@ -20,7 +22,7 @@ scale with cupy before and after, as the host path does (:mod:`hvdlite.gpu.scali
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -90,13 +92,18 @@ class NcclPlane:
     name = "NCCL"
 
     def __init__(self, comm: Communicator, device_id: int, timeout: float | None, poll_seconds: float,
-                 hierarchy: HierarchicalReducer | None = None, async_completion: bool = True) -> None:
+                 hierarchy: HierarchicalReducer | None = None, async_completion: bool = True,
+                 hosts_hierarchy: Callable[[], HierarchicalReducer] | None = None) -> None:
+        """``hierarchy``: the reducer every allreduce goes through, if asked for; ``hosts_hierarchy``
+        makes one (collectively, on first use) for Adasum across hosts: None on a single host."""
         import cupy
 
         self._cp = cupy
         self._runtime = cupy.cuda.runtime
         self._comm = comm
         self._hierarchy = hierarchy
+        self._hosts_hierarchy = hosts_hierarchy
+        self._adasum_hierarchy: HierarchicalReducer | None = None
         self._device_id = device_id
         self._timeout = timeout
         self._poll_seconds = poll_seconds
@@ -115,8 +122,8 @@ class NcclPlane:
             if not self._comm.aborted:  # an aborted communicator's work never finishes
                 self._in_flight.drain(self._poll_seconds)
         finally:
-            if self._hierarchy is not None:
-                self._hierarchy.close()
+            for reducer in {id(r): r for r in (self._hierarchy, self._adasum_hierarchy) if r is not None}.values():
+                reducer.close()
             self._comm.destroy()
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
@@ -177,11 +184,22 @@ class NcclPlane:
     def _reduce(self, send: int, recv: Any, count: int, meta: Any, wire: str, op: ReduceOp, factor: float,
                 responses: tuple[Response, ...]) -> None:
         """All-reduce ``count`` elements from ``send`` into the cupy array ``recv``: flat, or hierarchical."""
-        if self._hierarchy is not None and supports(meta.dtype, meta.op):
+        if op is ReduceOp.ADASUM:
+            self._adasum(send, recv, count, wire, responses)
+        elif self._hierarchy is not None and supports(meta.dtype, meta.op):
             self._hierarchy.allreduce(send, recv, count, wire, op, factor, self._stream,
                                       lambda: self._wait_finished(responses))
         else:
             self._comm.allreduce(send, recv.data.ptr, count, wire, op, self._stream_ptr, factor)
+
+    def _adasum(self, send: int, recv: Any, count: int, wire: str, responses: tuple[Response, ...]) -> None:
+        """Adasum across hosts of each host's average (:func:`~hvdlite.gpu.hierarchical.average_then_adasum`)."""
+        if self._hosts_hierarchy is None:  # one host: its average is the result
+            self._comm.allreduce(send, recv.data.ptr, count, wire, ReduceOp.SUM, self._stream_ptr, 1.0 / self._comm.size)
+            return
+        if self._adasum_hierarchy is None:  # collective: every rank reaches its first Adasum item together
+            self._adasum_hierarchy = self._hierarchy or self._hosts_hierarchy()
+        self._adasum_hierarchy.adasum(send, recv, count, wire, self._stream, lambda: self._wait_finished(responses))
 
     # ---- waiting -----------------------------------------------------------------------------
     def _wait_finished(self, responses: tuple[Response, ...], event: Any = None) -> None:
@@ -353,7 +371,8 @@ class NcclPlane:
 def in_place_launch(meta: Any, size: int) -> tuple:
     """(count, op, factor) when an in-place allreduce of ``meta`` is one NCCL call on its own memory
     (its own dtype on the wire, nothing to scale before or after); () otherwise."""
-    if meta.collective is not Collective.ALLREDUCE or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype:
+    if (meta.collective is not Collective.ALLREDUCE or meta.op is ReduceOp.ADASUM
+            or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype):
         return ()
     plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, size)
     if plan.pre != 1.0 or plan.post != 1.0 or plan.divisor != 1:

@@ -5,11 +5,15 @@ multi-rank mode, or ``HVDLITE_GPU_OPERATIONS=MPI``). Each input is copied to hos
 plane's stream after its ready event, the host executor runs the item exactly as it runs CPU
 tensors (fusion, widening of 16-bit floats, scaling), and results go back to device memory: into
 the caller's output for in-place forms, else into new device arrays.
+
+Adasum is the exception: on GPU tensors it is the Adasum across hosts of each host's average, on
+every GPU plane (:func:`~hvdlite.gpu.hierarchical.average_then_adasum`), not the host path's Adasum
+across all ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,7 +21,8 @@ import numpy as np
 from .. import dtypes
 from ..gpu import completion
 from ..gpu.arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
-from ..ops import Collective
+from ..gpu.hierarchical import Groups, average_then_adasum
+from ..ops import Collective, ReduceOp
 from ..request import Request
 from ..response import Response
 from .host import HostPlane
@@ -28,12 +33,15 @@ class HostStagedPlane:
 
     name = "MPI (host-staged)"
 
-    def __init__(self, host: HostPlane, device_id: int) -> None:
+    def __init__(self, host: HostPlane, device_id: int, host_groups: Callable[[], Groups]) -> None:
+        """``host_groups`` makes this rank's host and cross-host groups (collectively, on first use: Adasum)."""
         import cupy
 
         self._cp = cupy
         self._host = host
         self._device_id = device_id
+        self._host_groups = host_groups
+        self._groups: Groups | None = None
         with cupy.cuda.Device(device_id):
             self._stream = cupy.cuda.Stream(non_blocking=True)
 
@@ -44,6 +52,8 @@ class HostStagedPlane:
         pass  # every dispatch returns with its work finished: nothing is left in flight
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
+        if responses[0].meta.op is ReduceOp.ADASUM:  # never fused: one tensor
+            return [self._adasum(responses[0], local.get(responses[0].meta.name))]
         with self._cp.cuda.Device(self._device_id), self._stream:
             staged = {}
             for response in responses:
@@ -61,6 +71,22 @@ class HostStagedPlane:
                                                                                             strict=True)]
             self._stream.synchronize()
         return back
+
+    def _adasum(self, response: Response, request: Request | None) -> Any:
+        """One tensor's GPU Adasum through host memory; a joined rank contributes zeros."""
+        meta = response.meta
+        with self._cp.cuda.Device(self._device_id), self._stream:
+            source = self._to_host(request.tensor) if request is not None else np.zeros(meta.shape, np.float32)
+            self._stream.synchronize()
+        buffer = np.array(source, dtype=dtypes.wire_dtype(meta.dtype)).reshape(-1)  # float32 for 16-bit floats
+        if self._groups is None:  # collective: every rank reaches its first Adasum item together
+            self._groups = self._host_groups()
+        average_then_adasum(self._groups, buffer)
+        result = buffer.astype(dtypes.SUPPORTED[meta.dtype]).reshape(meta.shape)
+        with self._cp.cuda.Device(self._device_id), self._stream:
+            delivered = self._to_device(response, result, request)
+            self._stream.synchronize()
+        return delivered
 
     def _to_host(self, array: DeviceArray) -> np.ndarray:
         if array.ready is not None:

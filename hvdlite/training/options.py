@@ -64,12 +64,3 @@ def refuse_with_adasum(options: dict[str, bool]) -> None:
     if given:
         raise ValueError(f"DistributedOptimizer(op=Adasum) cannot be combined with {', '.join(given)} (not built)")
 
-
-def refuse_adasum_optimizer(op: ReduceOp) -> None:
-    """``DistributedOptimizer(op=Adasum)``: Horovod's version steps each rank's optimizer and combines
-    the parameter deltas; until that is built, refuse it here rather than reduce gradients otherwise."""
-    if op is ReduceOp.ADASUM:
-        raise UnsupportedOperationError(
-            "DistributedOptimizer(op=Adasum) (each rank steps, the parameter deltas are combined with Adasum, "
-            "as Horovod's _DistributedAdasumOptimizer) is built for torch only so far; hvd.allreduce(..., "
-            "op=hvd.Adasum) works on CPU tensors")

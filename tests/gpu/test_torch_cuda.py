@@ -24,7 +24,7 @@ PLANES = {
 CASES = [(1, "nccl"), (1, "staged"), (2, "shared_default"), (2, "multi_rank_nccl"), (3, "shared_default")]
 
 
-@pytest.mark.parametrize("case", ["ops", "optimizer", "semantics"])
+@pytest.mark.parametrize("case", ["ops", "optimizer", "semantics", "adasum"])
 @pytest.mark.parametrize("np,plane", CASES)
 def test_torch_cuda_tensors(np, plane, case):
     env, reported = PLANES[plane]

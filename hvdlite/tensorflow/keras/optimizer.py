@@ -28,9 +28,10 @@ from ...compression import Compressor, NoneCompressor
 from ...ops import Average, ReduceOp, resolve_op
 from ...process_sets import ProcessSet, global_process_set
 from ...training.local_sgd import LocalSGDSchedule
-from ...training.options import check_passes, predivide_scales, refuse_adasum_optimizer
+from ...training.options import check_passes, predivide_scales
 from .. import host_ops
 from ..gradients import check_groups, reduce_gradients
+from . import adasum
 from . import local_sgd as local_sgd_module
 
 _MARK = "_hvdlite_distributed"
@@ -84,7 +85,7 @@ def _loss_scaler_around(optimizer: keras.optimizers.Optimizer) -> Any:
     return None
 
 
-def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging,
+def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging | adasum.AdasumDeltas,
                              local: local_sgd_module.KerasLocalSGD | None) -> None:
     clip = optimizer._clip_gradients  # bound method of the class; the instance attribute shadows it
 
@@ -132,14 +133,16 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
     and the whole gradient list is one group, which the core fuses. ``local_sgd_period=K``: after
     ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every K
-    (see :mod:`hvdlite.tensorflow.keras.local_sgd`).
+    (see :mod:`hvdlite.tensorflow.keras.local_sgd`). ``op=Adasum``: each rank steps on its own gradients
+    and the variables' changes are combined with Adasum (see :mod:`hvdlite.tensorflow.keras.adasum`).
     """
     check_groups(num_groups, groups)
     _check_wrappable(optimizer)
     resolved = resolve_op(op)
-    refuse_adasum_optimizer(resolved)
-    if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum, got {resolved.name}")
+    if resolved is ReduceOp.ADASUM:
+        adasum.refuse_unsupported(compression, sparse_as_dense, gradient_predivide_factor, local_sgd_period)
+    elif resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum (or op=Adasum), got {resolved.name}")
     predivide_scales(resolved, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
     averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
@@ -147,6 +150,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     optimizer, target = _loss_scaled(optimizer, process_set)
     if passes > 1:
         _accumulate(target, passes)
+    if resolved is ReduceOp.ADASUM:  # each rank steps on its own gradients; the changes are combined
+        averaging = adasum.install(target, process_set, averaging.postscale)
     local = None if local_sgd_period is None else local_sgd_module.install(
         target, LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps), local_sgd_average_state, process_set)
     _average_before_clipping(target, averaging, local)

@@ -71,6 +71,36 @@ def ops(rank, size, device):
                   rows[start:start + block[rank]].to(dtype), tol)
 
 
+def adasum(rank, size, device):
+    """Adasum on GPU tensors is the Adasum across hosts of each host's average (Horovod's GPU Adasum):
+    on this one host, the average of the ranks, on every plane; and the Adasum optimizer with plain
+    SGD moves the parameters as the Average optimizer does."""
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        tag = str(dtype).removeprefix("torch.")
+        tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+        inputs = [value(r, (3, 5), dtype, "cpu") * (1 + r) for r in range(size)]
+        mean = (torch.stack([t.double() for t in inputs]).sum(0) / size).to(dtype)
+        check(f"adasum {tag}", hvd.allreduce(inputs[rank].to(device), op=hvd.Adasum, name=f"adasum.{tag}"), mean, tol)
+        in_place = inputs[rank].to(device)
+        hvd.allreduce_(in_place, op=hvd.Adasum, name=f"adasum_.{tag}")
+        check(f"adasum in place {tag}", in_place, mean, tol)
+    final = {}
+    for op in (hvd.Average, hvd.Adasum):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(FEATURES, CLASSES).to(device)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), op=op,
+                                       named_parameters=net.named_parameters(), backward_passes_per_step=1)
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(PER_RANK, FEATURES, generator=generator), torch.randint(CLASSES, (PER_RANK,), generator=generator)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x.to(device)), y.to(device)).backward()
+            opt.step()
+        final[op] = [p.detach().cpu() for p in net.parameters()]
+    for average, combined in zip(final[hvd.Average], final[hvd.Adasum], strict=True):
+        torch.testing.assert_close(combined, average, rtol=1e-5, atol=1e-6)
+
+
 FEATURES, HIDDEN, CLASSES, PER_RANK, STEPS = 6, 16, 3, 4, 5
 
 
@@ -110,7 +140,7 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
-    {"ops": ops, "optimizer": optimizer, "semantics": semantics}[case](rank, size, device)
+    {"ops": ops, "optimizer": optimizer, "semantics": semantics, "adasum": adasum}[case](rank, size, device)
     print(f"ok {case}", flush=True)
     hvd.shutdown()
 
