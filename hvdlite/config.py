@@ -265,8 +265,9 @@ SETTING_FLAGS: tuple[tuple[Setting, Flag], ...] = tuple((s, s.flag) for s in SET
 
 ELASTIC_IDLE_CYCLE_SECONDS = 0.5  # elastic jobs' default HVDLITE_IDLE_CYCLE_SECONDS (see load_config)
 
-# Variables read by other programs in the hvdlite family (tests), accepted but not parsed here.
-_RESERVED_PREFIXES = ("HVDLITE_TEST_",)
+# Variables read by other programs in the hvdlite family (tests; the rank wrapper of Spark and Ray
+# jobs, hvdlite.runner.remote), accepted but not parsed here.
+_RESERVED_PREFIXES = ("HVDLITE_TEST_", "HVDLITE_REMOTE_")
 
 
 def environ() -> dict[str, str]:

@@ -93,7 +93,7 @@ def run(argv: list[str], env: dict[str, str], run_dir: str, all_local: bool = Tr
     """
     segments_before = segments()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True, preexec_fn=_die_with_parent)
+                               start_new_session=True, preexec_fn=die_with_parent)
     seen: list[str] = []
     pumps = [threading.Thread(target=_pump, args=(process.stdout, sys.stdout, seen), daemon=True),
              threading.Thread(target=_pump, args=(process.stderr, sys.stderr, seen), daemon=True)]
@@ -143,8 +143,9 @@ def _wait_forwarding_signals(process: subprocess.Popen, stopping: list[float], e
             signal.signal(signum, handler)
 
 
-def _die_with_parent() -> None:
-    """In mpiexec, before it starts: the kernel SIGKILLs it if hvdliterun dies (no orphaned job)."""
+def die_with_parent() -> None:
+    """In a child, before it starts (mpiexec, a remote proxy): the kernel SIGKILLs it when the thread
+    that started it ends (hvdliterun, or the Spark task or Ray actor serving it): no orphaned job."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 

@@ -1,0 +1,134 @@
+"""The driver's side of a remote job: ``hvdliterun`` over the engine's tasks, then results by rank.
+
+The tasks are already running (Spark barrier tasks, Ray actors), each with a
+:class:`~.task.TaskService`. :func:`run_launcher` writes a run directory (one host alias per task,
+the agent that reaches them, the job's key), runs ``hvdliterun`` with Hydra's remote-start program
+set to that agent (the Kubernetes MPI job path), and relays the job's output. :func:`finish_tasks`
+tells every task the job is over; :func:`results_by_rank` turns their outcomes into the ranks'
+return values, or an error naming the rank that failed and its traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+import cloudpickle
+
+from hvdlite.errors import HvdliteError
+
+from ..process import die_with_parent
+from .agent import KEY_FILE, TASKS_FILE
+from .task import TaskOutcome
+from .wire import Address, request
+
+TAIL_LINES = 20  # the job's last output lines quoted in an error
+
+
+class RemoteJobError(HvdliteError):
+    """A rank of a Spark or Ray job failed, or never ran; the message names it and says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """How to run the launcher: the ranks' environment, where their output goes, extra flags."""
+
+    env: Mapping[str, str]
+    stdout: IO[str] | None = None  # default: this process's
+    stderr: IO[str] | None = None
+    verbose: int = 1
+    launcher_args: tuple[str, ...] = ()  # more hvdliterun flags, e.g. ("--timeout", "60")
+
+
+def alias(index: int) -> str:
+    """The host name Hydra knows task ``index`` by."""
+    return f"task-{index}"
+
+
+def launcher_command(num_proc: int, run_dir: str, launcher_args: Sequence[str] = ()) -> list[str]:
+    """The ``hvdliterun`` command that runs one rank in each of ``num_proc`` tasks."""
+    python = sys.executable
+    return [python, "-m", "hvdlite.runner", "-np", str(num_proc), "--hostfile", os.path.join(run_dir, "hostfile"),
+            "--launcher-agent", os.path.join(run_dir, "agent"), *launcher_args,
+            python, "-m", "hvdlite.runner.remote.rank"]
+
+
+def write_run_dir(run_dir: str, addresses: Sequence[Address], key: bytes) -> None:
+    """The hostfile (one slot per alias), the aliases' addresses, the key, and the agent script."""
+    with open(os.path.join(run_dir, "hostfile"), "w") as handle:
+        handle.writelines(f"{alias(index)} slots=1\n" for index in range(len(addresses)))
+    with open(os.path.join(run_dir, TASKS_FILE), "w") as handle:
+        json.dump({alias(index): list(address) for index, address in enumerate(addresses)}, handle)
+    key_path = os.path.join(run_dir, KEY_FILE)
+    with open(os.open(key_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
+        handle.write(key)
+    agent = os.path.join(run_dir, "agent")
+    with open(agent, "w") as handle:
+        handle.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m hvdlite.runner.remote.agent "
+                     f"{shlex.quote(run_dir)} \"$@\"\n")
+    os.chmod(agent, 0o700)
+
+
+def run_launcher(addresses: Sequence[Address], key: bytes, options: LaunchOptions) -> tuple[int, list[str]]:
+    """Run the job over the tasks at ``addresses`` (index = rank); its exit code and last output lines."""
+    with tempfile.TemporaryDirectory(prefix="hvdlite-remote-") as run_dir:
+        write_run_dir(run_dir, addresses, key)
+        argv = launcher_command(len(addresses), run_dir, options.launcher_args)
+        if options.verbose >= 2:
+            print(f"hvdlite: {shlex.join(argv)}", file=options.stderr or sys.stderr, flush=True)
+        process = subprocess.Popen(argv, env=dict(options.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   preexec_fn=die_with_parent)
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        pumps = [threading.Thread(target=_relay, args=(process.stdout, options.stdout or sys.stdout, tail)),
+                 threading.Thread(target=_relay, args=(process.stderr, options.stderr or sys.stderr, tail))]
+        for pump in pumps:
+            pump.start()
+        code = process.wait()
+        for pump in pumps:
+            pump.join()
+        return code, list(tail)
+
+
+def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str]) -> None:
+    for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace")
+        tail.append(text.rstrip("\n"))
+        sink.write(text)
+        sink.flush()
+
+
+def finish_tasks(addresses: Sequence[Address], key: bytes) -> None:
+    """Tell every task the job is over (a task that is gone already is skipped)."""
+    for address in addresses:
+        try:
+            request(address, key, ("finish",))
+        except (OSError, EOFError):
+            pass
+
+
+def results_by_rank(outcomes: Sequence[TaskOutcome], code: int, tail: Sequence[str]) -> list[Any]:
+    """Every rank's return value, in rank order; a :class:`RemoteJobError` if any rank has none."""
+    missing = [outcome for outcome in outcomes if not outcome.ok]
+    if not missing and code == 0:
+        return [cloudpickle.loads(outcome.value) for outcome in outcomes]
+    output = "\n".join(tail)
+    if not missing:
+        raise RemoteJobError(f"every rank returned, but the MPI job exited with code {code}; its last output:\n"
+                             f"{output}")
+    # The rank that raised says most; the others usually only died with the job.
+    first = next((outcome for outcome in missing if outcome.reported), missing[0])
+    others = ", ".join(str(outcome.index) for outcome in missing if outcome is not first)
+    also = f" (ranks without a result as well: {others})" if others else ""
+    if first.reported:
+        raise RemoteJobError(f"rank {first.index} failed{also}:\n{first.error}")
+    raise RemoteJobError(f"rank {first.index} has no result: {first.error}{also}; the MPI job exited with code "
+                         f"{code}; its last output:\n{output}")

@@ -1,0 +1,49 @@
+"""What every rank of a remote job runs (``python -m hvdlite.runner.remote.rank``).
+
+It fetches ``(fn, args, kwargs)`` from the task it runs in, calls ``fn``, and hands the task the
+pickled result; if ``fn`` raises, the task gets the traceback and this process exits with 1, which
+ends the MPI job (Hydra stops the other ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from hvdlite.config import environ
+
+from .task import KEY_VARIABLE, TASK_VARIABLE
+from .wire import parse_address, request
+
+
+def main() -> int:
+    env = environ()
+    address, key = parse_address(env[TASK_VARIABLE]), bytes.fromhex(env[KEY_VARIABLE])
+    rank = int(env.get("PMI_RANK", "-1"))  # Hydra's: MPI is not started here, fn starts it (hvd.init)
+    fn, args, kwargs = cloudpickle.loads(request(address, key, ("payload",)))
+    try:
+        value = cloudpickle.dumps(fn(*args, **kwargs))
+    except BaseException:  # noqa: B036 - the driver must hear of any failure, then we exit
+        request(address, key, ("result", rank, False, traceback.format_exc()))
+        traceback.print_exc()
+        _abort()
+    request(address, key, ("result", rank, True, value))
+    return 0
+
+
+def _abort() -> None:
+    """End this rank at once, and with MPI started the whole job: peers waiting on this rank in a
+    collective would otherwise wait for their deadline, and MPI_Finalize at exit for ever."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(1)
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
