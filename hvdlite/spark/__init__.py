@@ -1,0 +1,11 @@
+"""hvdlite inside Spark: ``hvdlite.spark.run(fn, num_proc=N)`` runs ``fn`` as N MPI ranks in Spark tasks.
+
+As Horovod's ``horovod.spark.run``: one rank per barrier-mode task (so Spark places the ranks and
+keeps their slots), the results returned to the driver by rank, and a failing rank raised on the
+driver with its traceback. The MPI world is formed by hvdlite's launcher (:mod:`hvdlite.runner.remote`).
+Needs ``pip install hvdlite[spark]``.
+"""
+
+from .job import run
+
+__all__ = ["run"]
