@@ -6,6 +6,6 @@ driver with its traceback. The MPI world is formed by hvdlite's launcher (:mod:`
 Needs ``pip install hvdlite[spark]``.
 """
 
-from .job import run
+from .job import SparkJobError, run
 
-__all__ = ["run"]
+__all__ = ["SparkJobError", "run"]

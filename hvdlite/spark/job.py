@@ -156,8 +156,8 @@ class _SparkJob:
                 stage.raise_failure()
                 raise SparkJobError("the Spark stage ended before every task started")
             code, tail = run_launcher(addresses, key, launch)
-            finish_tasks(addresses, key)
-            return results_by_rank(registry.outcomes(REPORT_SECONDS), code, tail)
+            alive = finish_tasks(addresses, key)
+            return results_by_rank(registry.outcomes(alive, REPORT_SECONDS), code, tail)
         finally:
             registry.close()
             stage.cancel()

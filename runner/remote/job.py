@@ -106,13 +106,16 @@ def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str]) -> No
         sink.flush()
 
 
-def finish_tasks(addresses: Sequence[Address], key: bytes) -> None:
-    """Tell every task the job is over (a task that is gone already is skipped)."""
-    for address in addresses:
+def finish_tasks(addresses: Sequence[Address], key: bytes) -> list[int]:
+    """Tell every task the job is over; the indices of those that heard it (the others are gone)."""
+    reached = []
+    for index, address in enumerate(addresses):
         try:
             request(address, key, ("finish",))
         except (OSError, EOFError):
-            pass
+            continue
+        reached.append(index)
+    return reached
 
 
 def results_by_rank(outcomes: Sequence[TaskOutcome], code: int, tail: Sequence[str]) -> list[Any]:

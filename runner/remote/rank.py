@@ -2,7 +2,8 @@
 
 It fetches ``(fn, args, kwargs)`` from the task it runs in, calls ``fn``, and hands the task the
 pickled result; if ``fn`` raises, the task gets the traceback and this process exits with 1, which
-ends the MPI job (Hydra stops the other ranks).
+ends the MPI job (Hydra stops the other ranks). It dies with the MPI proxy that started it, and
+so with its task.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import cloudpickle
 
 from hvdlite.config import environ
 
+from ..process import die_with_parent
 from .task import KEY_VARIABLE, TASK_VARIABLE
 from .wire import parse_address, request
 
 
 def main() -> int:
+    # The task's proxy dies with the task (a Spark task or Ray actor killed); its ranks must too, or
+    # they live on as orphans holding the job's connections open.
+    die_with_parent()
     env = environ()
     address, key = parse_address(env[TASK_VARIABLE]), bytes.fromhex(env[KEY_VARIABLE])
     rank = int(env.get("PMI_RANK", "-1"))  # Hydra's: MPI is not started here, fn starts it (hvd.init)

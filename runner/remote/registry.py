@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .task import TaskOutcome
 from .wire import Address, listen
@@ -41,11 +41,12 @@ class Registry:
                 self._changed.wait(poll)
             return [self._addresses[index] for index in range(self._size)]
 
-    def outcomes(self, timeout: float) -> list[TaskOutcome]:
-        """Every task's outcome by index, waiting at most ``timeout`` s; a task that sent none was lost."""
+    def outcomes(self, alive: Sequence[int], timeout: float) -> list[TaskOutcome]:
+        """Every task's outcome by index, waiting at most ``timeout`` s for those of the ``alive`` tasks
+        (the others are gone); a task that sent none was lost."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while len(self._outcomes) < self._size and time.monotonic() < deadline:
+            while not set(alive) <= set(self._outcomes) and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, min(0.1, deadline - time.monotonic())))
             return [self._outcomes.get(index, TaskOutcome(index, False, error=LOST)) for index in range(self._size)]
 

@@ -95,8 +95,9 @@ class TaskService:
         """Run ``command`` here, streaming its output to ``connection``; in this thread, which the
         process dies with (``die_with_parent``)."""
         env = {**environ(), TASK_VARIABLE: format_address(self.address), KEY_VARIABLE: self._key.hex()}
-        process = subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=env, preexec_fn=die_with_parent)
+        # exec: the shell becomes the command, which keeps the death signal (a forked child would not).
+        process = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env, preexec_fn=die_with_parent)
         lock = threading.Lock()
         errors = threading.Thread(target=_relay, args=(process.stderr, "err", connection, lock), daemon=True)
         errors.start()

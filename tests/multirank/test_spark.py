@@ -1,0 +1,170 @@
+"""hvdlite.spark.run on a real local Spark cluster: ``local-cluster[2,1,1024]``, two executor
+processes of one core each, started by the fixture (PyPI pyspark, Debian's Java runtime; skipped
+with the reason where Java is missing)."""
+
+import os
+import shutil
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+from hvdlite.runner.remote.job import RemoteJobError
+
+from .harness import ONE_THREAD
+
+pytestmark = pytest.mark.multirank
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks need not import this test module
+STEPS, PER_RANK, FEATURES = 4, 3, 5
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs a Java runtime (Debian: default-jre-headless); no java on PATH")
+    from pyspark.sql import SparkSession
+
+    with pytest.MonkeyPatch.context() as patch:
+        # Executors run this Python with one compute thread; everything stays on the loopback.
+        for name, value in {**ONE_THREAD, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}.items():
+            patch.setenv(name, value)
+        session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("hvdlite-tests")
+                   .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
+        yield session
+        session.stop()
+
+
+def batches(rank):
+    rng = np.random.default_rng(rank)
+    return [(rng.normal(size=(PER_RANK, FEATURES)).astype(np.float32),
+             rng.normal(size=(PER_RANK, 1)).astype(np.float32)) for _ in range(STEPS)]
+
+
+def model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+
+
+def train_distributed():
+    import torch
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    net = model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                                         named_parameters=net.named_parameters())
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    for x, y in batches(hvd.rank()):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        optimizer.step()
+    return [p.detach().numpy() for p in net.parameters()]
+
+
+def train_one_process(size):
+    import torch
+
+    net = model()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x = torch.from_numpy(np.concatenate([batches(rank)[step][0] for rank in range(size)]))
+        y = torch.from_numpy(np.concatenate([batches(rank)[step][1] for rank in range(size)]))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        optimizer.step()
+    return [p.detach().numpy() for p in net.parameters()]
+
+
+def test_torch_training_on_two_spark_tasks_equals_one_process(spark):
+    import hvdlite.spark
+
+    results = hvdlite.spark.run(train_distributed, num_proc=2)
+    assert len(results) == 2
+    for got, want in zip(results[0], train_one_process(2), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(results[0], results[1], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def ranks_and_hosts(offset):
+    import socket
+
+    import hvdlite as hvd
+
+    hvd.init()
+    return hvd.rank() + offset, hvd.size(), hvd.local_size(), socket.gethostname()
+
+
+def fails_on_rank_one():
+    import hvdlite as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 could not read its shard")
+    hvd.allreduce(np.ones(3), name="never completes")
+
+
+def no_jobs_left(spark):
+    return spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_a_rank_that_raises_is_named_on_the_driver_and_the_next_run_works(spark):
+    import hvdlite.spark
+
+    with pytest.raises(RemoteJobError, match=r"(?s)rank 1 failed.*ValueError: rank 1 could not read its shard"):
+        hvdlite.spark.run(fails_on_rank_one, num_proc=2)
+    assert no_jobs_left(spark)
+    assert hvdlite.spark.run(ranks_and_hosts, args=(10,), num_proc=2) == [(10, 2, 2, os.uname().nodename),
+                                                                           (11, 2, 2, os.uname().nodename)]
+
+
+def waits_until_killed(marker):
+    import hvdlite as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        open(marker, "w").close()
+        time.sleep(600)
+    hvd.allreduce(np.ones(3), name="waits for rank 1")
+
+
+def test_a_task_spark_kills_fails_the_job_naming_its_rank(spark, tmp_path):
+    import hvdlite.spark
+
+    marker = tmp_path / "rank1-started"
+
+    def cancel_once_started():
+        while not marker.exists():
+            time.sleep(0.1)
+        spark.sparkContext.cancelAllJobs()  # Spark kills the stage's tasks, and with them their ranks
+
+    canceller = threading.Thread(target=cancel_once_started, daemon=True)
+    canceller.start()
+    started = time.monotonic()
+    with pytest.raises(RemoteJobError, match=r"rank \d (has no result|failed)"):
+        hvdlite.spark.run(waits_until_killed, args=(str(marker),), num_proc=2)
+    assert time.monotonic() - started < 120  # generous: the job ends with its tasks, not at a deadline
+    assert no_jobs_left(spark)
+
+
+def test_more_ranks_than_the_cluster_has_slots_is_refused_before_anything_starts(spark):
+    import hvdlite.spark
+
+    with pytest.raises(hvdlite.spark.SparkJobError, match="num_proc=3 ranks need 3 task slots.*has 2"):
+        hvdlite.spark.run(ranks_and_hosts, args=(0,), num_proc=3)
+    assert no_jobs_left(spark)
+
+
+def test_a_function_that_cannot_be_pickled_is_refused_before_anything_starts(spark):
+    import hvdlite.spark
+
+    lock = threading.Lock()
+    with pytest.raises(hvdlite.spark.SparkJobError, match="cannot be pickled"):
+        hvdlite.spark.run(lambda: lock.locked(), num_proc=2)
+    assert no_jobs_left(spark)
