@@ -127,8 +127,8 @@ def results_by_rank(outcomes: Sequence[TaskOutcome], code: int, tail: Sequence[s
     if not missing:
         raise RemoteJobError(f"every rank returned, but the MPI job exited with code {code}; its last output:\n"
                              f"{output}")
-    # The rank that raised says most; the others usually only died with the job.
-    first = next((outcome for outcome in missing if outcome.reported), missing[0])
+    # The rank that raised says most, then one whose task died; the others usually died with the job.
+    first = min(missing, key=lambda outcome: (not outcome.reported, not outcome.lost, outcome.index))
     others = ", ".join(str(outcome.index) for outcome in missing if outcome is not first)
     also = f" (ranks without a result as well: {others})" if others else ""
     if first.reported:

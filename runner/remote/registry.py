@@ -48,7 +48,7 @@ class Registry:
         with self._changed:
             while not set(alive) <= set(self._outcomes) and time.monotonic() < deadline:
                 self._changed.wait(max(0.0, min(0.1, deadline - time.monotonic())))
-            return [self._outcomes.get(index, TaskOutcome(index, False, error=LOST)) for index in range(self._size)]
+            return [self._outcomes.get(index, TaskOutcome(index, False, error=LOST, lost=True)) for index in range(self._size)]
 
     def close(self) -> None:
         self._closed = True

@@ -36,6 +36,7 @@ class TaskOutcome:
     value: bytes = b""  # the rank's return value, pickled (ok)
     error: str = ""  # the rank's traceback, or why no result came (not ok)
     reported: bool = False  # the rank itself reported (a value or a traceback)
+    lost: bool = False  # the task itself died (killed by its engine, its executor or node gone)
 
 
 class TaskService:

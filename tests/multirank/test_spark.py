@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 from hvdlite.runner.remote.job import RemoteJobError
 
+from . import remote_training
 from .harness import ONE_THREAD
+from .remote_training import train_distributed, train_one_process
 
 pytestmark = pytest.mark.multirank
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks need not import this test module
-STEPS, PER_RANK, FEATURES = 4, 3, 5
+# The ranks need not import the test modules.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(remote_training)
 
 
 @pytest.fixture(scope="module")
@@ -34,51 +37,6 @@ def spark():
                    .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
         yield session
         session.stop()
-
-
-def batches(rank):
-    rng = np.random.default_rng(rank)
-    return [(rng.normal(size=(PER_RANK, FEATURES)).astype(np.float32),
-             rng.normal(size=(PER_RANK, 1)).astype(np.float32)) for _ in range(STEPS)]
-
-
-def model():
-    import torch
-
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-
-
-def train_distributed():
-    import torch
-
-    import hvdlite.torch as hvd
-
-    torch.set_num_threads(1)
-    hvd.init()
-    net = model()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
-                                         named_parameters=net.named_parameters())
-    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
-    for x, y in batches(hvd.rank()):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-        optimizer.step()
-    return [p.detach().numpy() for p in net.parameters()]
-
-
-def train_one_process(size):
-    import torch
-
-    net = model()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x = torch.from_numpy(np.concatenate([batches(rank)[step][0] for rank in range(size)]))
-        y = torch.from_numpy(np.concatenate([batches(rank)[step][1] for rank in range(size)]))
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
-        optimizer.step()
-    return [p.detach().numpy() for p in net.parameters()]
 
 
 def test_torch_training_on_two_spark_tasks_equals_one_process(spark):

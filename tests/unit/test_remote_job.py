@@ -67,3 +67,11 @@ def test_a_rank_without_any_report_is_named_with_the_jobs_last_output():
 def test_a_failed_job_is_an_error_even_when_every_rank_returned():
     with pytest.raises(job.RemoteJobError, match="exited with code 3"):
         job.results_by_rank([ok(0, 1)], 3, [])
+
+
+def test_a_rank_whose_task_died_is_named_before_those_that_died_with_the_job():
+    outcomes = [TaskOutcome(0, False, error="its rank ended without a result"),
+                TaskOutcome(1, False, error="its Ray actor died (ActorDiedError: ...)", lost=True)]
+    with pytest.raises(job.RemoteJobError, match=r"rank 1 has no result: its Ray actor died .*\(ranks without a "
+                                                 r"result as well: 0\)"):
+        job.results_by_rank(outcomes, 255, [])

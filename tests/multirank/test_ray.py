@@ -1,0 +1,138 @@
+"""hvdlite.ray.RayExecutor on a real local Ray (``ray.init`` in the fixture, 4 CPUs, everything on
+the loopback): training, an actor killed mid-run, start/shutdown twice, and bad input."""
+
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+from hvdlite.runner.remote.job import RemoteJobError
+
+from . import remote_training
+from .harness import ONE_THREAD
+from .remote_training import train_distributed, train_one_process
+
+pytestmark = pytest.mark.multirank
+# The ranks and actors need not import the test modules.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(remote_training)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in ONE_THREAD.items():
+            patch.setenv(name, value)
+        ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+        yield ray
+        ray.shutdown()
+
+
+def all_cpus_free(ray, seconds=30.0):
+    """Ray reports freed resources a little later than it frees them: wait for it, generously."""
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU") != 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ray.available_resources().get("CPU") == 4
+
+
+def test_torch_training_on_two_actors_equals_one_process(ray_cluster):
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(num_workers=2)
+    executor.start()
+    try:
+        results = executor.run(train_distributed)
+    finally:
+        executor.shutdown()
+    for got, want in zip(results[0], train_one_process(2), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(results[0], results[1], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def rank_and_size(offset):
+    import hvdlite as hvd
+
+    hvd.init()
+    return hvd.rank() + offset, hvd.size()
+
+
+class Counter:
+    """An executable object for ``start(executable_cls=...)`` and ``execute``."""
+
+    def __init__(self, start):
+        self.value = start
+
+
+def test_start_and_shutdown_twice_in_one_driver(ray_cluster):
+    from hvdlite.ray import RayExecutor
+
+    for round_ in range(2):
+        executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=3)
+        executor.start(executable_cls=Counter, executable_args=[round_])
+        assert executor.execute(lambda counter: counter.value) == [round_] * 3
+        assert executor.run(rank_and_size, args=[10 * round_]) == [(10 * round_ + r, 3) for r in range(3)]
+        refs = executor.run_remote(rank_and_size, kwargs={"offset": 1})
+        assert ray_cluster.get(refs) == [(1 + r, 3) for r in range(3)]
+        executor.shutdown()
+    assert all_cpus_free(ray_cluster)  # every actor and bundle released
+
+
+def waits_until_killed(marker):
+    import hvdlite as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        open(marker, "w").close()
+        time.sleep(600)
+    hvd.allreduce(np.ones(3), name="waits for rank 1")
+
+
+def test_an_actor_killed_mid_run_fails_the_job_naming_its_rank(ray_cluster, tmp_path):
+    from hvdlite.ray import RayExecutor
+
+    executor = RayExecutor(num_workers=2)
+    executor.start()
+    marker = tmp_path / "rank1-started"
+
+    def kill_once_started():
+        while not marker.exists():
+            time.sleep(0.1)
+        ray_cluster.kill(executor._workers[1])
+
+    threading.Thread(target=kill_once_started, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteJobError, match=r"rank 1 has no result: its Ray actor died"):
+            executor.run(waits_until_killed, args=[str(marker)])
+        assert time.monotonic() - started < 120  # generous: the job ends with the actor, not at a deadline
+    finally:
+        executor.shutdown()
+
+
+def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
+    from hvdlite.ray import RayExecutor, RayJobError
+
+    executor = RayExecutor(num_workers=2)
+    with pytest.raises(RayJobError, match=r"run\(\) before start\(\)"):
+        executor.run(rank_and_size, args=[0])
+    with pytest.raises(RayJobError, match="num_workers"):
+        RayExecutor(num_workers=0)
+    with pytest.raises(RayJobError, match="min_workers not supported"):
+        RayExecutor(num_workers=2, min_workers=1)
+    too_many = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=5)
+    with pytest.raises(RayJobError, match="no room for 5 workers"):
+        too_many.start()
+    executor.start()
+    try:
+        lock = threading.Lock()
+        with pytest.raises(RayJobError, match="cannot be pickled"):
+            executor.run(lambda: lock.locked())
+        assert executor.run(rank_and_size, args=[0]) == [(0, 2), (1, 2)]  # the executor still works
+    finally:
+        executor.shutdown()
+    assert all_cpus_free(ray_cluster)
