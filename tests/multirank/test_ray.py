@@ -1,9 +1,12 @@
 """hvdlite.ray.RayExecutor on a real local Ray (``ray.init`` in the fixture, 4 CPUs, everything on
 the loopback): training, an actor killed mid-run, start/shutdown twice, and bad input."""
 
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -136,3 +139,13 @@ def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
     finally:
         executor.shutdown()
     assert all_cpus_free(ray_cluster)
+
+
+def test_the_ray_example_trains(ray_cluster):
+    """examples/ray_train.py as a user runs it, in a driver of its own."""
+    example = Path(__file__).parents[2] / "examples" / "ray_train.py"
+    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, **ONE_THREAD})
+    assert done.returncode == 0, done.stdout + done.stderr
+    accuracies = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout

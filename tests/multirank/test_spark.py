@@ -4,9 +4,11 @@ with the reason where Java is missing)."""
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -126,3 +128,13 @@ def test_a_function_that_cannot_be_pickled_is_refused_before_anything_starts(spa
     with pytest.raises(hvdlite.spark.SparkJobError, match="cannot be pickled"):
         hvdlite.spark.run(lambda: lock.locked(), num_proc=2)
     assert no_jobs_left(spark)
+
+
+def test_the_spark_example_trains(spark):
+    """examples/spark_train.py as a user runs it: its own driver and its own local cluster."""
+    example = Path(__file__).parents[2] / "examples" / "spark_train.py"
+    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, **ONE_THREAD, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    accuracies = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
