@@ -4,6 +4,7 @@ The actors are placed by Ray (one placement group, spread over the nodes); hvdli
 MPI world among them with its launcher (:mod:`hvdlite.runner.remote`). Needs ``pip install hvdlite[ray]``.
 """
 
+from ..runner.remote.job import RemoteJobError
 from .executor import RayExecutor, RayJobError
 
-__all__ = ["RayExecutor", "RayJobError"]
+__all__ = ["RayExecutor", "RayJobError", "RemoteJobError"]

@@ -6,6 +6,7 @@ driver with its traceback. The MPI world is formed by hvdlite's launcher (:mod:`
 Needs ``pip install hvdlite[spark]``.
 """
 
+from ..runner.remote.job import RemoteJobError
 from .job import SparkJobError, run
 
-__all__ = ["SparkJobError", "run"]
+__all__ = ["RemoteJobError", "SparkJobError", "run"]
