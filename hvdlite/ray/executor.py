@@ -24,6 +24,8 @@ from ..runner.remote.job import LaunchOptions, finish_tasks, results_by_rank, ru
 from ..runner.remote.task import TaskOutcome
 from .worker import Worker
 
+CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
+
 
 class RayJobError(HvdliteError):
     """A RayExecutor cannot do what was asked: not started, bad arguments, no room in the cluster."""
@@ -113,6 +115,15 @@ class RayExecutor:
             self._placement_group = None
 
     def _reserve(self, ray: Any) -> Any:
+        """The placement group, once Ray placed it: at once an error if the cluster, even idle, is too
+        small; else waiting up to ``placement_group_timeout_s`` for others' actors to free room."""
+        total = ray.cluster_resources()
+        short = {name: (amount * self.num_workers, total.get(name, 0)) for name, amount in self._bundle.items()
+                 if amount * self.num_workers > total.get(name, 0)}
+        if short:
+            raise RayJobError(f"RayExecutor: {self.num_workers} workers of {self._bundle} need " + ", ".join(
+                f"{need:g} {name}" for name, (need, _) in short.items()) + "; the Ray cluster has " + ", ".join(
+                f"{have:g} {name}" for name, (_, have) in short.items()) + " in all. Use fewer workers or add nodes")
         bundles = [dict(self._bundle) for _ in range(self.num_workers)]
         group = ray.util.placement_group(bundles, strategy="SPREAD")
         ready, _ = ray.wait([group.ready()], timeout=self.settings.placement_group_timeout_s)
@@ -194,8 +205,11 @@ class RayExecutor:
         nics = sorted(self.settings.nics or ())
         if len(nics) > 1:
             raise RayJobError(f"nics: hvdlite uses one network interface, got {nics}")
-        return LaunchOptions({**environ(), **self._env}, launcher_args=("--network-interface", nics[0]) if nics
-                             else ())
+        env = {**environ(), **self._env}
+        # Ray gives each actor its GPUs in CUDA_VISIBLE_DEVICES; the driver's value, forwarded by the
+        # launcher, would override it in the rank the actor starts.
+        env.pop(CUDA_DEVICES, None)
+        return LaunchOptions(env, launcher_args=("--network-interface", nics[0]) if nics else ())
 
     def _outcome(self, ray: Any, index: int, worker: Any) -> TaskOutcome:
         try:

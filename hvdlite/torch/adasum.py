@@ -7,7 +7,9 @@ the ranks with ``op=Adasum`` (one request per parameter: each change is weighed 
 products) and sets every parameter to where it started plus the combined change. With
 ``backward_passes_per_step=N`` the gradients of N backward passes accumulate before the caller's
 ``step()``, as without Adasum. Unlike Horovod, the changes are reduced after the local step rather
-than parameter by parameter during backward: the same result, without overlap.
+than parameter by parameter during backward: the same result, without overlap, and what the caller
+does between ``backward()`` and ``step()`` (clipping, ``GradScaler.unscale_``) still acts on the
+gradients the step uses (Horovod's per-parameter step in the gradient hook runs before those).
 """
 
 from __future__ import annotations

@@ -127,9 +127,16 @@ def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
         RayExecutor(num_workers=0)
     with pytest.raises(RayJobError, match="min_workers not supported"):
         RayExecutor(num_workers=2, min_workers=1)
-    too_many = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=5)
-    with pytest.raises(RayJobError, match="no room for 5 workers"):
-        too_many.start()
+    with pytest.raises(RayJobError, match="5 workers of .* need 5 CPU; the Ray cluster has 4 CPU in all"):
+        RayExecutor(num_workers=5).start()
+    # 3 workers fit the cluster, but not beside the 2 CPUs taken here: start() waits, then gives up.
+    busy = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=3)
+    blocker = ray_cluster.util.placement_group([{"CPU": 2}])
+    ray_cluster.get(blocker.ready())
+    with pytest.raises(RayJobError, match="no room for 3 workers .* within 2 s"):
+        busy.start()
+    ray_cluster.util.remove_placement_group(blocker)
+    assert all_cpus_free(ray_cluster)
     executor.start()
     try:
         lock = threading.Lock()

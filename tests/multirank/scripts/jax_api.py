@@ -65,8 +65,9 @@ def case_errors(rank, size):
                  lambda: hvd.DistributedOptimizer(optax.sgd(0.1), backward_passes_per_step=0), "bpps")
     expect_error(hvd.UnsupportedOperationError, "Adasum needs a floating-point",
                  lambda: hvd.allreduce(jnp.ones(2, jnp.int32), op=hvd.Adasum), "adasum int")
-    expect_error(hvd.UnsupportedOperationError, "DistributedOptimizer(op=Adasum)",
-                 lambda: hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Adasum), "adasum optimizer")
+    expect_error(ValueError, "DistributedOptimizer(op=Adasum) cannot be combined with compression",
+                 lambda: hvd.DistributedOptimizer(optax.sgd(0.1), op=hvd.Adasum, compression=hvd.Compression.fp16),
+                 "adasum optimizer with compression")
     assert hvd.allreduce(jnp.ones(2), op=hvd.Adasum, name="adasum.same").tolist() == [1.0, 1.0]  # parallel: averaged
     assert hvd.allreduce(jnp.ones(2), op=hvd.Sum, name="after.errors").tolist() == [size, size]  # the job goes on
 
