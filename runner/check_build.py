@@ -43,6 +43,23 @@ def schedulers(env: Mapping[str, str]) -> list[str]:
     return lines or ["[ ] none (hosts come from -H, --hostfile or this machine)"]
 
 
+ENGINES = (("Spark", "pyspark", "spark"), ("Ray", "ray", "ray"))
+
+
+def engines() -> list[str]:
+    """One line per engine hvdlite can run inside, with the installed version (found, not imported:
+    importing Ray or PySpark takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines = []
+    for label, package, extra in ENGINES:
+        try:
+            lines.append(f"[X] {label} ({package} {version(package)})")
+        except PackageNotFoundError:
+            lines.append(f"[ ] {label} (pip install 'hvdlite[{extra}]')")
+    return lines
+
+
 def report(env: Mapping[str, str] | None = None) -> str:
     """Horovod-style availability report, with the schedulers found in ``env``."""
     import hvdlite
@@ -55,7 +72,8 @@ def report(env: Mapping[str, str] | None = None) -> str:
     lines += ["", "Available Controllers:", f"    {box(True)} MPI", f"    {box(False)} Gloo", "",
               "Available Tensor Operations:", f"    {box(hvdlite.nccl_built() > 0)} NCCL",
               f"    {box(True)} MPI", f"    {box(False)} Gloo", "",
-              "Available Reduce Ops:", "    Average, Sum, Min, Max, Product", "",
+              "Available Reduce Ops:", "    Average, Sum, Min, Max, Product, Adasum", "",
+              "Available Engines (hvdlite.spark, hvdlite.ray):", *(f"    {line}" for line in engines()), "",
               "Detected Schedulers:", *(f"    {line}" for line in schedulers(env or {})), "",
               "CUDA stack:", *(f"    {line}" for line in stack.describe(_torch_cuda()))]
     return "\n".join(lines)

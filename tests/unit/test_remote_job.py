@@ -75,3 +75,20 @@ def test_a_rank_whose_task_died_is_named_before_those_that_died_with_the_job():
     with pytest.raises(job.RemoteJobError, match=r"rank 1 has no result: its Ray actor died .*\(ranks without a "
                                                  r"result as well: 0\)"):
         job.results_by_rank(outcomes, 255, [])
+
+
+def test_check_build_names_the_engines_installed_and_the_extra_for_the_others(monkeypatch):
+    import importlib.metadata
+
+    from hvdlite.runner.check_build import engines, report
+
+    real = importlib.metadata.version
+
+    def without_ray(package):
+        if package == "ray":
+            raise importlib.metadata.PackageNotFoundError(package)
+        return real(package)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_ray)
+    assert engines() == [f"[X] Spark (pyspark {real('pyspark')})", "[ ] Ray (pip install 'hvdlite[ray]')"]
+    assert "Average, Sum, Min, Max, Product, Adasum" in report({})
