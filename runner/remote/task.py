@@ -85,12 +85,18 @@ class TaskService:
             elif kind == "payload":
                 connection.send(self._payload)
             elif kind == "result":
-                _, rank, ok, data = message
-                self._outcome = TaskOutcome(self.index, ok, data if ok else b"", "" if ok else data, True)
+                self._outcome = self._checked_result(*message[1:])
                 connection.send("ok")
             elif kind == "finish":
                 self._finished.set()
                 connection.send("ok")
+
+    def _checked_result(self, rank: int, ok: bool, data: Any) -> TaskOutcome:
+        """The rank's report; results are returned by task index, so a rank in another task is an error."""
+        if rank != self.index:
+            return TaskOutcome(self.index, False, error=f"MPI rank {rank} ran in task {self.index}: the launcher "
+                                                         "placed the ranks out of order", reported=True)
+        return TaskOutcome(self.index, ok, data if ok else b"", "" if ok else data, True)
 
     def _run(self, connection: Connection, command: str) -> None:
         """Run ``command`` here, streaming its output to ``connection``; in this thread, which the

@@ -92,3 +92,26 @@ def test_check_build_names_the_engines_installed_and_the_extra_for_the_others(mo
     monkeypatch.setattr(importlib.metadata, "version", without_ray)
     assert engines() == [f"[X] Spark (pyspark {real('pyspark')})", "[ ] Ray (pip install 'hvdlite[ray]')"]
     assert "Average, Sum, Min, Max, Product, Adasum" in report({})
+
+
+def test_a_task_refuses_the_result_of_a_rank_that_is_not_its_own():
+    import secrets
+
+    from hvdlite.runner.remote.task import TaskService
+
+    key = secrets.token_bytes(16)
+    task = TaskService(1, b"", key, "127.0.0.1")
+    assert wire.request(task.address, key, ("result", 0, True, cloudpickle.dumps("x"))) == "ok"
+    assert wire.request(task.address, key, ("finish",)) == "ok"
+    outcome = task.outcome(timeout=60)
+    assert not outcome.ok and "MPI rank 0 ran in task 1" in outcome.error
+
+
+def test_ray_ranks_keep_the_gpus_ray_gave_their_actor(monkeypatch):
+    pytest.importorskip("ray")
+    from hvdlite.ray import RayExecutor
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the driver's: not forwarded to the ranks
+    monkeypatch.setenv("HVDLITE_TEST_MARK", "forwarded")
+    env = RayExecutor(num_workers=1)._launch_options().env
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["HVDLITE_TEST_MARK"] == "forwarded"
