@@ -20,7 +20,14 @@ import cloudpickle
 
 from ..config import environ
 from ..errors import HvdliteError
-from ..runner.remote.job import LaunchOptions, finish_tasks, results_by_rank, run_launcher
+from ..runner.remote.job import (
+    LaunchOptions,
+    finish_tasks,
+    interface_flags,
+    pickled_call,
+    results_by_rank,
+    run_launcher,
+)
 from ..runner.remote.task import TaskOutcome
 from .worker import Worker
 
@@ -190,26 +197,17 @@ class RayExecutor:
         self._require_started("run")
         if callbacks:
             raise RayJobError("RayExecutor.run(callbacks=...) is not supported by hvdlite")
-        if not callable(fn):
-            raise RayJobError(f"RayExecutor.run: fn must be callable, got {type(fn).__name__}")
-        try:
-            payload = cloudpickle.dumps((fn, tuple(args or ()), dict(kwargs or {})))
-        except Exception as exc:  # pickling raises many kinds (TypeError, PicklingError, AttributeError...)
-            raise RayJobError(f"cannot send {getattr(fn, '__name__', fn)!r} with its arguments to the Ray "
-                              f"actors: they cannot be pickled ({type(exc).__name__}: {exc})") from exc
+        payload = pickled_call(fn, args or (), kwargs or {}, "Ray actors", RayJobError)
         key = secrets.token_bytes(32)
         ray = _ray()
         return [tuple(address) for address in ray.get([w.serve.remote(payload, key) for w in self._workers])], key
 
     def _launch_options(self) -> LaunchOptions:
-        nics = sorted(self.settings.nics or ())
-        if len(nics) > 1:
-            raise RayJobError(f"nics: hvdlite uses one network interface, got {nics}")
         env = {**environ(), **self._env}
         # Ray gives each actor its GPUs in CUDA_VISIBLE_DEVICES; the driver's value, forwarded by the
         # launcher, would override it in the rank the actor starts.
         env.pop(CUDA_DEVICES, None)
-        return LaunchOptions(env, launcher_args=("--network-interface", nics[0]) if nics else ())
+        return LaunchOptions(env, launcher_args=interface_flags(self.settings.nics, RayJobError))
 
     def _outcome(self, ray: Any, index: int, worker: Any) -> TaskOutcome:
         try:

@@ -18,11 +18,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
-import cloudpickle
-
 from ..config import environ
 from ..errors import HvdliteError
-from ..runner.remote.job import LaunchOptions, finish_tasks, results_by_rank, run_launcher
+from ..runner.remote.job import (
+    LaunchOptions,
+    finish_tasks,
+    interface_flags,
+    pickled_call,
+    results_by_rank,
+    run_launcher,
+)
 from ..runner.remote.registry import Registry
 from ..runner.remote.task import TaskService
 from ..runner.remote.wire import Address, request
@@ -55,7 +60,7 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | No
         raise SparkJobError("hvdlite.spark.run(executable=...) is not supported: the ranks run this driver's Python")
     context = _running_context()
     num_proc = _checked_num_proc(context, num_proc)
-    payload = _pickled(fn, args, dict(kwargs or {}))
+    payload = pickled_call(fn, args, kwargs or {}, "Spark tasks", SparkJobError)
     launch = LaunchOptions(dict(env) if env is not None else environ(), stdout, stderr, verbose,
                            _launcher_args(extra_mpi_args, nics))
     job = _SparkJob(context, num_proc, payload, start_timeout or DEFAULT_START_TIMEOUT)
@@ -114,26 +119,9 @@ def _checked_num_proc(context: Any, num_proc: int | None) -> int:
     return num_proc
 
 
-def _pickled(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bytes:
-    if not callable(fn):
-        raise SparkJobError(f"fn must be callable, got {type(fn).__name__}")
-    try:
-        return cloudpickle.dumps((fn, tuple(args), kwargs))
-    except Exception as exc:  # pickling raises many kinds (TypeError, PicklingError, AttributeError...)
-        raise SparkJobError(f"cannot send {getattr(fn, '__name__', fn)!r} with its arguments to the Spark tasks: "
-                            f"they cannot be pickled ({type(exc).__name__}: {exc})") from exc
-
-
 def _launcher_args(extra_mpi_args: str | None, nics: Any) -> tuple[str, ...]:
-    flags: tuple[str, ...] = ()
-    if extra_mpi_args:
-        flags += ("--mpi-args", extra_mpi_args)
-    if nics:
-        names = [nics] if isinstance(nics, str) else sorted(nics)
-        if len(names) != 1:
-            raise SparkJobError(f"nics: hvdlite uses one network interface, got {names}")
-        flags += ("--network-interface", names[0])
-    return flags
+    mpi_flags = ("--mpi-args", extra_mpi_args) if extra_mpi_args else ()
+    return mpi_flags + interface_flags(nics, SparkJobError)
 
 
 @dataclasses.dataclass

@@ -113,6 +113,21 @@ class DistributedGradientTape:
         return getattr(self._tape, attribute)
 
 
+def scaled_gradients(grads: Sequence[Any], factor: float) -> list[Any]:
+    """Every gradient times ``factor`` (``None`` stays ``None``; a sparse one stays sparse)."""
+    if factor == 1.0:
+        return list(grads)
+    return [_scaled(grad, factor) for grad in grads]
+
+
+def _scaled(grad: Any, factor: float) -> Any:
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):  # an embedding's gradient stays sparse
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
 def _divided(grad: Any, size: int) -> Any:
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 import cloudpickle
@@ -47,6 +47,29 @@ class LaunchOptions:
     stderr: IO[str] | None = None
     verbose: int = 1
     launcher_args: tuple[str, ...] = ()  # more hvdliterun flags, e.g. ("--timeout", "60")
+
+
+def pickled_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], where: str,
+                 error: type[Exception]) -> bytes:
+    """``(fn, args, kwargs)`` as the ranks receive it; ``error`` if ``fn`` cannot be called or any of it
+    cannot be pickled (``where``: the engine's tasks, for the message)."""
+    if not callable(fn):
+        raise error(f"fn must be callable, got {type(fn).__name__}")
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
+    except Exception as exc:  # pickling raises many kinds (TypeError, PicklingError, AttributeError...)
+        raise error(f"cannot send {getattr(fn, '__name__', fn)!r} with its arguments to the {where}: they cannot "
+                    f"be pickled ({type(exc).__name__}: {exc})") from exc
+
+
+def interface_flags(nics: Any, error: type[Exception]) -> tuple[str, ...]:
+    """hvdliterun's flags for Horovod's ``nics`` (a name or a collection of names): one interface, or ``error``."""
+    if not nics:
+        return ()
+    names = [nics] if isinstance(nics, str) else sorted(nics)
+    if len(names) != 1:
+        raise error(f"nics: hvdlite uses one network interface, got {names}")
+    return ("--network-interface", names[0])
 
 
 def alias(index: int) -> str:

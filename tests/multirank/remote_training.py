@@ -1,7 +1,16 @@
-"""One small torch training job, for the Spark and Ray tests: run as ranks (``train_distributed``)
-and as one process on every rank's batches together (``train_one_process``)."""
+"""What the Spark and Ray tests share: one small torch training job, run as ranks
+(``train_distributed``) and as one process on every rank's batches together (``train_one_process``);
+a job whose rank 1 waits to be killed; and running an example as a user does."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
+
+from .harness import ONE_THREAD
 
 STEPS, PER_RANK, FEATURES = 4, 3, 5
 
@@ -49,3 +58,23 @@ def train_one_process(size):
         torch.nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
     return [p.detach().numpy() for p in net.parameters()]
+
+
+def waits_until_killed(marker):
+    import hvdlite as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        open(marker, "w").close()
+        time.sleep(600)
+    hvd.allreduce(np.ones(3), name="waits for rank 1")
+
+
+def run_example(name, env):
+    """examples/``name`` run with ``--epochs 1`` in a driver of its own; (the finished process, the
+    accuracies its ranks printed)."""
+    example = Path(__file__).parents[2] / "examples" / name
+    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, **ONE_THREAD, **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done, [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]

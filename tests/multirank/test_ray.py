@@ -1,12 +1,9 @@
 """hvdlite.ray.RayExecutor on a real local Ray (``ray.init`` in the fixture, 4 CPUs, everything on
 the loopback): training, an actor killed mid-run, start/shutdown twice, and bad input."""
 
-import os
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -15,7 +12,7 @@ from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
 from .harness import ONE_THREAD
-from .remote_training import train_distributed, train_one_process
+from .remote_training import run_example, train_distributed, train_one_process, waits_until_killed
 
 pytestmark = pytest.mark.multirank
 # The ranks and actors need not import the test modules.
@@ -85,16 +82,6 @@ def test_start_and_shutdown_twice_in_one_driver(ray_cluster):
     assert all_cpus_free(ray_cluster)  # every actor and bundle released
 
 
-def waits_until_killed(marker):
-    import hvdlite as hvd
-
-    hvd.init()
-    if hvd.rank() == 1:
-        open(marker, "w").close()
-        time.sleep(600)
-    hvd.allreduce(np.ones(3), name="waits for rank 1")
-
-
 def test_an_actor_killed_mid_run_fails_the_job_naming_its_rank(ray_cluster, tmp_path):
     from hvdlite.ray import RayExecutor
 
@@ -150,9 +137,5 @@ def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
 
 def test_the_ray_example_trains(ray_cluster):
     """examples/ray_train.py as a user runs it, in a driver of its own."""
-    example = Path(__file__).parents[2] / "examples" / "ray_train.py"
-    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, **ONE_THREAD})
-    assert done.returncode == 0, done.stdout + done.stderr
-    accuracies = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]
+    done, accuracies = run_example("ray_train.py", {})
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout

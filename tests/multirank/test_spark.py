@@ -4,11 +4,9 @@ with the reason where Java is missing)."""
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -17,7 +15,7 @@ from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
 from .harness import ONE_THREAD
-from .remote_training import train_distributed, train_one_process
+from .remote_training import run_example, train_distributed, train_one_process, waits_until_killed
 
 pytestmark = pytest.mark.multirank
 # The ranks need not import the test modules.
@@ -84,16 +82,6 @@ def test_a_rank_that_raises_is_named_on_the_driver_and_the_next_run_works(spark)
                                                                            (11, 2, 2, os.uname().nodename)]
 
 
-def waits_until_killed(marker):
-    import hvdlite as hvd
-
-    hvd.init()
-    if hvd.rank() == 1:
-        open(marker, "w").close()
-        time.sleep(600)
-    hvd.allreduce(np.ones(3), name="waits for rank 1")
-
-
 def test_a_task_spark_kills_fails_the_job_naming_its_rank(spark, tmp_path):
     import hvdlite.spark
 
@@ -132,9 +120,5 @@ def test_a_function_that_cannot_be_pickled_is_refused_before_anything_starts(spa
 
 def test_the_spark_example_trains(spark):
     """examples/spark_train.py as a user runs it: its own driver and its own local cluster."""
-    example = Path(__file__).parents[2] / "examples" / "spark_train.py"
-    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, **ONE_THREAD, "SPARK_LOCAL_IP": "127.0.0.1"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    accuracies = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]
+    done, accuracies = run_example("spark_train.py", {"SPARK_LOCAL_IP": "127.0.0.1"})
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout

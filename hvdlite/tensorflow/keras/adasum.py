@@ -32,6 +32,7 @@ from ...ops import ReduceOp
 from ...process_sets import ProcessSet
 from ...training.options import refuse_with_adasum
 from .. import host_ops
+from ..gradients import scaled_gradients
 
 
 class AdasumDeltas:
@@ -46,9 +47,7 @@ class AdasumDeltas:
 
     def reduce(self, grads: list[Any]) -> list[Any]:
         """This rank's own gradients, not reduced (the clip hook calls this); only ``postscale``d."""
-        if self.postscale == 1.0:
-            return list(grads)
-        return [_scaled(g, self.postscale) for g in grads]
+        return scaled_gradients(grads, self.postscale)
 
     def remember(self, variables: list[Any]) -> None:
         """Read ``variables`` now, before this update's weight decay and step change them."""
@@ -68,15 +67,6 @@ class AdasumDeltas:
         combined = host_ops.allreduce(changes, None, ReduceOp.ADASUM, 1.0, 1.0, process_set=self.process_set)
         for variable, before, change in zip(variables, start, combined, strict=True):
             variable.assign(before + tf.cast(change, before.dtype))
-
-
-def _scaled(grad: Any, factor: float) -> Any:
-    """``grad`` times ``factor`` (``None`` stays ``None``)."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):  # a sparse gradient (an embedding's) stays sparse
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.dtype), grad.indices, grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
 
 
 def install(optimizer: keras.optimizers.Optimizer, process_set: ProcessSet, postscale: float) -> AdasumDeltas:

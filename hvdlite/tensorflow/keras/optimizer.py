@@ -30,7 +30,7 @@ from ...process_sets import ProcessSet, global_process_set
 from ...training.local_sgd import LocalSGDSchedule
 from ...training.options import check_passes, predivide_scales
 from .. import host_ops
-from ..gradients import check_groups, reduce_gradients
+from ..gradients import check_groups, reduce_gradients, scaled_gradients
 from . import adasum
 from . import local_sgd as local_sgd_module
 
@@ -51,9 +51,7 @@ class _Averaging:
     def reduce(self, grads: list[Any]) -> list[Any]:
         reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense,
                                    self.gradient_predivide_factor, process_set=self.process_set)
-        if self.postscale == 1.0:
-            return reduced
-        return [g if g is None else g * tf.cast(self.postscale, g.dtype) for g in reduced]
+        return scaled_gradients(reduced, self.postscale)
 
 
 def _global_finite(check_finite: Any, process_set: ProcessSet) -> Any:

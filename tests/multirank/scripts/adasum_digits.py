@@ -8,7 +8,7 @@ every rank prints 'ok adasum digits <rank>'.
 """
 
 import torch
-from torch_digits import BATCH, data
+from torch_digits import data, fit, report
 
 import hvdlite.torch as hvd
 
@@ -19,35 +19,13 @@ MODES = {"average x1": (hvd.Average, 1), "average x2": (hvd.Average, 2), "averag
          "adasum x1": (hvd.Adasum, 1)}
 
 
-def train(op: hvd.ReduceOp, lr: float, train_x: torch.Tensor, train_y: torch.Tensor) -> torch.nn.Module:
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-                                         named_parameters=model.named_parameters(), op=op)
-    mine_x, mine_y = train_x[hvd.rank()::hvd.size()], train_y[hvd.rank()::hvd.size()]
-    steps = min(hvd.allgather_object(len(mine_x) // BATCH))
-    for epoch in range(EPOCHS):
-        order = torch.randperm(len(mine_x), generator=torch.Generator().manual_seed(epoch))
-        for step in range(steps):
-            batch = order[step * BATCH:(step + 1) * BATCH]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(mine_x[batch]), mine_y[batch]).backward()
-            optimizer.step()
-    return model
-
-
 def main() -> None:
     torch.set_num_threads(1)
     hvd.init()
     train_x, train_y, test_x, test_y = data()
     for mode, (op, multiple) in MODES.items():
-        model = train(op, SINGLE_PROCESS_LR * multiple, train_x, train_y)
-        with torch.no_grad():
-            accuracy = (model(test_x).argmax(1) == test_y).float().mean().item() * 100
-        same = hvd.allgather_object(accuracy)
-        assert len(set(same)) == 1, f"{mode}: the ranks' models differ: accuracies {same}"
-        if hvd.rank() == 0:
-            print(f"accuracy {mode} {accuracy:.2f}", flush=True)
+        model, _ = fit(train_x, train_y, EPOCHS, SINGLE_PROCESS_LR * multiple, op=op)
+        report(mode, model, test_x, test_y)
     print(f"ok adasum digits {hvd.rank()}", flush=True)
 
 

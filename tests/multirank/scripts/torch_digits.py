@@ -34,24 +34,41 @@ def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
-def train(mode: str, train_x: torch.Tensor, train_y: torch.Tensor) -> torch.nn.Module:
+def fit(train_x: torch.Tensor, train_y: torch.Tensor, epochs: int, lr: float,
+        **options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The MLP trained on this rank's stride with ``DistributedOptimizer(SGD(lr), **options)``."""
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
-    options = dict(MODES[mode])
-    if "compression" in options:
-        options["compression"] = hvd.Compression.powersgd(rank=options["compression"][1], start_step=WARMUP)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                                          named_parameters=model.named_parameters(), **options)
     mine_x, mine_y = train_x[hvd.rank()::hvd.size()], train_y[hvd.rank()::hvd.size()]
     steps = len(mine_x) // BATCH  # the same on every rank: the stride leaves at most one sample more
     steps = min(hvd.allgather_object(steps))
-    for epoch in range(EPOCHS):
+    for epoch in range(epochs):
         order = torch.randperm(len(mine_x), generator=torch.Generator().manual_seed(epoch))
         for step in range(steps):
             batch = order[step * BATCH:(step + 1) * BATCH]
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(mine_x[batch]), mine_y[batch]).backward()
             optimizer.step()
+    return model, optimizer
+
+
+def report(mode: str, model: torch.nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:
+    """Check every rank's model scores the same; rank 0 prints 'accuracy <mode> <percent>'."""
+    with torch.no_grad():
+        accuracy = (model(test_x).argmax(1) == test_y).float().mean().item() * 100
+    same = hvd.allgather_object(accuracy)
+    assert len(set(same)) == 1, f"{mode}: the ranks' models differ: accuracies {same}"
+    if hvd.rank() == 0:
+        print(f"accuracy {mode} {accuracy:.2f}", flush=True)
+
+
+def train(mode: str, train_x: torch.Tensor, train_y: torch.Tensor) -> torch.nn.Module:
+    options = dict(MODES[mode])
+    if "compression" in options:
+        options["compression"] = hvd.Compression.powersgd(rank=options["compression"][1], start_step=WARMUP)
+    model, optimizer = fit(train_x, train_y, EPOCHS, 0.05, **options)
     if mode.startswith("local"):  # end on an average, as a local-SGD run would before evaluating
         optimizer.average_parameters()
     return model
@@ -62,13 +79,7 @@ def main() -> None:
     hvd.init()
     train_x, train_y, test_x, test_y = data()
     for mode in MODES:
-        model = train(mode, train_x, train_y)
-        with torch.no_grad():
-            accuracy = (model(test_x).argmax(1) == test_y).float().mean().item() * 100
-        same = hvd.allgather_object(accuracy)
-        assert len(set(same)) == 1, f"{mode}: the ranks' models differ: accuracies {same}"
-        if hvd.rank() == 0:
-            print(f"accuracy {mode} {accuracy:.2f}", flush=True)
+        report(mode, train(mode, train_x, train_y), test_x, test_y)
     print(f"ok digits {hvd.rank()}", flush=True)
 
 
