@@ -18,6 +18,8 @@ from ..request import RequestMeta
 from ..response import RankMessage, Response, RoundResult
 from .scope import JOB, Scope
 
+_REMEMBERED_DIVERGED = 1024  # generated names kept after a divergence failed them (they never repeat)
+
 # Fields that must be equal on every rank, per collective ("shape[1:]" compares trailing dims).
 _AGREED_FIELDS: dict[Collective, tuple[str, ...]] = {
     Collective.ALLREDUCE: ("device", "dtype", "shape", "op", "prescale", "postscale"),
@@ -74,6 +76,9 @@ class Coordinator:
         self._warned: set[str] = set()
         self._joined: dict[int, int] = {}  # rank -> arrival order
         self._shut_down: set[int] = set()
+        # Generated names failed because ranks' sequences diverged, with their error: a rank that submits
+        # one only afterwards (it was slower) gets the same error at once, not a stall.
+        self._diverged: dict[str, Response] = {}
 
     @property
     def pending_names(self) -> list[str]:
@@ -90,37 +95,54 @@ class Coordinator:
         responses: list[Response] = []
         self.decided_ready = {}
         for message in messages:
-            if message.shutdown:
-                self._shut_down.add(message.rank)
-            for meta, age in zip(message.requests, message.ages, strict=True):
-                if meta.collective is Collective.JOIN:
-                    self._joined[message.rank] = len(self._joined)
-                    continue
-                by_rank = self._table.setdefault(meta.name, {})
-                if message.rank in by_rank:
-                    responses.append(_error(meta, f"rank {self._scope.job_rank(message.rank)} submitted {meta.name!r} "
-                                                  f"twice{self._scope.label}", "DuplicateNameError"))
-                    continue
-                by_rank[message.rank] = meta
-                self._first_seen[meta.name] = min(self._first_seen.get(meta.name, now), now - age)
-                self._ready_at.setdefault(meta.name, {})[message.rank] = now - age
+            self._fold_in(message, now, responses)
         for name in list(self._table):
             response = self._decide(name)
             if response is not None:
                 responses.append(response)
                 self._forget(name)
         pending = self._job_ranked(self._table)
-        for names, message in diverged_generated_names(pending) + diverged_object_names(pending):
+        generated = diverged_generated_names(pending)
+        for names, message in generated + diverged_object_names(pending):
             for name in names:
-                responses.append(_error(self._table[name][min(self._table[name])], message + self._scope.label,
-                                        "TensorMismatchError"))
+                error = _error(self._table[name][min(self._table[name])], message + self._scope.label,
+                               "TensorMismatchError")
+                responses.append(error)
                 self._forget(name)
+                if any(name in failed for failed, _ in generated):  # object names repeat: never remembered
+                    self._remember_diverged(name, error)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
             responses.append(Response(RequestMeta("join", Collective.JOIN), last_joined=last))
             self._joined.clear()
         warnings, fatal = self._inspect_stalls(now)
         return RoundResult(tuple(responses), tuple(warnings), fatal)
+
+    def _fold_in(self, message: RankMessage, now: float, responses: list[Response]) -> None:
+        """Add one rank's new requests to the table (errors for duplicates and late diverged names)."""
+        if message.shutdown:
+            self._shut_down.add(message.rank)
+        for meta, age in zip(message.requests, message.ages, strict=True):
+            if meta.collective is Collective.JOIN:
+                self._joined[message.rank] = len(self._joined)
+                continue
+            late = self._diverged.get(meta.name)
+            if late is not None:
+                responses.append(late)
+                continue
+            by_rank = self._table.setdefault(meta.name, {})
+            if message.rank in by_rank:
+                responses.append(_error(meta, f"rank {self._scope.job_rank(message.rank)} submitted {meta.name!r} "
+                                              f"twice{self._scope.label}", "DuplicateNameError"))
+                continue
+            by_rank[message.rank] = meta
+            self._first_seen[meta.name] = min(self._first_seen.get(meta.name, now), now - age)
+            self._ready_at.setdefault(meta.name, {})[message.rank] = now - age
+
+    def _remember_diverged(self, name: str, error: Response) -> None:
+        self._diverged[name] = error
+        if len(self._diverged) > _REMEMBERED_DIVERGED:
+            del self._diverged[next(iter(self._diverged))]
 
     def _decide(self, name: str) -> Response | None:
         by_rank = self._table[name]

@@ -176,3 +176,25 @@ def test_a_process_sets_messages_name_the_set_and_ranks_of_the_job():
     diverged, _ = c.round([msg(0, meta("allreduce.noname.1")), msg(1, meta("allreduce.noname.2"))]).responses
     assert "rank 1 at allreduce #1" in diverged.error and "rank 4 at allreduce #2" in diverged.error
     assert diverged.error.endswith("in process set 3 [1, 4]")
+
+
+def test_a_rank_that_submits_a_diverged_generated_name_late_gets_the_same_error_not_a_stall():
+    # Ranks 0 and 2 are at different points of the unnamed allgather sequence: both names fail at once,
+    # before the slower rank 1 submitted its own #2. When it does, it must fail too, in the next round.
+    c = Coordinator(3, None, None)
+    first, second = c.round([msg(0, meta("allgather.noname.2")), msg(1), msg(2, meta("allgather.noname.1"))]).responses
+    assert {first.meta.name, second.meta.name} == {"allgather.noname.1", "allgather.noname.2"}
+    assert "different sequences of unnamed allgather" in first.error
+    (late,) = c.round([msg(0), msg(1, meta("allgather.noname.2")), msg(2)]).responses
+    assert late.meta.name == "allgather.noname.2" and late.error_type == "TensorMismatchError"
+    assert "rank 0 at allgather #2" in late.error and c.pending_names == []
+
+
+def test_object_names_are_not_remembered_after_their_types_diverged():
+    # An unnamed object collective's name repeats (it is the object's type): a later call must not fail.
+    c = Coordinator(2, None, None)
+    size = "allgather_object.noname.int.object.size"
+    failed = c.round([msg(0, meta(size)), msg(1, meta("allgather_object.noname.dict.object.size"))]).responses
+    assert len(failed) == 2 and all(r.error for r in failed)
+    (ok,) = c.round([msg(0, meta(size)), msg(1, meta(size))]).responses
+    assert not ok.error
