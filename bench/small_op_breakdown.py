@@ -19,6 +19,8 @@ up to the call):
 - execute: ``Executor.start`` / ``run`` / ``finish`` and the host plane's ``carriable`` /
   ``reduce_carried``, less "MPI": the data transport's waits
 - complete: ``complete.complete`` (names released, waiters woken)
+- cycle: ``Engine._turn`` less the stages above: the pipeline's glue between them (the cycle a
+  blocking call runs on its own thread, in ``Engine.submit``, or in its wait)
 - the rest of the call: the handle, ``Engine.drive``'s loop, Ctrl-C deferral, the result.
 
 The instrumented pass is slower than the plain one by the wrappers' cost; its split is what matters.
@@ -37,6 +39,7 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite import api
+from hvdlite.engine import Engine
 from hvdlite.pipeline import communicator, negotiate
 from hvdlite.pipeline.execute import Executor
 from hvdlite.planes.host import HostPlane
@@ -75,6 +78,7 @@ def instrument_pipeline(submit: str) -> None:
         wrap(Executor, name, "execute")
     wrap(HostPlane, "carriable", "execute")
     wrap(communicator, "complete", "complete")
+    wrap(Engine, "_turn", "cycle")
 
 
 def instrument() -> None:
@@ -132,7 +136,7 @@ def report(args: argparse.Namespace, ours: list[float], raw: list[float], total:
     print("| stage | us a call | share |")
     print("|---|---|---|")
     for stage in ("submit", "negotiate", "negotiate: waiting for peers", "fuse", "execute", "execute: MPI",
-                  "complete"):
+                  "complete", "cycle"):
         print(f"| {stage} | {per_call.get(stage, 0.0):.1f} | {per_call.get(stage, 0.0) / (total * 1e6):.0%} |")
     rest = total * 1e6 - sum(per_call.values())
     print(f"| rest (handle, drive loop, Ctrl-C deferral) | {rest:.1f} | {rest / (total * 1e6):.0%} |")

@@ -20,7 +20,11 @@ rows are exclusive and add up to the call):
 - NCCL launch: ``ncclAllReduce`` through ctypes
 - completion, handle side: ``Completion.consume``; host wait: ``NcclPlane._wait_finished`` (only
   with ``HVDLITE_ASYNC_COMPLETION=0``)
-- complete; the rest of the call (handle, drive loop, Ctrl-C deferral).
+- complete; cycle (the pipeline's glue between the stages); the rest of the call (handle, drive
+  loop, Ctrl-C deferral).
+
+A blocking ``allreduce_`` runs on the caller's stream (hvdlite.planes.nccl): no ready event and no
+stream waits, so those rows read 0 unless another stream's launch came just before.
 
 ``--profile`` prints a cProfile of the plain calls first. Then the same timing with host-synchronized completion (Horovod's default), and the CPU this
 process burns while a blocking allreduce waits 0.5 s for a busy GPU, in each completion mode.
@@ -37,7 +41,7 @@ from mpi4py import MPI
 from small_op_breakdown import SPENT, instrument_pipeline, wrap
 
 STAGES = ("submit, torch side", "submit, core", "negotiate", "fuse", "execute", "device plane", "CUDA events",
-          "cudaStreamWaitEvent", "NCCL launch", "completion, handle side", "host wait", "complete")
+          "cudaStreamWaitEvent", "NCCL launch", "completion, handle side", "host wait", "complete", "cycle")
 
 
 def instrument() -> None:

@@ -98,8 +98,8 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     member = target.names.resolve(name, Collective.ALLREDUCE)
     try:
         array = as_array(tensor)
-        if output is not None:
-            check_outputs([output], [array], [member])
+        if output is not None and (output is not array or isinstance(array, np.ndarray)):
+            check_outputs([output], [array], [member])  # a device array in place needs no check
         meta = runtime.descriptions.reduction(Collective.ALLREDUCE, array, member, resolved, prescale_factor,
                                               postscale_factor)
         return _submit_one(meta, array, output, runtime, target)

@@ -71,6 +71,12 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
+def caller_waits() -> bool:
+    """True on a thread inside :func:`hvdlite.api.blocking`: it waits on what it submits at once
+    (an adapter's device tensors then need no ready event; see :mod:`hvdlite.gpu.arrays`)."""
+    return _runtime is not None and getattr(_runtime.caller, "waits", False)
+
+
 def _resolve_comm(MPI: Any, comm: Any) -> Any:
     if comm is None:
         return MPI.COMM_WORLD

@@ -3,7 +3,10 @@
 Adapters wrap a framework's device tensor in a :class:`DeviceArray` without copying (torch:
 ``data_ptr()`` and its current stream; JAX: ``__cuda_array_interface__``; TensorFlow: DLPack).
 The wrapper records a CUDA event on the producing stream at submission, so the NCCL stream waits
-for exactly the work that wrote the tensor, not for later work on that stream. It also holds the
+for exactly the work that wrote the tensor, not for later work on that stream. A blocking call's
+tensor records none: its caller enqueues nothing until the call returns, so the data is complete
+on its stream whenever the collective is dispatched, and a lone in-place allreduce runs on that
+very stream (:meth:`DeviceArray.ready_event` records the event only where another stream needs it). It also holds the
 tensor (``owner``) until the collective finished, so its memory cannot be reused under NCCL.
 
 cupy supplies the device-side objects (views, events, copies). Views need no GPU to build, which
@@ -52,14 +55,29 @@ class DeviceArray:
 
     @classmethod
     def of_framework(cls, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
-                     stream: int | None, current_stream: Callable[[int], int] | None) -> DeviceArray:
+                     stream: int | None, current_stream: Callable[[int], int] | None,
+                     record: bool = True) -> DeviceArray:
         """Like the constructor, for arguments already of the right types (an adapter's hot path:
-        one per tensor per collective); records the ready event on ``stream``."""
+        one per tensor per collective); records the ready event on ``stream`` unless ``record`` is
+        False (a blocking call's tensor: see :attr:`on_its_stream`)."""
         array = cls.__new__(cls)
         array.ptr, array.shape, array.dtype, array.device_id, array.owner = ptr, shape, dtype, device_id, owner
-        array.ready = record_ready(stream, device_id)
+        array.ready = record_ready(stream, device_id) if record else None
         array.current_stream, array.stream = current_stream, stream
         return array
+
+    @property
+    def on_its_stream(self) -> bool:
+        """True for a blocking call's tensor: complete on :attr:`stream` for as long as the call runs
+        (its caller waits), so work enqueued there now sees it and needs no ready event."""
+        return self.ready is None and self.stream is not None
+
+    def ready_event(self) -> Any:
+        """The event another stream waits on before reading this tensor (None: complete already);
+        for a tensor :attr:`on_its_stream`, recorded now."""
+        if self.ready is None and self.stream is not None:
+            self.ready = record_ready(self.stream, self.device_id)
+        return self.ready
 
     @property
     def size(self) -> int:

@@ -32,6 +32,9 @@ from ..utils.polling import WaitTimeout, wait_until
 # A host wait spins this long (a small collective is done within it), then sleeps with backoff:
 # a rank waiting for a long GPU queue costs a few percent of a core, not a spinning one.
 HOST_SPIN_SECONDS = 200e-6
+# Work in flight this briefly is not asked about NCCL's error (a call into NCCL, every cycle): a failed
+# peer shows only after the work waited on it, and the deadline counts in seconds.
+QUIET_SECONDS = 0.05
 CurrentStream = Callable[[int], int]  # device id -> the calling thread's current CUDA stream (a framework's)
 
 
@@ -189,15 +192,19 @@ class InFlight:
     def check(self) -> str:
         """Reap, then describe why the oldest entry can never finish ('' while all is well): NCCL
         reported an error, or it has been in flight longer than the deadline."""
-        self.reap()
-        if not self._entries:
+        entries = self._entries
+        while entries and entries[0][0].done:  # reap, inline: this runs every cycle
+            entries.popleft()
+        if not entries:
             return ""
-        _, _, work, since = self._entries[0]
+        _, _, work, since = entries[0]
+        waited = time.monotonic() - since
+        if waited < QUIET_SECONDS:
+            return ""
         what = self._describe(work)
         failure = self._failure()
         if failure:
             return f"NCCL failed during {what}: {failure}"
-        waited = time.monotonic() - since
         if self._timeout is not None and waited > self._timeout:
             return (f"{what} has not finished on the GPU after {waited:.0f} s (HVDLITE_COMM_TIMEOUT_SECONDS="
                     f"{self._timeout:g}): a peer stopped taking part")

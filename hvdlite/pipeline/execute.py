@@ -38,6 +38,8 @@ class Executor:
 
     def plane_for(self, item: WorkItem) -> DataPlane:
         """The first plane enabled for ``item``."""
+        if item.responses[0].meta.device == "cpu":  # most items: the host plane, without asking each plane
+            return self.host
         for plane in self._planes:
             if plane.enabled_for(item):
                 return plane
@@ -45,9 +47,11 @@ class Executor:
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> Outcome:
         """Execute ``item`` now; returns (response, result, error) for each of its responses."""
-        if item.responses[0].error:
-            return failed(item.responses)
-        return succeeded(item.responses, self.plane_for(item).run(item, local))
+        responses = item.responses
+        if responses[0].error:
+            return failed(responses)
+        results = self.plane_for(item).run(item, local)
+        return [(responses[0], results[0], None)] if len(responses) == 1 else succeeded(responses, results)
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
         """Execute ``item`` like :meth:`run`, but hand its outcome to ``on_done``, maybe later.
@@ -62,8 +66,8 @@ class Executor:
 
     def finish(self) -> None:
         """Deliver the outcome of every item :meth:`start` left in flight; return once peers are done too."""
-        for plane in self._planes:
-            plane.finish()
+        self.host.finish()
+        self._planes[1].finish()
 
     def close(self) -> None:
         """Release every plane's resources (NCCL communicators, then the host's shared-memory windows)."""

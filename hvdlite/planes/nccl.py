@@ -4,7 +4,10 @@ Ordering: the plane's own CUDA stream first waits on each input's ready event (r
 framework's stream when the tensor was submitted), then packs, reduces and unpacks. The handles
 complete only after an event recorded behind that work has fired, so a result is never handed
 back before the collective finished, and the inputs (held by their requests) stay alive until
-then. Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout
+then. A blocking call's lone in-place allreduce runs on its caller's stream instead (the tensor is
+complete there, and so is the result for the caller): one NCCL call and one event, no stream waits.
+Whatever stream a launch goes to first waits for the previous launch's event if that was on
+another stream, so NCCL calls on the communicator stay in the order every rank issues them. Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout
 aborts the communicator so no kernel is left spinning on a dead peer.
 
 With ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` on several hosts, allreduces go through
@@ -113,6 +116,9 @@ class NcclPlane:
         self._stream_ptr = self._stream.ptr
         self._fusion = None  # persistent device fusion buffer (uint8), grown on demand
         self._in_flight = completion.InFlight(comm.async_error, timeout, describe)
+        # The stream of the last launch and the event recorded behind it: a launch on another stream waits for it.
+        self._last_stream: int | None = None
+        self._last_event: Any = None
         # RequestMeta -> (count, op, factor) for allreduces the lean in-place path runs, () for the others:
         # the same gradient's meta comes back every step.
         self._in_place_launches: dict[Any, tuple] = {}
@@ -127,24 +133,56 @@ class NcclPlane:
             self._comm.destroy()
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
-        self._in_flight.reap()
         requests = [local.get(r.meta.name) for r in responses]
         previous = self._runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
         if previous != self._device_id:
             self._runtime.setDevice(self._device_id)
         try:
-            for request in requests:
-                if request is not None and request.tensor.ready is not None:
-                    completion.stream_waits(self._stream_ptr, request.tensor.ready)
-            results = self._allreduce_in_place(responses, requests)
+            results = self._in_place_on_callers_stream(responses, requests)
             if results is None:
-                with self._stream:  # cupy's own work (fusion copies, scaling) goes on the plane's stream too
-                    results = self._run(responses, requests, local)
-            self._complete(responses, requests)
+                results = self._on_plane_stream(responses, requests, local)
         finally:
             if previous != self._device_id:
                 self._runtime.setDevice(previous)
         return results
+
+    def _on_plane_stream(self, responses: tuple[Response, ...], requests: list[Request | None],
+                         local: Mapping[str, Request]) -> list:
+        """Run the item on the plane's stream, after its inputs' ready events and the previous launch."""
+        stream = self._stream_ptr
+        self._follow_last_launch(stream)
+        for request in requests:
+            if request is not None and (ready := request.tensor.ready_event()) is not None:
+                completion.stream_waits(stream, ready)
+        launch = self._in_place_launch(responses, requests)
+        if launch is not None:
+            results = self._launch_in_place(requests[0], launch, stream)
+        else:
+            with self._stream:  # cupy's own work (fusion copies, scaling) goes on the plane's stream too
+                results = self._run(responses, requests, local)
+        self._complete(responses, requests, stream)
+        return results
+
+    def _in_place_on_callers_stream(self, responses: tuple[Response, ...], requests: list[Request | None]) -> list | None:
+        """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
+        module docstring); None if the item is anything else."""
+        request = requests[0]
+        if request is None or not request.tensor.on_its_stream:
+            return None
+        launch = self._in_place_launch(responses, requests)
+        if launch is None:
+            return None
+        stream = request.tensor.stream
+        self._follow_last_launch(stream)
+        results = self._launch_in_place(request, launch, stream)
+        # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
+        self._track(completion.record(completion.new_event(self._device_id), stream), stream, responses, [])
+        return results
+
+    def _follow_last_launch(self, stream: int) -> None:
+        """Order work enqueued on ``stream`` after the previous launch when that went to another stream."""
+        if self._last_stream is not None and self._last_stream != stream:
+            completion.stream_waits(stream, self._last_event)
 
     def poll(self) -> None:
         """Between cycles: release finished work's inputs; fail on NCCL's error or the deadline."""
@@ -164,22 +202,28 @@ class NcclPlane:
                Collective.ALLTOALL: self._alltoall, Collective.REDUCESCATTER: self._reducescatter}
         return [run[collective](response, request)]
 
-    def _complete(self, responses: tuple[Response, ...], requests: list[Request | None]) -> None:
-        """Record the completion event; hand it to the handles, or wait for it here."""
-        event = completion.record(completion.new_event(self._device_id), self._stream_ptr)
-        if not self._async:
-            self._wait_finished(responses, event)
-            return
+    def _complete(self, responses: tuple[Response, ...], requests: list[Request | None], stream: int) -> None:
+        """Record the completion event on ``stream``; hand it to the handles, or wait for it here."""
+        event = completion.record(completion.new_event(self._device_id), stream)
         completions = []
         for request in requests:
-            if request is not None:
+            if request is not None and self._async:
                 tensor = request.tensor
                 request.handle.completion = done = completion.Completion(
                     event, self._device_id, tensor.current_stream, self._timeout, self._poll_seconds, request.meta,
                     (tensor, request.output), tensor.stream)
                 completions.append(done)
         # A joined rank's zeros and fresh results live in cupy's pool on this stream: reused only behind it.
-        self._in_flight.add(event, completions, responses)
+        self._track(event, stream, responses, completions)
+
+    def _track(self, event: Any, stream: int, responses: tuple[Response, ...], keep_alive: list) -> None:
+        """``event`` marks the end of the launch on ``stream``: watched until it fires, or waited for
+        here with host-synchronized completion."""
+        self._last_stream, self._last_event = stream, event
+        if not self._async:
+            self._wait_finished(responses, event)
+            return
+        self._in_flight.add(event, keep_alive, responses)
 
     def _reduce(self, send: int, recv: Any, count: int, meta: Any, wire: str, op: ReduceOp, factor: float,
                 responses: tuple[Response, ...]) -> None:
@@ -262,9 +306,10 @@ class NcclPlane:
                                          response.meta.shape))
         return results
 
-    def _allreduce_in_place(self, responses: tuple[Response, ...], requests: list[Request | None]) -> list | None:
-        """The optimizer's case, kept lean (pointers only, no array object, no cupy stream switch): one
-        tensor reduced in place in its own dtype with nothing to scale around NCCL. None otherwise."""
+    def _in_place_launch(self, responses: tuple[Response, ...], requests: list[Request | None]) -> tuple | None:
+        """(count, op, factor) for the optimizer's case, kept lean (pointers only, no array object, no
+        cupy stream switch): one tensor reduced in place in its own dtype with nothing to scale
+        around NCCL. None otherwise."""
         request = requests[0]
         if len(responses) != 1 or request is None or request.output is None or self._hierarchy is not None:
             return None
@@ -274,10 +319,11 @@ class NcclPlane:
             launch = self._in_place_launches[meta] = in_place_launch(meta, self._comm.size)
             if len(self._in_place_launches) > _MAX_REMEMBERED:
                 del self._in_place_launches[next(iter(self._in_place_launches))]
-        if not launch:
-            return None
+        return launch or None
+
+    def _launch_in_place(self, request: Request, launch: tuple, stream: int) -> list:
         count, op, factor = launch
-        self._comm.allreduce(request.tensor.ptr, request.output.ptr, count, meta.dtype, op, self._stream_ptr, factor)
+        self._comm.allreduce(request.tensor.ptr, request.output.ptr, count, request.meta.dtype, op, stream, factor)
         return [request.output]
 
     def _allreduce_one(self, request: Request, count: int, wire: str, plan: ReductionPlan,

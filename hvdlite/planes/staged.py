@@ -89,8 +89,9 @@ class HostStagedPlane:
         return delivered
 
     def _to_host(self, array: DeviceArray) -> np.ndarray:
-        if array.ready is not None:
-            completion.stream_waits(self._stream.ptr, array.ready)
+        ready = array.ready_event()
+        if ready is not None:
+            completion.stream_waits(self._stream.ptr, ready)
         host = cupy_view(array).get(stream=self._stream)
         return host.view(array.dtype).reshape(array.shape)
 

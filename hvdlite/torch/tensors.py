@@ -18,6 +18,7 @@ import torch
 from .. import dtypes
 from ..errors import UnsupportedOperationError
 from ..gpu import arrays as gpu_arrays
+from ..runtime import caller_waits
 
 _TORCH_TO_CORE: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
@@ -68,7 +69,8 @@ def _device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray:
         tensor = tensor.detach()
     device_id = tensor.get_device()
     return gpu_arrays.DeviceArray.of_framework(tensor.data_ptr(), tuple(tensor.shape), _NUMPY_DTYPE[tensor.dtype],
-                                               device_id, tensor, current_stream(device_id), current_stream)
+                                               device_id, tensor, current_stream(device_id), current_stream,
+                                               record=not caller_waits())
 
 
 def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_arrays.DeviceArray:
@@ -122,4 +124,8 @@ def host_view(tensor: torch.Tensor) -> np.ndarray:
 
 def is_aliased(tensor: torch.Tensor) -> bool:
     """True if :func:`to_numpy` gives a view of ``tensor`` (writing the array writes the tensor)."""
-    return tensor.is_contiguous() and (tensor.device.type == "cpu" or _on_gpu_plane(tensor))
+    if not tensor.is_contiguous():
+        return False
+    if tensor.is_cuda:  # asked first: building tensor.device costs more (this runs per in-place collective)
+        return gpu_arrays.device_count() > 0
+    return tensor.device.type == "cpu"

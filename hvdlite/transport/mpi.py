@@ -118,6 +118,8 @@ class MpiControlChannel:
             time.sleep(_PROBE_POLL_SECONDS)
 
     def band(self, vector: bytes) -> bytes | bytearray:
+        if self.size == 1:  # the AND over one rank: nothing to send (a blocking call's every cycle)
+            return vector
         if self._shm is not None and self._shm.fits(vector):  # the same on every rank: one length
             return self._shm.band(vector)
         result = bytearray(len(vector))
@@ -234,7 +236,8 @@ class MpiTransport:
         else. Waiting on a barrier keeps this rank's progress engine turning until the peer is done.
         Whether to wait depends only on sizes every rank shares, so every rank calls the barrier.
         """
-        self.flush()
+        if self._in_flight:
+            self.flush()
         if self._moved_large:
             self._moved_large = False
             self._wait(self._comm.Ibarrier())

@@ -17,6 +17,7 @@ If the program installs its own handler later, the guard wraps that one at the n
 from __future__ import annotations
 
 import _signal  # the C functions behind ``signal``: its wrappers convert to enums, ~10 us a call here
+import _thread
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -33,10 +34,11 @@ class SigintGuard:
         self._previous: Callable[[int, FrameType | None], Any] | None = None
         self._in_cycle = False
         self._held: list[tuple[int, FrameType | None]] = []
+        self._main = threading.main_thread().ident  # compared with the caller's: cheaper than current_thread()
 
     def run(self, fn: Callable[[], T]) -> T:
         """Call ``fn``; a SIGINT arriving meanwhile reaches its handler when ``fn`` returns."""
-        if threading.current_thread() is not threading.main_thread():
+        if _thread.get_ident() != self._main:
             return fn()  # Python runs signal handlers in the main thread only: nothing to hold back here
         installed = _signal.getsignal(_signal.SIGINT)
         if installed is not self._handler:

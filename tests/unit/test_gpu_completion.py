@@ -66,15 +66,22 @@ def test_work_in_flight_is_released_in_order_once_its_event_fired() -> None:
     assert in_flight.check() == "" and len(in_flight) == 0
 
 
-def test_an_nccl_error_or_the_deadline_is_reported_for_the_oldest_work_in_flight() -> None:
+def test_an_nccl_error_or_the_deadline_is_reported_for_the_oldest_work_in_flight(monkeypatch) -> None:
     failures = [""]
-    in_flight = completion.InFlight(lambda: failures[0], timeout=None)
+    asked = []
+    in_flight = completion.InFlight(lambda: asked.append(1) or failures[0], timeout=None)
     in_flight.add(Event(), [], "allreduce of ['a']")
-    assert in_flight.check() == ""
+    failures[0] = "remote process exited"
+    # Work younger than QUIET_SECONDS is not asked about: a cycle then costs no call into NCCL.
+    monkeypatch.setattr(completion, "QUIET_SECONDS", 3600.0)
+    assert in_flight.check() == "" and not asked
+    monkeypatch.setattr(completion, "QUIET_SECONDS", 0.0)
+    failures[0] = ""
+    assert in_flight.check() == "" and asked
     failures[0] = "remote process exited"
     assert in_flight.check() == "NCCL failed during allreduce of ['a']: remote process exited"
     late = completion.InFlight(lambda: "", timeout=0.0)
-    late.add(Event(), [], "allgather of ['g']")
+    late.add(Event(), [], "allgather of ['g']")  # QUIET_SECONDS is 0 here
     assert late.check().startswith("allgather of ['g'] has not finished on the GPU after")
     assert "HVDLITE_COMM_TIMEOUT_SECONDS=0" in late.check()
 
