@@ -1,7 +1,7 @@
 """Where the time of one small blocking allreduce goes, stage by stage, against raw mpi4py.
 
 Run:  hvdliterun -np 2 python bench/small_op_breakdown.py [--bytes 4] [--calls 4000] [--reps 5]
-      hvdliterun -np 1 python bench/small_op_breakdown.py --device cuda   (a CUDA tensor on NCCL:
+      hvdliterun -np 1 python bench/small_op_breakdown.py --device cuda [--plane-stream]   (a CUDA tensor on NCCL:
       bench/small_op_breakdown_gpu.py, whose docstring lists its stages)
 
 Each rep times ``--calls`` blocking ``hvdlite.allreduce`` calls on a float32 array of ``--bytes``
@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--profile", action="store_true", help="with --device cuda: a cProfile of the calls")
+    parser.add_argument("--plane-stream", action="store_true",
+                        help="with --device cuda: blocking calls on the plane's stream, not the caller's")
     args = parser.parse_args()
     if args.device == "cuda":
         import small_op_breakdown_gpu

@@ -163,6 +163,7 @@ def main(args: argparse.Namespace) -> None:
     hvd.allreduce_(x, op=hvd.Sum, name="small")  # builds the NCCL plane
     if nccl_plane().name != "NCCL":
         raise SystemExit(f"the GPU plane is {nccl_plane().name}, not NCCL: run one rank per GPU")
+    nccl_plane()._callers_stream = not args.plane_stream
     times = measure(torch, hvd, x, args, comm)
     if args.profile:
         profile(torch, hvd, x, args.calls, comm)

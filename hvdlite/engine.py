@@ -75,20 +75,13 @@ class Engine:
     def submit(self, requests: list[Request], wake: bool = True) -> None:
         """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names.
 
-        ``wake=False`` is for a caller that waits on the handles at once: the engine thread stays
-        asleep, and the caller runs the cycle itself, here if no other thread is running cycles
-        (a blocking call's request is then usually done when this returns), else in its wait
-        (:meth:`drive`).
+        ``wake=False`` leaves the engine thread asleep: for a caller that waits on the handles at
+        once, whose wait then runs the cycle itself (:meth:`drive`). Not here: submitting never
+        blocks, and only a driving caller keeps the engine thread from taking its cycles over.
         """
         self._queue.put(requests)
         for request in requests:
             request.handle.driver = self._drive
-        if not wake and not self._drivers and self._driving.acquire(blocking=False):
-            try:
-                self._sigint.run(self._turn)
-            finally:
-                self._driving.release()
-            return
         # Not while the thread dozes (it looks for work every _DOZE_SECONDS by itself): a wake-up
         # costs the caller a GIL hand-off, and a caller that waits at once runs the cycle anyway.
         if wake and not self._dozing and not self._wake.is_set():

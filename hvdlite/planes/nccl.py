@@ -122,6 +122,7 @@ class NcclPlane:
         # RequestMeta -> (count, op, factor) for allreduces the lean in-place path runs, () for the others:
         # the same gradient's meta comes back every step.
         self._in_place_launches: dict[Any, tuple] = {}
+        self._callers_stream = True  # lone blocking in-place allreduces on the caller's stream (benchmarks compare)
 
     def close(self) -> None:
         try:
@@ -167,7 +168,7 @@ class NcclPlane:
         """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
         module docstring); None if the item is anything else."""
         request = requests[0]
-        if request is None or not request.tensor.on_its_stream:
+        if request is None or not self._callers_stream or not request.tensor.on_its_stream:
             return None
         launch = self._in_place_launch(responses, requests)
         if launch is None:
