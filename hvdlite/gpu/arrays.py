@@ -6,8 +6,9 @@ The wrapper records a CUDA event on the producing stream at submission, so the N
 for exactly the work that wrote the tensor, not for later work on that stream. A blocking call's
 tensor records none: its caller enqueues nothing until the call returns, so the data is complete
 on its stream whenever the collective is dispatched, and a lone in-place allreduce runs on that
-very stream (:meth:`DeviceArray.ready_event` records the event only where another stream needs it). It also holds the
-tensor (``owner``) until the collective finished, so its memory cannot be reused under NCCL.
+very stream (:meth:`DeviceArray.ready_event` records the event only where another stream needs
+it). The wrapper also holds the tensor (``owner``) until the collective finished, so its memory
+cannot be reused under NCCL.
 
 cupy supplies the device-side objects (views, events, copies). Views need no GPU to build, which
 is what lets the pointer plumbing be tested on CPU machines.

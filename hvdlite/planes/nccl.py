@@ -7,8 +7,9 @@ back before the collective finished, and the inputs (held by their requests) sta
 then. A blocking call's lone in-place allreduce runs on its caller's stream instead (the tensor is
 complete there, and so is the result for the caller): one NCCL call and one event, no stream waits.
 Whatever stream a launch goes to first waits for the previous launch's event if that was on
-another stream, so NCCL calls on the communicator stay in the order every rank issues them. Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout
-aborts the communicator so no kernel is left spinning on a dead peer.
+another stream, so NCCL calls on the communicator stay in the order every rank issues them.
+Waiting polls the event with the job's deadline and NCCL's asynchronous error; a timeout aborts
+the communicator so no kernel is left spinning on a dead peer.
 
 With ``HVDLITE_HIERARCHICAL_ALLREDUCE=1`` on several hosts, allreduces go through
 :mod:`.hierarchical` (NCCL inside each host, MPI across hosts) instead of one flat NCCL call.
