@@ -76,7 +76,7 @@ class DeviceArray:
     def ready_event(self) -> Any:
         """The event another stream waits on before reading this tensor (None: complete already);
         for a tensor :attr:`on_its_stream`, recorded now."""
-        if self.ready is None and self.stream is not None:
+        if self.on_its_stream:
             self.ready = record_ready(self.stream, self.device_id)
         return self.ready
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -36,53 +36,15 @@ from ..gpu import completion
 from ..gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
 from ..gpu.hierarchical import HierarchicalReducer, supports
 from ..gpu.nccl import Communicator, NcclError, group
+from ..gpu.plans import ReductionPlan, in_place_launch, member_offsets, reduction_plan
 from ..gpu.scaling import scale_in_place
 from ..ops import Collective, ReduceOp
 from ..request import Request
 from ..response import Response
-from ..utils.buffers import padded_count
 from ..utils.polling import WaitTimeout, wait_until
 from ..utils.rows import scatter_rows
 
 _MAX_REMEMBERED = 4096  # in-place launch plans kept (one per gradient of the models in use)
-
-
-class ReductionPlan(NamedTuple):
-    """How a reduction runs on NCCL."""
-
-    op: ReduceOp  # the NCCL op
-    factor: float  # folded into NCCL's pre-multiplied sum (floating Sum and Average)
-    pre: float  # applied to the inputs before the reduction
-    post: float  # applied to the result after it ...
-    divisor: int  # ... and then divided by (a scaled integer Average)
-
-
-def reduction_plan(dtype: str, op: ReduceOp, prescale: float, postscale: float, size: int) -> ReductionPlan:
-    """How to run a reduction of ``dtype`` on NCCL.
-
-    Sum and a floating Average become one pre-multiplied sum by ``prescale * postscale [/ size]``;
-    an unscaled integer Average is ncclAvg (integer division, as the host path's truncation). NCCL
-    cannot pre-multiply integers, so a scaled integer reduction scales before and after, and its
-    Average is a Sum whose result is divided with the post-scale, as the host path does. Min, Max
-    and Product keep the factors for separate scaling before and after.
-    """
-    wire_op = dtypes.wire_op(dtype, op)
-    if dtypes.is_floating(dtype) and wire_op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        factor = prescale * postscale / (size if wire_op is ReduceOp.AVERAGE else 1)
-        return ReductionPlan(ReduceOp.SUM, factor, 1.0, 1.0, 1)
-    if wire_op is ReduceOp.AVERAGE:
-        if prescale == 1.0 and postscale == 1.0:
-            return ReductionPlan(ReduceOp.AVERAGE, 1.0, 1.0, 1.0, 1)
-        return ReductionPlan(ReduceOp.SUM, 1.0, prescale, postscale, size)
-    return ReductionPlan(wire_op, 1.0, prescale, postscale, 1)
-
-
-def member_offsets(counts: list[int], itemsize: int) -> list[int]:
-    """Start of each member in a device fusion buffer (64-byte aligned), and the total as the last entry."""
-    starts = [0]
-    for count in counts:
-        starts.append(starts[-1] + padded_count(count, itemsize))
-    return starts
 
 
 class NcclPlane:
@@ -178,8 +140,12 @@ class NcclPlane:
         self._follow_last_launch(stream)
         results = self._launch_in_place(request, launch, stream)
         # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        self._track(completion.record(completion.new_event(self._device_id), stream), stream, responses, [])
+        self._track(self._event_on(stream), stream, responses, [])
         return results
+
+    def _event_on(self, stream: int) -> Any:
+        """A pooled event recorded now on ``stream``: it fires once the work enqueued there so far has."""
+        return completion.record(completion.new_event(self._device_id), stream)
 
     def _follow_last_launch(self, stream: int) -> None:
         """Order work enqueued on ``stream`` after the previous launch when that went to another stream."""
@@ -206,7 +172,7 @@ class NcclPlane:
 
     def _complete(self, responses: tuple[Response, ...], requests: list[Request | None], stream: int) -> None:
         """Record the completion event on ``stream``; hand it to the handles, or wait for it here."""
-        event = completion.record(completion.new_event(self._device_id), stream)
+        event = self._event_on(stream)
         completions = []
         for request in requests:
             if request is not None and self._async:
@@ -251,7 +217,7 @@ class NcclPlane:
     def _wait_finished(self, responses: tuple[Response, ...], event: Any = None) -> None:
         """Block until the work enqueued so far finished: a short spin, then sleeps (no spinning core)."""
         if event is None:
-            event = completion.record(completion.new_event(self._device_id), self._stream_ptr)
+            event = self._event_on(self._stream_ptr)
 
         def finished() -> bool:
             if event.done:
@@ -414,18 +380,6 @@ class NcclPlane:
         if wire != meta.dtype:
             mine = mine.astype(storage_dtype(meta.dtype))
         return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])
-
-
-def in_place_launch(meta: Any, size: int) -> tuple:
-    """(count, op, factor) when an in-place allreduce of ``meta`` is one NCCL call on its own memory
-    (its own dtype on the wire, nothing to scale before or after); () otherwise."""
-    if (meta.collective is not Collective.ALLREDUCE or meta.op is ReduceOp.ADASUM
-            or dtypes.wire_name(meta.dtype, DEVICE) != meta.dtype):
-        return ()
-    plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, size)
-    if plan.pre != 1.0 or plan.post != 1.0 or plan.divisor != 1:
-        return ()
-    return math.prod(meta.shape), plan.op, plan.factor
 
 
 def describe(responses: tuple[Response, ...]) -> str:

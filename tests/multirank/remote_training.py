@@ -60,6 +60,14 @@ def train_one_process(size):
     return [p.detach().numpy() for p in net.parameters()]
 
 
+def check_matches_one_process(results):
+    """Two ranks' results of :func:`train_distributed`: equal to one process's, and to each other bit for bit."""
+    for got, want in zip(results[0], train_one_process(2), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(results[0], results[1], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
 def waits_until_killed(marker):
     import hvdlite as hvd
 

@@ -6,13 +6,12 @@ import threading
 import time
 
 import cloudpickle
-import numpy as np
 import pytest
 from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
 from .harness import ONE_THREAD
-from .remote_training import run_example, train_distributed, train_one_process, waits_until_killed
+from .remote_training import check_matches_one_process, run_example, train_distributed, waits_until_killed
 
 pytestmark = pytest.mark.multirank
 # The ranks and actors need not import the test modules.
@@ -48,10 +47,7 @@ def test_torch_training_on_two_actors_equals_one_process(ray_cluster):
         results = executor.run(train_distributed)
     finally:
         executor.shutdown()
-    for got, want in zip(results[0], train_one_process(2), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(results[0], results[1], strict=True):
-        np.testing.assert_array_equal(mine, theirs)
+    check_matches_one_process(results)
 
 
 def rank_and_size(offset):

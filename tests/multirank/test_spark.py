@@ -15,7 +15,7 @@ from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
 from .harness import ONE_THREAD
-from .remote_training import run_example, train_distributed, train_one_process, waits_until_killed
+from .remote_training import check_matches_one_process, run_example, train_distributed, waits_until_killed
 
 pytestmark = pytest.mark.multirank
 # The ranks need not import the test modules.
@@ -44,10 +44,7 @@ def test_torch_training_on_two_spark_tasks_equals_one_process(spark):
 
     results = hvdlite.spark.run(train_distributed, num_proc=2)
     assert len(results) == 2
-    for got, want in zip(results[0], train_one_process(2), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(results[0], results[1], strict=True):
-        np.testing.assert_array_equal(mine, theirs)
+    check_matches_one_process(results)
 
 
 def ranks_and_hosts(offset):

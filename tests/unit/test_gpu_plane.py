@@ -16,13 +16,13 @@ from hvdlite import api, arguments, dtypes, errors
 from hvdlite.config import load_config
 from hvdlite.gpu import nccl, scaling, selection
 from hvdlite.gpu.arrays import DEVICE, DeviceArray
+from hvdlite.gpu.plans import in_place_launch, member_offsets, reduction_plan
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.pipeline import fuse as fusion
 from hvdlite.pipeline.coordinator import find_mismatch
 from hvdlite.pipeline.execute import Executor
 from hvdlite.planes.host import HostPlane
 from hvdlite.planes.host import scale_in_place as host_scale_in_place
-from hvdlite.planes.nccl import in_place_launch, member_offsets, reduction_plan
 from hvdlite.request import RequestMeta
 from hvdlite.response import Response
 from hvdlite.transport.shm import UFUNCS
