@@ -41,6 +41,18 @@ CurrentStream = Callable[[int], int]  # device id -> the calling thread's curren
 _DISABLE_TIMING = 0x2  # cudaEventDisableTiming: the cheapest event to record and query
 _NOT_READY = 600  # cudaErrorNotReady
 _POOLS: dict[int, list[int]] = {}  # device id -> CUDA events no Event object refers to any more
+# Work in flight with nothing to release is reaped in batches of this many (or once QUIET_SECONDS old):
+# events fire in launch order, so one query of the newest clears a batch (see InFlight.check).
+REAP_BATCH = 64
+_runtime: Any = None  # cupy.cuda.runtime, bound by the first event made: every call below has an event
+
+
+def _cuda() -> Any:
+    global _runtime
+    import cupy
+
+    _runtime = cupy.cuda.runtime
+    return _runtime
 
 
 class Event:
@@ -67,21 +79,18 @@ class Event:
     @property
     def done(self) -> bool:
         """True once the work recorded before the event finished (never blocks)."""
-        import cupy
-
-        status = cupy.cuda.runtime.eventQuery(self.ptr)
+        runtime = _runtime or _cuda()
+        status = runtime.eventQuery(self.ptr)
         if status == 0:
             return True
         if status == _NOT_READY:
             return False
         raise DeviceError(f"CUDA error {status} on GPU {self.device_id} while waiting for device work "
-                          f"({cupy.cuda.runtime.getErrorString(status).decode(errors='replace')})")
+                          f"({runtime.getErrorString(status).decode(errors='replace')})")
 
 
 def _create_event(device_id: int) -> int:
-    import cupy
-
-    runtime = cupy.cuda.runtime
+    runtime = _cuda()
     previous = runtime.getDevice()
     if previous == device_id:
         return runtime.eventCreateWithFlags(_DISABLE_TIMING)
@@ -99,17 +108,13 @@ def new_event(device_id: int) -> Event:
 
 def record(event: Any, stream_ptr: int) -> Any:
     """Record ``event`` on the stream ``stream_ptr`` (a raw pointer: no stream object is built)."""
-    import cupy
-
-    cupy.cuda.runtime.eventRecord(event.ptr, stream_ptr)
+    (_runtime or _cuda()).eventRecord(event.ptr, stream_ptr)
     return event
 
 
 def stream_waits(stream_ptr: int, event: Any) -> None:
     """Work enqueued on ``stream_ptr`` from now on waits for ``event``."""
-    import cupy
-
-    cupy.cuda.runtime.streamWaitEvent(stream_ptr, event.ptr, 0)
+    (_runtime or _cuda()).streamWaitEvent(stream_ptr, event.ptr, 0)
 
 
 def host_wait(event: Any, timeout: float | None, max_sleep: float, what: str) -> None:
@@ -175,6 +180,7 @@ class InFlight:
         self._timeout = timeout
         self._describe = describe
         self._entries: collections.deque[tuple[Any, Any, Any, float]] = collections.deque()
+        self._holding = 0  # entries that hold memory to release
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -182,19 +188,39 @@ class InFlight:
     def add(self, event: Any, keep_alive: Any, what: Any) -> None:
         """Track ``event``; ``keep_alive`` (the requests, hence their tensors) is dropped once it fired."""
         self._entries.append((event, keep_alive, what, time.monotonic()))
+        if keep_alive:
+            self._holding += 1
 
     def reap(self) -> None:
-        """Drop every entry whose event fired (they fire in order: one stream)."""
+        """Drop every entry whose event fired, oldest first.
+
+        Events fire in launch order (a launch on another stream waits for the previous launch's
+        event), so when no entry holds memory, one query of the newest clears them all.
+        """
         entries = self._entries
+        if not self._holding and len(entries) > 1 and entries[-1][0].done:
+            entries.clear()
+            return
         while entries and entries[0][0].done:
-            entries.popleft()
+            if entries.popleft()[1]:
+                self._holding -= 1
 
     def check(self) -> str:
         """Reap, then describe why the oldest entry can never finish ('' while all is well): NCCL
-        reported an error, or it has been in flight longer than the deadline."""
+        reported an error, or it has been in flight longer than the deadline.
+
+        Entries that hold nothing (a blocking call's, on its caller's stream) are reaped only in
+        batches of :data:`REAP_BATCH`, or once the oldest is :data:`QUIET_SECONDS` old: this runs
+        every cycle, and asking CUDA about each blocking call's event was a share of its cost.
+        """
         entries = self._entries
-        while entries and entries[0][0].done:  # reap, inline: this runs every cycle
-            entries.popleft()
+        if not entries:
+            return ""
+        since = entries[0][3]
+        waited = time.monotonic() - since
+        if not self._holding and waited < QUIET_SECONDS and len(entries) < REAP_BATCH:
+            return ""
+        self.reap()
         if not entries:
             return ""
         _, _, work, since = entries[0]

@@ -152,6 +152,7 @@ class Communicator:
         self._aborted = False
         # Pre-multiplied sums by (dtype, factor), made once: an Average at np > 1 uses one on every call.
         self._premul_ops: dict[tuple[str, float], int] = {}
+        self._nccl_allreduce = _library().ncclAllReduce  # bound once: every gradient's launch calls it
 
     @classmethod
     def create(cls, uid: bytes, size: int, rank: int, device_id: int, timeout: float | None) -> Communicator:
@@ -217,8 +218,10 @@ class Communicator:
     def allreduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, stream: int,
                   scale: float = 1.0) -> None:
         """``recv = op(send over ranks)``; with ``scale`` != 1 (Sum only): ``sum(scale * send)``."""
-        _check(_library().ncclAllReduce(send, recv, count, NCCL_DTYPE[dtype], self._op(dtype, op, scale), self._handle,
-                                        stream), "ncclAllReduce", self._handle)
+        nccl_op = NCCL_OP[op] if scale == 1.0 else self._op(dtype, op, scale)
+        result = self._nccl_allreduce(send, recv, count, NCCL_DTYPE[dtype], nccl_op, self._handle, stream)
+        if result:
+            _check(result, "ncclAllReduce", self._handle)
 
     def reduce(self, send: int, recv: int, count: int, dtype: str, op: ReduceOp, root: int, stream: int,
                scale: float = 1.0) -> None:

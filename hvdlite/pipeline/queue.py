@@ -38,8 +38,12 @@ class RequestQueue:
                 raise type(self.fatal)(str(self.fatal))
             if self.closed:
                 raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
+            if len(requests) == 1 and (name := requests[0].meta.name) not in self._in_flight:
+                self._in_flight.add(name)  # one request, its name free: most calls, with no list of names
+                self._incoming.append(requests[0])
+                return
             names = [r.meta.name for r in requests]
-            clash = (len(names) != 1 or names[0] in self._in_flight) and clashing_names(names, self._in_flight)
+            clash = clashing_names(names, self._in_flight)
             if clash:
                 raise errors.DuplicateNameError(
                     f"tensor name(s) {clash} already in flight on rank {self._rank}; wait for the earlier "
@@ -80,14 +84,15 @@ class RequestQueue:
         Returns (request, result, error) for each; a name this rank never submitted (it joined, or
         a peer's error) is skipped.
         """
-        pending = self.pending
-        done = [(request, result, error) for response, result, error in outcome
-                if (request := pending.pop(response.meta.name, None)) is not None]
+        pending, done = self.pending, []
+        for response, result, error in outcome:
+            request = pending.pop(response.meta.name, None)
+            if request is not None:
+                done.append((request, result, error))
+                self.joins -= request.meta.collective is Collective.JOIN
         with self._lock:
             for request, _, _ in done:
                 self._in_flight.discard(request.meta.name)
-        for request, _, _ in done:
-            self.joins -= request.meta.collective is Collective.JOIN
         return done
 
     def fail_all(self, error: errors.HvdliteError) -> None:

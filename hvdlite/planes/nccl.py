@@ -97,7 +97,9 @@ class NcclPlane:
             self._comm.destroy()
 
     def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list:
-        requests = [local.get(r.meta.name) for r in responses]
+        # One response is the common case (a blocking call, a large gradient): no comprehension to build.
+        requests = [local.get(responses[0].meta.name)] if len(responses) == 1 else \
+            [local.get(r.meta.name) for r in responses]
         previous = self._runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
         if previous != self._device_id:
             self._runtime.setDevice(self._device_id)
@@ -140,12 +142,14 @@ class NcclPlane:
         self._follow_last_launch(stream)
         results = self._launch_in_place(request, launch, stream)
         # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        self._track(self._event_on(stream), stream, responses, [])
+        self._track(self._event_on(stream), stream, responses, ())
         return results
 
     def _event_on(self, stream: int) -> Any:
         """A pooled event recorded now on ``stream``: it fires once the work enqueued there so far has."""
-        return completion.record(completion.new_event(self._device_id), stream)
+        event = completion.Event(self._device_id)
+        self._runtime.eventRecord(event.ptr, stream)
+        return event
 
     def _follow_last_launch(self, stream: int) -> None:
         """Order work enqueued on ``stream`` after the previous launch when that went to another stream."""

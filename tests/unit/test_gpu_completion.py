@@ -66,6 +66,52 @@ def test_work_in_flight_is_released_in_order_once_its_event_fired() -> None:
     assert in_flight.check() == "" and len(in_flight) == 0
 
 
+class CountedEvent:
+    """A stand-in event that counts how often it was asked whether it fired."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.asked = 0
+
+    @property
+    def done(self) -> bool:
+        self.asked += 1
+        return self.fired
+
+
+def test_work_that_holds_nothing_is_reaped_in_batches_with_one_query_of_the_newest() -> None:
+    in_flight = completion.InFlight(lambda: "", timeout=None)
+    events = [CountedEvent() for _ in range(completion.REAP_BATCH)]
+    for event in events[:-1]:
+        in_flight.add(event, (), "allreduce of ['x']")  # a blocking call's: nothing to release
+        event.fired = True
+        assert in_flight.check() == ""
+    assert len(in_flight) == completion.REAP_BATCH - 1 and not any(e.asked for e in events), \
+        "a cycle asked CUDA about work that holds nothing, before the batch filled"
+    in_flight.add(events[-1], (), "allreduce of ['x']")
+    events[-1].fired = True
+    assert in_flight.check() == "" and len(in_flight) == 0
+    assert events[-1].asked == 1 and sum(e.asked for e in events) == 1, "the newest fired: every older one did"
+
+
+def test_work_that_holds_memory_is_reaped_every_cycle_oldest_first() -> None:
+    in_flight = completion.InFlight(lambda: "", timeout=None)
+    blocking, held = CountedEvent(), CountedEvent()
+    in_flight.add(blocking, (), "allreduce of ['b']")
+    in_flight.add(held, ["inputs"], "allreduce of ['h']")
+    blocking.fired = True
+    assert in_flight.check() == "" and len(in_flight) == 1  # the held one has not fired: only the first goes
+    held.fired = True
+    assert in_flight.check() == "" and len(in_flight) == 0
+
+
+def test_work_that_holds_nothing_is_still_watched_once_quiet_seconds_old(monkeypatch) -> None:
+    stuck = completion.InFlight(lambda: "", timeout=0.0)
+    stuck.add(CountedEvent(), (), "allreduce of ['s']")
+    monkeypatch.setattr(completion, "QUIET_SECONDS", 0.0)
+    assert stuck.check().startswith("allreduce of ['s'] has not finished on the GPU after")
+
+
 def test_an_nccl_error_or_the_deadline_is_reported_for_the_oldest_work_in_flight(monkeypatch) -> None:
     failures = [""]
     asked = []

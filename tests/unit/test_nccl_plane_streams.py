@@ -87,6 +87,7 @@ def plane(monkeypatch):
     from hvdlite.planes.nccl import NcclPlane
 
     monkeypatch.setattr(completion, "_POOLS", {})
+    monkeypatch.setattr(completion, "_runtime", None)  # bound to this test's stand-in by its first event
     made = NcclPlane(Communicator(calls), 0, timeout=60.0, poll_seconds=0.001)
     made.calls = calls
     return made
