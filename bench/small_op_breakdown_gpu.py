@@ -65,8 +65,7 @@ def nccl_plane():
     """This rank's NCCL plane (built by the first device collective)."""
     from hvdlite.runtime import current
 
-    runner = current().engine.pipeline.executor._planes[1]._runner
-    return runner._plane
+    return current().engine.pipeline.executor._planes[1]._plane
 
 
 def timed_gpu(torch, fn, calls: int, comm: MPI.Comm) -> float:

@@ -104,7 +104,7 @@ class Engine:
             while not handle.delivered() and not self._queue.closed:
                 if idle_streak:
                     time.sleep(self._backoff(idle_streak))  # Ctrl-C here leaves with the work handed over
-                if not self._driving.acquire(blocking=False):
+                if not self._driving.acquire(False):  # positional: cheaper, and this runs per call
                     break
                 try:
                     progressed = self._sigint.run(self._turn)

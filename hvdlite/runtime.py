@@ -179,7 +179,7 @@ def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
         Executor(MpiTransport(data, config.chunk_bytes, poll_seconds, config.comm_timeout, config.pipeline_depth,
                                 config.shm_min_bytes if shm else None, probe),
                  comm.Get_rank(), comm.Get_size(),
-                 device_runner=_device_runner(config, data, hosts, local_rank)),
+                 choose_gpu_plane=_gpu_plane_chooser(config, data, hosts, local_rank)),
         abort=failure.abort_job,
         scope=scope,
     )
@@ -187,13 +187,13 @@ def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
     return engine, (control, data)
 
 
-def _device_runner(config: Config, data_comm: Any, hosts: list[str], local_rank: int):
-    """The factory of the GPU data plane, called on the first device tensor (cupy is imported then)."""
-    def make(host: Any) -> Any:
-        from .planes.device import GpuRunner
+def _gpu_plane_chooser(config: Config, data_comm: Any, hosts: list[str], local_rank: int):
+    """What chooses the GPU data plane, called on the first device tensor (cupy is imported then)."""
+    def choose(executor: Any, item: Any, local: Any) -> Any:
+        from .planes.device import GpuChooser
 
-        return GpuRunner(host, config, data_comm, hosts, local_rank)
-    return make
+        return GpuChooser(executor, config, data_comm, hosts, local_rank).choose(item, local)
+    return choose
 
 
 def stop_without_communicating(runtime: Runtime, error: Exception) -> None:

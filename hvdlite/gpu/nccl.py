@@ -153,6 +153,7 @@ class Communicator:
         # Pre-multiplied sums by (dtype, factor), made once: an Average at np > 1 uses one on every call.
         self._premul_ops: dict[tuple[str, float], int] = {}
         self._nccl_allreduce = _library().ncclAllReduce  # bound once: every gradient's launch calls it
+        self._address = handle.value  # ctypes converts a plain int to a pointer faster than a c_void_p
 
     @classmethod
     def create(cls, uid: bytes, size: int, rank: int, device_id: int, timeout: float | None) -> Communicator:
@@ -219,7 +220,7 @@ class Communicator:
                   scale: float = 1.0) -> None:
         """``recv = op(send over ranks)``; with ``scale`` != 1 (Sum only): ``sum(scale * send)``."""
         nccl_op = NCCL_OP[op] if scale == 1.0 else self._op(dtype, op, scale)
-        result = self._nccl_allreduce(send, recv, count, NCCL_DTYPE[dtype], nccl_op, self._handle, stream)
+        result = self._nccl_allreduce(send, recv, count, NCCL_DTYPE[dtype], nccl_op, self._address, stream)
         if result:
             _check(result, "ncclAllReduce", self._handle)
 

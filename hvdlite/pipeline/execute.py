@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from .. import errors
 from ..planes.base import DataPlane, Outcome, failed, succeeded
-from ..planes.device import DevicePlane, DeviceRunner
+from ..planes.device import ChoosePlane, DevicePlane
 from ..planes.host import HostPlane
 from ..request import Request
 from ..transport.base import Transport
@@ -23,27 +23,30 @@ class Executor:
     """The data planes of one communicator, in the order they are asked."""
 
     def __init__(self, transport: Transport, rank: int, size: int,
-                 device_runner: Callable[[Executor], DeviceRunner] | None = None) -> None:
-        """``device_runner(executor)`` builds the GPU plane on the first device item (cupy is imported then)."""
+                 choose_gpu_plane: ChoosePlane | None = None) -> None:
+        """``choose_gpu_plane(executor, item, local)`` builds the GPU plane on the first device item
+        (cupy is imported then)."""
         self.rank = rank
         self.size = size
         self.host = HostPlane(transport, rank, size)
-        # Host first: most items are host items, and the planes accept disjoint items, so the order
-        # only decides how many are asked.
-        self._planes: tuple[DataPlane, ...] = (self.host, DevicePlane(self, device_runner))
+        self._planes: tuple[DataPlane, ...] = (self.host, DevicePlane(self, choose_gpu_plane))
+        self._by_device: dict[str, DataPlane] = {}  # the plane each device's items go to (plane_for)
 
     @property
     def transport(self) -> Transport:
         return self.host.transport
 
     def plane_for(self, item: WorkItem) -> DataPlane:
-        """The first plane enabled for ``item``."""
-        if item.responses[0].meta.device == "cpu":  # most items: the host plane, without asking each plane
-            return self.host
-        for plane in self._planes:
-            if plane.enabled_for(item):
-                return plane
-        raise errors.HvdliteError(f"no data plane runs tensors on {item.responses[0].meta.device!r}")
+        """The first plane enabled for ``item``. Planes choose by where the tensors live, so the
+        answer is asked once per device and remembered (this runs for every work item)."""
+        device = item.responses[0].meta.device
+        plane = self._by_device.get(device)
+        if plane is None:
+            plane = next((p for p in self._planes if p.enabled_for(item)), None)
+            if plane is None:
+                raise errors.HvdliteError(f"no data plane runs tensors on {device!r}")
+            self._by_device[device] = plane
+        return plane
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> Outcome:
         """Execute ``item`` now; returns (response, result, error) for each of its responses."""

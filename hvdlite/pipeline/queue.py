@@ -75,7 +75,8 @@ class RequestQueue:
             arrived, self._incoming = self._incoming, []
         for request in arrived:
             self.pending[request.meta.name] = request
-            self.joins += request.meta.collective is Collective.JOIN
+            if request.meta.collective is Collective.JOIN:
+                self.joins += 1
         return arrived
 
     def release(self, outcome: Iterable[tuple[Response, Any, BaseException | None]]) -> list[tuple[Request, Any, Any]]:
@@ -89,10 +90,11 @@ class RequestQueue:
             request = pending.pop(response.meta.name, None)
             if request is not None:
                 done.append((request, result, error))
-                self.joins -= request.meta.collective is Collective.JOIN
         with self._lock:
             for request, _, _ in done:
                 self._in_flight.discard(request.meta.name)
+                if request.meta.collective is Collective.JOIN:
+                    self.joins -= 1
         return done
 
     def fail_all(self, error: errors.HvdliteError) -> None:

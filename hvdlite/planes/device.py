@@ -22,6 +22,7 @@ from ..gpu import nccl, selection, stack
 from ..gpu.arrays import DEVICE, device_count
 from ..pipeline.fuse import WorkItem, describe
 from ..request import Request
+from ..response import Response
 from ..transport.base import Transport
 from .base import Outcome, succeeded
 
@@ -31,42 +32,51 @@ if TYPE_CHECKING:
 log = logging.getLogger("hvdlite")
 
 
-class DeviceRunner(Protocol):
-    """Runs device work items once the plane is chosen (:class:`GpuRunner`; tests pass fakes)."""
+class ChosenPlane(Protocol):
+    """The plane the job chose on its first device item (:class:`~.nccl.NcclPlane` or
+    :class:`~.staged.HostStagedPlane`; tests pass fakes)."""
 
-    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list: ...
+    def dispatch(self, responses: tuple[Response, ...], local: Mapping[str, Request]) -> list: ...
 
     def poll(self) -> None: ...
 
     def close(self) -> None: ...
 
 
-class DevicePlane:
-    """Enabled for items whose tensors live on a GPU; builds its runner on the first one.
+# Builds the job's plane from the first device item (collective): executor, item, this rank's requests.
+ChoosePlane = Callable[["Executor", WorkItem, Mapping[str, Request]], ChosenPlane]
 
-    The runner is built lazily because choosing NCCL or host staging is collective and needs cupy,
-    which a CPU-only job never imports.
+
+class DevicePlane:
+    """Enabled for items whose tensors live on a GPU; the job chooses its plane on the first one.
+
+    Chosen lazily because the choice is collective and needs cupy, which a CPU-only job never
+    imports. Afterwards every item goes straight to the chosen plane.
     """
 
     name = "gpu"
 
-    def __init__(self, executor: Executor, make_runner: Callable[[Executor], DeviceRunner] | None) -> None:
+    def __init__(self, executor: Executor, choose: ChoosePlane | None) -> None:
         self._executor = executor
-        self._make_runner = make_runner
-        self._runner: DeviceRunner | None = None
+        self._choose = choose
+        self._plane: ChosenPlane | None = None
 
     def enabled_for(self, item: WorkItem) -> bool:
         return item.responses[0].meta.device != "cpu"
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
+        responses = item.responses
+        if self._plane is None or responses[0].meta.device != DEVICE:
+            self._choose_for(item, local)
+        return self._plane.dispatch(responses, local)
+
+    def _choose_for(self, item: WorkItem, local: Mapping[str, Request]) -> None:
         device = item.responses[0].meta.device
         if device != DEVICE:  # a mixed group (arguments.one_device) that no peer contradicted: its peers had joined
             raise errors.UnsupportedOperationError(f"{describe(item)}: tensors on {device}")
-        if self._runner is None:
-            if self._make_runner is None:
-                raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
-            self._runner = self._make_runner(self._executor)
-        return self._runner.run(item, local)
+        if self._choose is None:
+            raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
+        self._plane = self._choose(self._executor, item, local)
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
         self._executor.host.flush()  # device work never overtakes host reductions still in flight
@@ -75,12 +85,12 @@ class DevicePlane:
     def finish(self) -> None:
         # A device item completes within start(); work it left on the GPU is watched here, every
         # cycle (idle ones included), so a collective that can never finish ends in an error.
-        if self._runner is not None:
-            self._runner.poll()
+        if self._plane is not None:
+            self._plane.poll()
 
     def close(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
+        if self._plane is not None:
+            self._plane.close()
 
 
 def exchange_unique_id(transport: Transport, rank: int) -> bytes:
@@ -99,8 +109,11 @@ def exchange_rows(transport: Transport, mine: selection.RankGpu, size: int) -> l
     return [selection.RankGpu.decode(row) for row in table.reshape(size, selection.ROW_FIELDS)]
 
 
-class GpuRunner:
-    """Chooses the job's GPU plane on the first device item (see the module docstring), then runs items on it."""
+class GpuChooser:
+    """Chooses the job's GPU plane on the first device item (see the module docstring): :meth:`choose`.
+
+    The lambdas of the plane it builds keep it, for the hierarchical groups they make later.
+    """
 
     def __init__(self, executor: Executor, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
         self._host = executor.host
@@ -109,24 +122,14 @@ class GpuRunner:
         self._hosts = hosts  # every rank's host name, index = rank
         self._host_name = hosts[executor.rank]
         self._local_rank = local_rank
-        self._plane: Any = None
 
-    def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
-        if self._plane is None:
-            if self._local_rank == 0:  # once a host: wheels for another CUDA fail later, and obscurely
-                for problem in stack.mismatches(stack.installed(stack.CUPY_WHEELS), stack.installed(stack.NCCL_WHEELS),
-                                                stack.loaded_torch_cuda()):
-                    log.warning("CUDA stack: %s", problem)
-            self._plane = self._set_up(item, local)
-        return self._plane.dispatch(item.responses, local)
-
-    def poll(self) -> None:
-        if self._plane is not None:
-            self._plane.poll()
-
-    def close(self) -> None:
-        if self._plane is not None:
-            self._plane.close()
+    def choose(self, item: WorkItem, local: Mapping[str, Request]) -> ChosenPlane:
+        """Exchange every rank's row, choose the same plane on every rank and build it (collective)."""
+        if self._local_rank == 0:  # once a host: wheels for another CUDA fail later, and obscurely
+            for problem in stack.mismatches(stack.installed(stack.CUPY_WHEELS), stack.installed(stack.NCCL_WHEELS),
+                                            stack.loaded_torch_cuda()):
+                log.warning("CUDA stack: %s", problem)
+        return self._set_up(item, local)
 
     def _device_id(self, item: WorkItem, local: Mapping[str, Request]) -> int:
         for response in item.responses:

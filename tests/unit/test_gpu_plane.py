@@ -4,6 +4,7 @@ tensors. What needs a device is in tests/gpu (it skips here)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import time
 from types import SimpleNamespace
@@ -75,6 +76,29 @@ def nccl_device_present() -> bool:
     from hvdlite.gpu.arrays import device_count
 
     return device_count() > 0
+
+
+def test_an_allreduce_launch_passes_pointers_and_the_communicator_and_names_nccls_error(monkeypatch) -> None:
+    calls, results = [], [0, 1]
+
+    class Library:  # stands in for libnccl: what the launch passes, and a failure's explanation
+        def ncclAllReduce(self, *args) -> int:
+            calls.append(args)
+            return results.pop(0)
+
+        def ncclGetErrorString(self, code: int) -> bytes:
+            return b"unhandled cuda error"
+
+        def ncclGetLastError(self, comm) -> bytes:
+            return b"cudaErrorLaunchFailure"
+
+    library = Library()
+    monkeypatch.setattr(nccl, "_library", lambda: library)
+    comm = nccl.Communicator(ctypes.c_void_p(0x5000), size=2, rank=0)
+    comm.allreduce(0x1000, 0x2000, 3, "bfloat16", ReduceOp.MAX, stream=0x70)
+    assert calls == [(0x1000, 0x2000, 3, nccl.NCCL_DTYPE["bfloat16"], nccl.NCCL_OP[ReduceOp.MAX], 0x5000, 0x70)]
+    with pytest.raises(nccl.NcclError, match=r"ncclAllReduce failed: unhandled cuda error \(cudaErrorLaunchFailure\)"):
+        comm.allreduce(0x1000, 0x1000, 3, "float32", ReduceOp.SUM, stream=0x70)
 
 
 def test_premultiplied_sum_scalars_are_encoded_in_the_reduction_dtype() -> None:
@@ -297,7 +321,7 @@ def test_a_group_mixing_devices_fails_on_every_rank_whatever_the_peers_groups_ho
 
 
 def test_a_mixed_group_that_no_peer_contradicted_is_refused_by_the_device_plane_on_every_rank() -> None:
-    executor = Executor(transport=None, rank=0, size=2, device_runner=lambda host: pytest.fail("no runner"))
+    executor = Executor(transport=None, rank=0, size=2, choose_gpu_plane=lambda *args: pytest.fail("no plane"))
     (meta, _), _ = arguments.one_device(_group(["cpu", "cuda"]), _set(0, 2))
     item = fusion.WorkItem((Response(meta),))
     with pytest.raises(errors.UnsupportedOperationError, match=r"allreduce of \['g.0'\]: tensors on mixed \("):
@@ -322,13 +346,13 @@ def test_device_outputs_must_be_device_arrays_that_do_not_overlap_the_input() ->
     arguments.check_outputs([DeviceArray(0x1010, (4,), np.float32, 0, owner=None)], [array], ["t"])
 
 
-def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_path() -> None:
+def test_device_items_go_to_the_gpu_plane_chosen_once_and_never_to_the_host_path() -> None:
     seen = []
 
-    class Runner:
-        def run(self, item, local):
-            seen.append([r.meta.name for r in item.responses])
-            return ["result"] * len(item.responses)
+    class Chosen:
+        def dispatch(self, responses, local):
+            seen.append([r.meta.name for r in responses])
+            return ["result"] * len(responses)
 
         def close(self) -> None:
             seen.append("closed")
@@ -339,7 +363,7 @@ def test_device_items_go_to_the_device_runner_built_once_and_never_to_the_host_p
 
     built = []
     executor = Executor(transport=HostBackend(), rank=0, size=1,
-                        device_runner=lambda host: built.append(host) or Runner())
+                        choose_gpu_plane=lambda host, item, local: built.append(host) or Chosen())
     item = fusion.WorkItem((Response(_meta("d", "float32", "cuda")),))
     assert [result for _, result, _ in executor.run(item, {})] == ["result"]
     executor.run(item, {})
