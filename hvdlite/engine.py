@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from _thread import get_ident
 from collections.abc import Callable
 
 from . import errors
@@ -98,24 +99,25 @@ class Engine:
         Ctrl-C is held back while a cycle runs (:class:`hvdlite.utils.interrupts.SigintGuard`).
         """
         idle_streak = 0
-        me = threading.get_ident()
-        self._drivers.add(me)  # the engine thread starts no cycle while a caller drives
+        me = get_ident()
+        drivers, queue, driving = self._drivers, self._queue, self._driving
+        drivers.add(me)  # the engine thread starts no cycle while a caller drives
         try:
-            while not handle.delivered() and not self._queue.closed:
+            while not handle.delivered and not queue.closed:
                 if idle_streak:
                     time.sleep(self._backoff(idle_streak))  # Ctrl-C here leaves with the work handed over
-                if not self._driving.acquire(False):  # positional: cheaper, and this runs per call
+                if not driving.acquire(False):  # positional: cheaper, and this runs per call
                     break
                 try:
                     progressed = self._sigint.run(self._turn)
                 finally:
-                    self._driving.release()
+                    driving.release()
                 if progressed is None:
                     break
                 idle_streak = 0 if progressed else idle_streak + 1
         finally:
-            self._drivers.discard(me)  # before the wake-up, so the engine thread sees it gone
-            if not handle.delivered() or self._queue.has_work:
+            drivers.discard(me)  # before the wake-up, so the engine thread sees it gone
+            if not handle.delivered or queue.has_work:
                 self._wake.set()
 
     def shutdown(self, timeout: float | None = None) -> None:

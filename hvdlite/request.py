@@ -44,11 +44,15 @@ class Handle:
     Completion is a flag plus, only if someone is already waiting, the release of that waiter's
     lock: a training step creates and completes a handle per gradient, and a ``threading.Event``
     per handle (a condition variable and a lock, built and notified) was measured as a visible
-    share of that per-tensor cost. Correct under the GIL: the engine sets ``_done`` before it
-    reads ``_waiters``, and a waiter registers before it re-reads ``_done``.
+    share of that per-tensor cost. Correct under the GIL: the engine sets :attr:`delivered` before
+    it reads ``_waiters``, and a waiter registers before it re-reads :attr:`delivered`.
+
+    ``delivered`` (an attribute: the engine reads it after every cycle it runs for a waiter) is
+    True once the engine handed over the result or error; a device result may still be in flight
+    on the GPU then (:meth:`wait` orders the caller after it, :meth:`done` says when it finished).
     """
 
-    __slots__ = ("name", "driver", "completion", "_done", "_result", "_error", "_waiters")
+    __slots__ = ("name", "driver", "completion", "delivered", "_result", "_error", "_waiters")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -57,62 +61,56 @@ class Handle:
         # Set by a device plane whose result is stream-ordered (hvdlite.gpu.completion.Completion):
         # each wait orders the waiter after the collective on the GPU.
         self.completion: Any = None
-        self._done = False
+        self.delivered = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._waiters: list[_thread.LockType] = []
 
     def done(self) -> bool:
         """True once the result (or an error) is ready, on the GPU too; never blocks."""
-        return self._done and (self.completion is None or self.completion.done)
-
-    def delivered(self) -> bool:
-        """True once the engine handed over the result or error (a device result may still be
-        in flight on the GPU: :meth:`wait` orders the caller after it)."""
-        return self._done
+        return self.delivered and (self.completion is None or self.completion.done)
 
     def set_result(self, result: Any) -> None:
         """Complete with ``result``; the first completion (result or error) wins."""
-        if not self._done:
+        if not self.delivered:
             self._result = result
             self._finish()
 
     def set_error(self, error: BaseException) -> None:
         """Complete with ``error``; the first completion (result or error) wins."""
-        if not self._done:
+        if not self.delivered:
             self._error = error
             self._finish()
 
     def _finish(self) -> None:
-        self._done = True
-        # Taken out first, so no waiter's lock is ever released twice; a waiter that registers in
-        # the new list re-reads _done afterwards and does not block.
-        waiters, self._waiters = self._waiters, []
-        for lock in waiters:
+        self.delivered = True
+        # Runs once per handle. A waiter that registers while this releases the others is released
+        # too, harmlessly: it re-reads ``delivered`` before it blocks, and returns.
+        for lock in self._waiters:
             lock.release()
 
     def _block(self, timeout: float | None) -> None:
         if self.driver is not None and timeout is None:
             self.driver(self)  # returns once done, or with the engine thread woken to finish it
-            if self._done:
+            if self.delivered:
                 return
         lock = _thread.allocate_lock()
         lock.acquire()
         self._waiters.append(lock)
         deadline = None if timeout is None else time.monotonic() + timeout
         # Waiting in short slices keeps Ctrl-C responsive in the main thread.
-        while not self._done and not lock.acquire(timeout=0.5):
+        while not self.delivered and not lock.acquire(timeout=0.5):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"operation {self.name!r} did not finish within {timeout} s")
 
     def join(self) -> None:
         """Block until done, without returning the result or raising its error."""
-        if not self._done:
+        if not self.delivered:
             self._block(None)
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done; return the result or raise the operation's error."""
-        if not self._done:
+        if not self.delivered:
             self._block(timeout)
         if self._error is not None:
             error = self._error

@@ -100,27 +100,26 @@ class NcclPlane:
         # One response is the common case (a blocking call, a large gradient): no comprehension to build.
         requests = [local.get(responses[0].meta.name)] if len(responses) == 1 else \
             [local.get(r.meta.name) for r in responses]
+        launch = self._in_place_launch(responses, requests)
         previous = self._runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
         if previous != self._device_id:
             self._runtime.setDevice(self._device_id)
         try:
-            results = self._in_place_on_callers_stream(responses, requests)
-            if results is None:
-                results = self._on_plane_stream(responses, requests, local)
+            if launch is not None and self._callers_stream and requests[0].tensor.on_its_stream:
+                return self._on_callers_stream(requests[0], launch, responses)
+            return self._on_plane_stream(responses, requests, local, launch)
         finally:
             if previous != self._device_id:
                 self._runtime.setDevice(previous)
-        return results
 
     def _on_plane_stream(self, responses: tuple[Response, ...], requests: list[Request | None],
-                         local: Mapping[str, Request]) -> list:
+                         local: Mapping[str, Request], launch: tuple | None) -> list:
         """Run the item on the plane's stream, after its inputs' ready events and the previous launch."""
         stream = self._stream_ptr
         self._follow_last_launch(stream)
         for request in requests:
             if request is not None and (ready := request.tensor.ready_event()) is not None:
                 completion.stream_waits(stream, ready)
-        launch = self._in_place_launch(responses, requests)
         if launch is not None:
             results = self._launch_in_place(requests[0], launch, stream)
         else:
@@ -129,15 +128,9 @@ class NcclPlane:
         self._complete(responses, requests, stream)
         return results
 
-    def _in_place_on_callers_stream(self, responses: tuple[Response, ...], requests: list[Request | None]) -> list | None:
+    def _on_callers_stream(self, request: Request, launch: tuple, responses: tuple[Response, ...]) -> list:
         """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
-        module docstring); None if the item is anything else."""
-        request = requests[0]
-        if request is None or not self._callers_stream or not request.tensor.on_its_stream:
-            return None
-        launch = self._in_place_launch(responses, requests)
-        if launch is None:
-            return None
+        module docstring)."""
         stream = request.tensor.stream
         self._follow_last_launch(stream)
         results = self._launch_in_place(request, launch, stream)

@@ -163,7 +163,7 @@ def test_a_handle_is_done_for_poll_only_once_the_gpu_finished_but_delivered_at_o
     handle = Handle("grad")
     handle.completion = completion.Completion(event, 0, lambda device: 1, 1.0, 0.001, META)
     handle.set_result("result")
-    assert handle.delivered() and not handle.done()
+    assert handle.delivered and not handle.done()
     event.fire()
     assert handle.done()
 
