@@ -53,8 +53,8 @@ def instrument() -> None:
     instrument_pipeline("submit, core")
     wrap(async_ops, "to_numpy", "submit, torch side")
     wrap(NcclPlane, "dispatch", "device plane")
-    wrap(completion, "new_event", "CUDA events")
-    wrap(completion, "record", "CUDA events")
+    wrap(completion, "record", "CUDA events")  # a ready event (submitted asynchronously)
+    wrap(NcclPlane, "_event_on", "CUDA events")  # the completion event of a launch
     wrap(completion, "stream_waits", "cudaStreamWaitEvent")
     wrap(nccl.Communicator, "allreduce", "NCCL launch")
     wrap(completion.Completion, "consume", "completion, handle side")
