@@ -65,18 +65,22 @@ class DevicePlane:
         return item.responses[0].meta.device != "cpu"
 
     def run(self, item: WorkItem, local: Mapping[str, Request]) -> list:
-        responses = item.responses
-        if self._plane is None or responses[0].meta.device != DEVICE:
-            self._choose_for(item, local)
-        return self._plane.dispatch(responses, local)
+        plane = self._plane
+        if plane is None or item.responses[0].meta.device != DEVICE:
+            plane = self._checked_plane(item, local)
+        return plane.dispatch(item.responses, local)
 
-    def _choose_for(self, item: WorkItem, local: Mapping[str, Request]) -> None:
+    def _checked_plane(self, item: WorkItem, local: Mapping[str, Request]) -> ChosenPlane:
+        """The job's plane for ``item``, chosen now if this is the first device item; an error for
+        tensors no GPU plane runs."""
         device = item.responses[0].meta.device
         if device != DEVICE:  # a mixed group (arguments.one_device) that no peer contradicted: its peers had joined
             raise errors.UnsupportedOperationError(f"{describe(item)}: tensors on {device}")
         if self._choose is None:
             raise errors.DeviceError("a device tensor reached an executor built without a GPU data plane")
-        self._plane = self._choose(self._executor, item, local)
+        if self._plane is None:
+            self._plane = self._choose(self._executor, item, local)
+        return self._plane
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
         self._executor.host.flush()  # device work never overtakes host reductions still in flight
