@@ -13,7 +13,8 @@ It times blocking in-place allreduces of a 4 B float32 device array built as the
 builds a CUDA tensor's (``hvdlite.torch.tensors``), through the core API and the real NcclPlane
 on the caller's stream, against the CPU path's blocking allreduce of a 4 B NumPy array in the
 same process (the baseline), interleaved rep by rep. Also the Python bytecodes each executes per
-call: the same on every run, so a change's effect shows even on a noisy machine.
+call (the same on every run, so a change's effect shows even on a noisy machine), and the CUDA and
+NCCL calls a GPU-path call makes, which a GPU adds to the host cost.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import types
 from typing import Any
 
 import numpy as np
+
+CALLS: collections.Counter = collections.Counter()  # the CUDA and NCCL calls the stand-ins took, by name
+COUNTING = [False]  # counted only in a pass of their own: counting costs time
 
 
 class StandInRuntime:
@@ -49,13 +53,17 @@ class StandInRuntime:
         return next(self._events)
 
     def eventRecord(self, event: int, stream: int) -> None:
-        pass
+        if COUNTING[0]:
+            CALLS["cudaEventRecord"] += 1
 
     def eventQuery(self, event: int) -> int:
+        if COUNTING[0]:
+            CALLS["cudaEventQuery"] += 1
         return 0
 
     def streamWaitEvent(self, stream: int, event: int, flags: int) -> None:
-        pass
+        if COUNTING[0]:
+            CALLS["cudaStreamWaitEvent"] += 1
 
 
 class StandInStream:
@@ -75,6 +83,8 @@ class StandInNccl:
     """The NCCL library calls a blocking allreduce makes (through hvdlite.gpu.nccl.Communicator)."""
 
     def ncclAllReduce(self, *args: Any) -> int:
+        if COUNTING[0]:
+            CALLS["ncclAllReduce"] += 1
         return 0
 
     def ncclCommDestroy(self, handle: Any) -> int:
@@ -128,6 +138,18 @@ def per_call(fn: Any, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def cuda_calls_per_call(fn: Any, calls: int) -> dict[str, float]:
+    """The stand-ins' calls per call of ``fn``, by name."""
+    CALLS.clear()
+    COUNTING[0] = True
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        COUNTING[0] = False
+    return {name: count / calls for name, count in sorted(CALLS.items())}
+
+
 def bytecodes_per_call(fn: Any, calls: int = 1000) -> float:
     """Python bytecodes executed per call of ``fn`` (sys.settrace's opcode events)."""
     count = collections.Counter()
@@ -164,6 +186,7 @@ def main() -> None:
     for _ in range(args.reps):
         for name, fn in ways.items():
             times[name].append(per_call(fn, args.calls))
+    calls = cuda_calls_per_call(next(iter(ways.values())), args.calls)
     codes = {name: bytecodes_per_call(fn) for name, fn in ways.items()}
     if hvd.rank() == 0:
         print(f"blocking 4 B float32 allreduce, np={hvd.size()}, {args.reps} reps x {args.calls} calls, "
@@ -173,6 +196,7 @@ def main() -> None:
                   f"; {codes[name]:.0f} bytecodes")
         gpu, cpu = (statistics.median(values) for values in times.values())
         print(f"GPU path / CPU path: {gpu / cpu:.2f}")
+        print("CUDA and NCCL calls a GPU-path call: " + ", ".join(f"{name} {count:.3f}" for name, count in calls.items()))
     hvd.shutdown()
 
 

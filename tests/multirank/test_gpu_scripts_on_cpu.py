@@ -23,3 +23,21 @@ def test_every_training_mode_script_passes_with_both_copies_on_the_cpu(script, f
     for rank in range(2):
         assert [line for line in result.lines(rank) if line.startswith(("ok ", "FAILED "))] == \
             [f"ok {framework} {mode}" for mode in modes], result.output
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_the_gpu_host_cost_bench_runs_each_blocking_call_as_one_nccl_launch_and_one_event(np_):
+    """bench/gpu_host_cost.py drives the real NCCL plane through the engine with stand-ins for CUDA
+    and NCCL: a blocking in-place allreduce on its caller's stream is one NCCL launch and one event,
+    with no stream waits."""
+    result = run_job(["python", str(BENCH / "gpu_host_cost.py"), "--calls", "200", "--reps", "1"], np=np_,
+                     timeout=120)
+    assert result.returncode == 0, result.output
+    lines = result.lines(0)
+    assert any(line.startswith("  GPU path (stand-in CUDA and NCCL): ") for line in lines), result.output
+    (calls,) = [line for line in lines if line.startswith("CUDA and NCCL calls a GPU-path call: ")]
+    assert "ncclAllReduce 1.000" in calls and "cudaEventRecord 1.000" in calls, calls
+    assert "cudaStreamWaitEvent" not in calls, calls
