@@ -43,20 +43,15 @@ def _on_gpu_plane(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and gpu_arrays.device_count() > 0
 
 
-def current_stream(device_id: int) -> int:
-    """The calling thread's current torch CUDA stream on ``device_id``, as a raw pointer.
-
-    Through torch's C binding when it has it (this runs for every GPU tensor submitted and every
-    handle waited on: building a ``torch.cuda.Stream`` object costs several times more).
-    """
-    return _RAW_STREAM(device_id)
-
-
 def _raw_stream_of_public_api(device_id: int) -> int:
     return torch.cuda.current_stream(device_id).cuda_stream
 
 
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
+# current_stream(device_id): the calling thread's current torch CUDA stream on ``device_id``, as a raw
+# pointer. torch's C binding itself where torch has it, without a Python wrapper: it runs for every
+# GPU tensor submitted and every handle waited on (building a ``torch.cuda.Stream`` object costs
+# several times more).
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
 
 
 _NUMPY_DTYPE = {dtype: dtypes.SUPPORTED[name] for dtype, name in _TORCH_TO_CORE.items()}
