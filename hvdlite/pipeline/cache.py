@@ -60,7 +60,8 @@ class ResponseCache:
         if entry is None:
             return Lookup.MISS, -1
         bit, signature, _ = entry
-        return (Lookup.HIT if signature == meta.signature else Lookup.INVALID), bit
+        # A RequestMeta is its own signature (RequestMeta.signature): compared as it is, every cycle.
+        return (Lookup.HIT if signature == meta else Lookup.INVALID), bit
 
     def put(self, response: Response, own: RequestMeta | None = None) -> None:
         """Remember a successful response; evicts the least recently used entry when full.

@@ -53,7 +53,8 @@ class Executor:
         responses = item.responses
         if responses[0].error:
             return failed(responses)
-        results = self.plane_for(item).run(item, local)
+        plane = self._by_device.get(responses[0].meta.device) or self.plane_for(item)
+        results = plane.run(item, local)
         return [(responses[0], results[0], None)] if len(responses) == 1 else succeeded(responses, results)
 
     def start(self, item: WorkItem, local: Mapping[str, Request], on_done: Callable[[Outcome], None]) -> None:
