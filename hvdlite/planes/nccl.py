@@ -131,12 +131,22 @@ class NcclPlane:
     def _on_callers_stream(self, request: Request, launch: tuple, responses: tuple[Response, ...]) -> list:
         """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
         module docstring)."""
-        stream = request.tensor.stream
-        self._follow_last_launch(stream)
-        results = self._launch_in_place(request, launch, stream)
+        tensor, output = request.tensor, request.output
+        stream = tensor.stream
+        if self._last_stream != stream and self._last_stream is not None:
+            completion.stream_waits(stream, self._last_event)
+        count, op, factor = launch
+        self._comm.allreduce(tensor.ptr, output.ptr, count, request.meta.dtype, op, stream, factor)
         # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        self._track(self._event_on(stream), stream, responses, ())
-        return results
+        # (The steps of _follow_last_launch, _event_on and _track, written out: this runs per blocking call.)
+        event = completion.Event(self._device_id)
+        self._runtime.eventRecord(event.ptr, stream)
+        self._last_stream, self._last_event = stream, event
+        if self._async:
+            self._in_flight.add(event, (), responses)
+        else:
+            self._wait_finished(responses, event)
+        return [output]
 
     def _event_on(self, stream: int) -> Any:
         """A pooled event recorded now on ``stream``: it fires once the work enqueued there so far has."""

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import api
+from ..gpu.arrays import DeviceArray
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..request import GroupHandle, MappedHandle
@@ -26,10 +27,11 @@ def _new_tensor(like: torch.Tensor):
     return lambda array: from_numpy(array, like)
 
 
-def _copy_back(tensor: torch.Tensor):
-    """Result conversion for in-place forms: nothing to do if the core wrote the tensor's own memory."""
-    if is_aliased(tensor):
-        return lambda array: tensor
+def _copy_back(tensor: torch.Tensor, array: Any = None):
+    """Result conversion for in-place forms: nothing to do if the core wrote the tensor's own memory
+    (``array``, what :func:`to_numpy` gave for ``tensor``, is a device array over it: no question to torch)."""
+    if (array is not None and array.__class__ is DeviceArray and array.owner is tensor) or is_aliased(tensor):
+        return lambda result: tensor
 
     def finish(array: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
@@ -57,7 +59,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     arrays = [to_numpy(t, name) for t in tensors]
     handles = api.grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
                                           outputs=arrays, process_set=process_set)
-    return GroupHandle(MappedHandle(h, _copy_back(t)) for h, t in zip(handles, tensors, strict=True))
+    return GroupHandle(MappedHandle(h, _copy_back(t, a)) for h, t, a in zip(handles, tensors, arrays, strict=True))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -76,7 +78,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     array = to_numpy(tensor, name)
     handle = api.allreduce_async(array, average, name, op, prescale_factor, postscale_factor, output=array,
                                  process_set=process_set)
-    return MappedHandle(handle, _copy_back(tensor))
+    return MappedHandle(handle, _copy_back(tensor, array))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
@@ -121,7 +123,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     """Start overwriting ``tensor`` with ``root_rank``'s, in place."""
     array = to_numpy(tensor, name)
     return MappedHandle(api.broadcast_async(array, root_rank, name, output=array, process_set=process_set),
-                        _copy_back(tensor))
+                        _copy_back(tensor, array))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,

@@ -99,3 +99,23 @@ def test_a_missing_sparse_gradient_is_a_sparse_zero_with_no_entries():
     assert grad._indices().shape == (1, 0) and grad._values().shape == (0, 3)
     assert torch.equal(grad.to_dense(), torch.zeros(5, 3, dtype=torch.float64))
     assert torch.equal((grad + real).to_dense(), real.to_dense())
+
+
+def test_in_place_forms_copy_back_only_when_the_device_array_is_not_the_tensor_itself(monkeypatch):
+    # A CPU tensor stands in for a CUDA one: _device_array only reads its pointer, shape and device.
+    from hvdlite.gpu import arrays as gpu_arrays
+    from hvdlite.torch import async_ops, tensors
+
+    monkeypatch.setattr(tensors, "current_stream", lambda device: 0x80)
+    monkeypatch.setattr(gpu_arrays, "record_ready", lambda stream, device: None)
+    tensor = torch.arange(6.0).reshape(2, 3)
+    array = tensors._device_array(tensor, np.dtype(np.float32))
+    assert array.owner is tensor and array.ptr == tensor.data_ptr() and array.shape == (2, 3)
+    assert async_ops._copy_back(tensor, array)(None) is tensor
+
+    transposed = torch.arange(6.0).reshape(2, 3).t()
+    copy = tensors._device_array(transposed, np.dtype(np.float32))
+    assert copy.owner is not transposed and copy.ptr != transposed.data_ptr()
+    result = np.full((3, 2), 7.0, np.float32)  # the reduced values, contiguous
+    assert async_ops._copy_back(transposed, copy)(result) is transposed
+    assert transposed.eq(7.0).all()
