@@ -138,10 +138,9 @@ class NcclPlane:
         count, op, factor = launch
         self._comm.allreduce(tensor.ptr, output.ptr, count, request.meta.dtype, op, stream, factor)
         # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        # (The steps of _follow_last_launch, _event_on and _track, written out: this runs per blocking call.)
-        event = completion.Event(self._device_id)
-        self._runtime.eventRecord(event.ptr, stream)
-        self._last_stream, self._last_event = stream, event
+        # (The steps of _follow_last_launch, _launch_in_place and _track, written out: this runs per blocking call.)
+        self._last_stream = stream
+        self._last_event = event = self._event_on(stream)
         if self._async:
             self._in_flight.add(event, (), responses)
         else:
