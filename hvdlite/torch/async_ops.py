@@ -33,9 +33,9 @@ def _copy_back(tensor: torch.Tensor, array: Any = None):
     if (array is not None and array.__class__ is DeviceArray and array.owner is tensor) or is_aliased(tensor):
         return lambda result: tensor
 
-    def finish(array: np.ndarray) -> torch.Tensor:
+    def finish(result: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
-            tensor.copy_(from_numpy(array).view(tensor.shape))
+            tensor.copy_(from_numpy(result).view(tensor.shape))
         return tensor
     return finish
 
