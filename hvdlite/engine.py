@@ -223,7 +223,7 @@ class Engine:
         window = self._config.probe_window_seconds
         return errors.comm_timeout(self.rank, self.size, self._pipeline.describe_wait(), exc.seconds,
                                    self._pipeline.negotiator.reachable_peers(window), window,
-                                   self._config.comm_timeout_seconds)
+                                   self._config.comm_timeout_seconds, exc.peer)
 
     def _sleep_until_work(self, idle_streak: int) -> None:
         """Sleep while nothing is pending; back off while pending work makes no progress."""

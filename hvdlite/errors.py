@@ -94,9 +94,10 @@ class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name
 
 
 def comm_timeout(rank: int, size: int, doing: str, seconds: float, answered: set[int], window: float,
-                 timeout_seconds: float) -> CommTimeoutError:
+                 timeout_seconds: float, peer: int | None = None) -> CommTimeoutError:
     """The error of a wait on ``rank`` that made no progress while ``doing`` something, naming the
-    ranks that did not answer a probe within ``window`` seconds afterwards (``answered`` did)."""
+    ranks that did not answer a probe within ``window`` seconds afterwards (``answered`` did).
+    ``peer``: the rank whose wait timed out first and ended this one (None: this rank's own deadline)."""
     missing = sorted(set(range(size)) - answered)
     setting = f"HVDLITE_COMM_TIMEOUT_SECONDS={timeout_seconds:g}"
     if missing:
@@ -104,5 +105,6 @@ def comm_timeout(rank: int, size: int, doing: str, seconds: float, answered: set
                f"answering); rank(s) {sorted(answered)} did")
     else:
         who = f"every rank answered afterwards, so one made no progress; raise {setting} if a step needs longer"
-    return CommTimeoutError(f"rank {rank}: {doing} made no progress for {seconds:g} s ({setting}); {who}; "
-                            "the job cannot continue", missing)
+    stalled = f"made no progress for {seconds:g} s" if peer is None else \
+        f"was ended by rank {peer}, whose wait made no progress for {seconds:g} s"
+    return CommTimeoutError(f"rank {rank}: {doing} {stalled} ({setting}); {who}; the job cannot continue", missing)

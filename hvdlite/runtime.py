@@ -163,13 +163,15 @@ def _start_engine(config: Config, comm: Any, hosts: list[str], local_rank: int,
     from mpi4py import MPI
 
     from .pipeline.execute import Executor
-    from .transport.mpi import MpiControlChannel, MpiTransport
+    from .transport.mpi import MpiControlChannel, MpiTransport, PeerTimeoutWatch
     from .utils.failed_peers import DeathWatch
 
     control, data = comm.Dup(), comm.Dup()
     poll_seconds = config.poll_time_ms / 1000
     # elastic: a dead peer ends waits
     probe = DeathWatch(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir) if config.elastic_min_np else None
+    if config.comm_timeout is not None:  # a peer that timed out ends this rank's waits too: they probe together
+        probe = PeerTimeoutWatch(control, config.comm_timeout, probe)
     # MPICH cannot share memory between processes of different launches (a job that spawned ranks):
     # Win_allocate_shared fails with "not in the same shared memory domain".
     shm = config.shm and len({process_id.rpartition(".")[0] for process_id in ids}) == 1

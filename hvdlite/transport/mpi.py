@@ -34,7 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import ReduceOp
-from ..utils.polling import wait_until
+from ..utils.polling import WaitTimeout, wait_until
 from .adasum import AdasumExchange
 from .shm import SharedMemoryAllreduce, SharedMemoryBand
 
@@ -51,6 +51,34 @@ _LARGE_BYTES = 64 * 1024  # above MPICH's shared-memory eager limit: the transfe
 _PROBE_TAG = 7_001  # point-to-point on the control communicator: never matches its collectives
 _PROBE_POLL_SECONDS = 0.005
 _BAND_SLOT_BYTES = 64 * 1024  # the negotiation vector of a response cache of up to ~260,000 entries
+
+
+class PeerTimeoutWatch:
+    """A wait's probe (see :func:`~hvdlite.utils.polling.wait_until`): ends this rank's waits as soon
+    as a peer's wait timed out and that peer probes the job (:meth:`MpiControlChannel.reachable_peers`).
+
+    Every live rank then probes at once, however far apart their own deadlines were. Without it a
+    rank that came to the stuck collective later than a peer by more than the probe window (a
+    straggler, a loaded machine) probed after the peer's window had closed: each took the other for
+    unreachable, and in an elastic job both sides of a split could lose their quorum. Looks every
+    ``every`` seconds (an ``MPI_Iprobe``, which leaves the message for the probe's receive), then
+    asks ``then`` (the elastic :class:`~hvdlite.utils.failed_peers.DeathWatch`), if any.
+    """
+
+    def __init__(self, control: MPI.Comm, timeout: float, then: Callable[[], None] | None = None,
+                 every: float = _PROBE_POLL_SECONDS) -> None:
+        self._control, self._timeout, self._then, self._every = control, timeout, then, every
+        self._status = MPI.Status()
+        self._next = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self._every
+            if self._control.Iprobe(source=MPI.ANY_SOURCE, tag=_PROBE_TAG, status=self._status):
+                raise WaitTimeout(self._timeout, peer=self._status.Get_source())
+        if self._then is not None:
+            self._then()
 
 
 def _poller(spin: float, max_sleep: float, timeout: float | None,

@@ -21,11 +21,16 @@ _FIRST_SLEEP = 20e-6
 
 
 class WaitTimeout(Exception):
-    """A wait made no progress within its deadline (peers unreachable, or stopped answering)."""
+    """A wait made no progress within its deadline (peers unreachable, or stopped answering).
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"no progress for {seconds:g} s")
+    ``peer``: the rank whose own wait timed out first and ended this one early (see
+    :class:`hvdlite.transport.mpi.PeerTimeoutWatch`); None when this wait's deadline passed.
+    """
+
+    def __init__(self, seconds: float, peer: int | None = None) -> None:
+        super().__init__(f"no progress for {seconds:g} s" + (f" on rank {peer}" if peer is not None else ""))
         self.seconds = seconds
+        self.peer = peer
 
 
 def wait_until(done: Callable[[], bool], spin_seconds: float, max_sleep: float,

@@ -109,3 +109,17 @@ def test_rank_that_stops_answering_ends_the_job_and_is_named(np, floats):
                    for line in result.lines(rank)), result.output
     # deadline + probe window (3 s) + abort grace, with room for a loaded CI machine
     assert result.seconds < timeout + 3 + 20, result.output
+
+
+def test_a_rank_that_came_late_to_the_stuck_step_still_answers_the_probe():
+    # Rank 1 stops for good; rank 2 is paused for 3 s before the same step, so its wait starts 3 s
+    # after rank 0's. Rank 0's deadline (4 s) passes first and it probes for 2 s (the idle cycle
+    # + 1 s); rank 2's own deadline would pass only after that. Rank 2's wait must see rank 0's
+    # probe and answer at once, or each takes the other for unreachable.
+    timeout = 4
+    result = run_script("multihost.py", 3, "die", "1", "stop", "1024", "3",
+                        env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)}, timeout=90, expect_ok=False)
+    assert result.returncode != 0, result.output
+    assert any("rank 0: " in line and f"made no progress for {timeout} s (HVDLITE_COMM_TIMEOUT_SECONDS={timeout}); "
+               "rank(s) [1] did not answer a probe" in line and "rank(s) [0, 2] did" in line
+               for line in result.lines(0)), result.output

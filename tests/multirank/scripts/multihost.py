@@ -1,13 +1,16 @@
 """Jobs across hosts, and peers that vanish. Usage: CASE [ARGS].
 
 where MB            print where this rank runs and what reached it; allreduce MB megabytes
-die RANK HOW [N]    RANK ends after a few steps (HOW: kill = SIGKILL, stop = SIGSTOP); others keep going;
-                    the steps allreduce N float32 (default 1024); from 1 MB on, RANK ends 5 ms into a step
+die RANK HOW [N] [LATE]
+                    RANK ends after a few steps (HOW: kill = SIGKILL, stop = SIGSTOP); others keep going;
+                    the steps allreduce N float32 (default 1024); from 1 MB on, RANK ends 5 ms into a step;
+                    the last rank pauses (SIGSTOP, engine included) for LATE seconds before that step (default 0)
 loop OUT_DIR        allreduce until it fails; each rank writes its error to OUT_DIR/rank.R.err
 """
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -33,8 +36,9 @@ def case_where(megabytes: str) -> None:
     print("ok where", flush=True)
 
 
-def case_die(victim: str, how: str, count: str = "1024") -> None:
+def case_die(victim: str, how: str, count: str = "1024", late: str = "0") -> None:
     x = np.ones(int(count), dtype=np.float32)
+    straggler = hvd.size() - 1 if hvd.size() - 1 != int(victim) else None
 
     def end() -> None:
         print(f"rank {RANK} pid {os.getpid()} {how}s itself", flush=True)
@@ -46,6 +50,9 @@ def case_die(victim: str, how: str, count: str = "1024") -> None:
                 end()
             else:  # most likely inside the transfer, which takes milliseconds
                 threading.Timer(0.005, end).start()
+        if step == 3 and RANK == straggler and float(late):
+            subprocess.Popen(["sh", "-c", f"sleep {late}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)  # a straggler: its waits start LATE seconds after its peers'
         hvd.allreduce(x, name="step")
         time.sleep(0.01)
     raise SystemExit(f"rank {RANK}: the job outlived the loss of rank {victim}")
