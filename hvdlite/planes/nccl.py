@@ -131,21 +131,12 @@ class NcclPlane:
     def _on_callers_stream(self, request: Request, launch: tuple, responses: tuple[Response, ...]) -> list:
         """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
         module docstring)."""
-        tensor, output = request.tensor, request.output
-        stream = tensor.stream
-        if self._last_stream != stream and self._last_stream is not None:
-            completion.stream_waits(stream, self._last_event)
-        count, op, factor = launch
-        self._comm.allreduce(tensor.ptr, output.ptr, count, request.meta.dtype, op, stream, factor)
+        stream = request.tensor.stream
+        self._follow_last_launch(stream)
+        results = self._launch_in_place(request, launch, stream)
         # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        # (The steps of _follow_last_launch, _launch_in_place and _track, written out: this runs per blocking call.)
-        self._last_stream = stream
-        self._last_event = event = self._event_on(stream)
-        if self._async:
-            self._in_flight.add(event, (), responses)
-        else:
-            self._wait_finished(responses, event)
-        return [output]
+        self._track(self._event_on(stream), stream, responses, ())
+        return results
 
     def _event_on(self, stream: int) -> Any:
         """A pooled event recorded now on ``stream``: it fires once the work enqueued there so far has."""

@@ -30,7 +30,7 @@ def _new_tensor(like: torch.Tensor):
 def _copy_back(tensor: torch.Tensor, array: Any = None):
     """Result conversion for in-place forms: nothing to do if the core wrote the tensor's own memory
     (``array``, what :func:`to_numpy` gave for ``tensor``, is a device array over it: no question to torch)."""
-    if (array is not None and array.__class__ is DeviceArray and array.owner is tensor) or is_aliased(tensor):
+    if (array.__class__ is DeviceArray and array.owner is tensor) or is_aliased(tensor):
         return lambda result: tensor
 
     def finish(result: np.ndarray) -> torch.Tensor:
