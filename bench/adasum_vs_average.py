@@ -6,7 +6,7 @@ Each rep times blocking ``hvdlite.allreduce`` calls of a float32 array with ``op
 ``op=Average`` (one name each: the response cache answers every call after the first), interleaved
 rep by rep; reported on rank 0 as the median over reps of the slowest rank's mean per call, and
 Adasum / Average. Adasum is never fused and moves its halves point to point (recursive halving,
-then an allgather; :mod:`hvdlite.transport.adasum`), where Average takes MPI's or the shared-memory
+then an allgather; :mod:`hvdlite.core.transport.adasum`), where Average takes MPI's or the shared-memory
 allreduce.
 """
 

@@ -22,9 +22,9 @@ from readme import replace_block
 from torch_training_step import make_mode
 
 import hvdlite.torch as hvd
-from hvdlite.autotune import CHUNK_SIZES, FUSION_THRESHOLDS, Params
-from hvdlite.config import Config
-from hvdlite.runtime import current
+from hvdlite.core.pipeline.autotune import CHUNK_SIZES, FUSION_THRESHOLDS, Params
+from hvdlite.core.runtime import current
+from hvdlite.settings.config import Config
 
 MIB = 1024 * 1024
 

@@ -97,9 +97,9 @@ def install_stand_ins() -> None:
     cupy.cuda = types.SimpleNamespace(runtime=StandInRuntime(), Device=lambda device: StandInStream(),
                                       Stream=StandInStream)
     sys.modules["cupy"] = cupy
-    from hvdlite import runtime
+    from hvdlite.core import runtime
+    from hvdlite.core.planes.nccl import NcclPlane
     from hvdlite.gpu import nccl
-    from hvdlite.planes.nccl import NcclPlane
 
     nccl._library = StandInNccl  # the library replaced, as the unit tests do
 
@@ -115,9 +115,9 @@ def install_stand_ins() -> None:
 def device_allreduce(hvd: Any) -> Any:
     """One blocking in-place 4 B allreduce of a device array, as ``hvdlite.torch.allreduce_`` submits it."""
     from hvdlite import api
+    from hvdlite.core.runtime import caller_waits
+    from hvdlite.core.work.request import MappedHandle
     from hvdlite.gpu.arrays import DeviceArray
-    from hvdlite.request import MappedHandle
-    from hvdlite.runtime import caller_waits
 
     float32, owner = np.dtype(np.float32), object()
 

@@ -39,11 +39,11 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite import api
-from hvdlite.engine import Engine
-from hvdlite.pipeline import communicator, negotiate
-from hvdlite.pipeline.execute import Executor
-from hvdlite.planes.host import HostPlane
-from hvdlite.runtime import current
+from hvdlite.core.engine import Engine
+from hvdlite.core.pipeline import communicator, negotiate
+from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.planes.host import HostPlane
+from hvdlite.core.runtime import current
 
 SPENT: dict[str, int] = defaultdict(int)
 _NESTED: list[int] = []  # for each timed call in progress, the time of the timed calls inside it

@@ -23,7 +23,7 @@ rows are exclusive and add up to the call):
 - complete; cycle (the pipeline's glue between the stages); the rest of the call (handle, drive
   loop, Ctrl-C deferral).
 
-A blocking ``allreduce_`` runs on the caller's stream (hvdlite.planes.nccl): no ready event and no
+A blocking ``allreduce_`` runs on the caller's stream (hvdlite.core.planes.nccl): no ready event and no
 stream waits, so those rows read 0 unless another stream's launch came just before.
 
 ``--profile`` prints a cProfile of the plain calls first. Then the same timing with host-synchronized completion (Horovod's default), and the CPU this
@@ -46,8 +46,8 @@ STAGES = ("submit, torch side", "submit, core", "negotiate", "fuse", "execute", 
 
 def instrument() -> None:
     """Timers on each stage's entry points (exclusive: nested timed calls are subtracted)."""
+    from hvdlite.core.planes.nccl import NcclPlane
     from hvdlite.gpu import completion, nccl
-    from hvdlite.planes.nccl import NcclPlane
     from hvdlite.torch import async_ops
 
     instrument_pipeline("submit, core")
@@ -63,7 +63,7 @@ def instrument() -> None:
 
 def nccl_plane():
     """This rank's NCCL plane (built by the first device collective)."""
-    from hvdlite.runtime import current
+    from hvdlite.core.runtime import current
 
     return current().engine.pipeline.executor._planes[1]._plane
 

@@ -31,7 +31,7 @@ def run_worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     import hvdlite.torch as hvd
-    from hvdlite.runtime import current
+    from hvdlite.core.runtime import current
 
     torch.set_num_threads(1)
     hvd.init()

@@ -28,7 +28,7 @@ from .api import (
 )
 from .common import *  # noqa: F403 - the names every adapter shares
 from .common import __all__ as _common_names
-from .request import Handle
+from .core.work.request import Handle
 
 __version__ = "0.1.0"
 

@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import dtypes
-from .arguments import (
+from .core.arguments import (
     allgather_pairs,
     alltoall_meta,
     as_array,
@@ -24,15 +23,16 @@ from .arguments import (
     reducescatter_pairs,
     reduction_meta,
 )
-from .communicators import Communicator
-from .describe import describe_reduction, device_of
+from .core.communicators import Communicator
+from .core.describe import describe_reduction, device_of
+from .core.runtime import Runtime, current
+from .core.work import dtypes
+from .core.work.naming import group_member_names
+from .core.work.request import GroupHandle, Handle, MappedHandle, Request, RequestMeta
+from .core.work.segments import Segments
 from .errors import UnsupportedOperationError
-from .naming import group_member_names
 from .ops import Collective, ReduceOp, resolve_op
 from .process_sets import ProcessSet
-from .request import GroupHandle, Handle, MappedHandle, Request, RequestMeta
-from .runtime import Runtime, current
-from .segments import Segments
 
 _T = TypeVar("_T")
 
@@ -41,7 +41,7 @@ def blocking(start: Callable[[], _T]) -> _T:
     """Call ``start`` (an ``*_async`` call) for a caller that waits on its handles right away.
 
     The engine thread is then not woken: the wait runs the engine's cycle on the caller's thread
-    (:meth:`hvdlite.engine.Engine.drive`), which saves two thread hand-offs per blocking call.
+    (:meth:`hvdlite.core.engine.Engine.drive`), which saves two thread hand-offs per blocking call.
     Framework adapters use it for their blocking collectives.
     """
     caller = current().caller
@@ -146,7 +146,7 @@ def allreduce_prepared_async(meta: RequestMeta, array: np.ndarray, process_set: 
 def prepare_segmented_allreduce(name: str, dtype: np.dtype, size: int, op: ReduceOp | None = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> RequestMeta:
     """Describe an in-place allreduce of ``size`` elements of ``dtype`` held in pieces
-    (:class:`~hvdlite.segments.Segments`), for :func:`allreduce_segments_async`."""
+    (:class:`~hvdlite.core.work.segments.Segments`), for :func:`allreduce_segments_async`."""
     described = np.broadcast_to(np.zeros((), dtype), (size,))  # shape and dtype only: nothing allocated
     return reduction_meta(Collective.ALLREDUCE, described, name, resolve_op(op), prescale_factor, postscale_factor)
 

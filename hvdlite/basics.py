@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .runtime import current, is_initialized, mpi_threads_supported
+from .core.runtime import current, is_initialized, mpi_threads_supported
 
 
 def rank() -> int:

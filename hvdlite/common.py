@@ -25,6 +25,7 @@ from .basics import (
     rocm_built,
     size,
 )
+from .core.runtime import start_timeline, stop_timeline
 from .errors import (
     CommTimeoutError,
     ConfigError,
@@ -43,7 +44,6 @@ from .lifecycle import add_process_set, init, remove_process_set, shutdown
 from .objects import allgather_object, broadcast_object
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, global_process_set
-from .runtime import start_timeline, stop_timeline
 
 __all__ = [
     "init", "shutdown", "start_timeline", "stop_timeline", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import dtypes
+from .core.work import dtypes
 from .training.powersgd import PowerSGD
 
 

@@ -1,6 +1,6 @@
 """Starting hvdlite and registering process sets: the public ``init`` and ``add_process_set``.
 
-These sit above :mod:`hvdlite.runtime` and :mod:`hvdlite.elastic`, which they combine: a rank that
+These sit above :mod:`hvdlite.core.runtime` and :mod:`hvdlite.elastic`, which they combine: a rank that
 an elastic job spawned joins the job's world (:func:`hvdlite.elastic.reform.join_parent`), and
 every process tells hvdliterun that it runs. Lower layers never import this module.
 """
@@ -13,11 +13,11 @@ import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import runtime
-from .config import Config
+from .core import runtime
 from .elastic.channel import ChannelError, request
 from .elastic.reform import join_parent
 from .process_sets import ProcessSet
+from .settings.config import Config
 
 log = logging.getLogger("hvdlite")
 

@@ -8,10 +8,10 @@ import cloudpickle
 import numpy as np
 
 from . import api
-from .naming import object_name
+from .core.runtime import current
+from .core.work.naming import object_name
 from .ops import Collective
 from .process_sets import ProcessSet
-from .runtime import current
 
 
 def _base_name(name: str | None, collective: Collective, obj: Any) -> str:

@@ -4,7 +4,7 @@ A set is registered on every rank at once, by ``hvd.init(process_sets=[...])`` o
 ``hvd.init(process_sets="dynamic")``, by :func:`~hvdlite.lifecycle.add_process_set`; registration
 gives it an id (the global set, every rank of the job, is 0). Each registered set runs on its own
 MPI communicator with its own engine (queue, negotiation, response cache, fusion and shared-memory
-plane; see :mod:`hvdlite.communicators`), so collectives on disjoint sets run at the same time and
+plane; see :mod:`hvdlite.core.communicators`), so collectives on disjoint sets run at the same time and
 never wait for a rank outside their set. Ranks are always the job's (global) ranks; a set orders its members
 by global rank, and ``ps.rank()`` is this rank's place in that order.
 """

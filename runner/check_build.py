@@ -23,9 +23,9 @@ def _adapter_usable(framework: str) -> bool:
 
 def schedulers(env: Mapping[str, str]) -> list[str]:
     """The schedulers hvdliterun finds in ``env``, one line each, as it would use them."""
+    from .cluster.slurm import SlurmError, allocation_hosts, describe, in_allocation
     from .mpi_job import MpiJobError
     from .mpi_job import detect as detect_mpi_job
-    from .slurm import SlurmError, allocation_hosts, describe, in_allocation
 
     lines = []
     if in_allocation(env):

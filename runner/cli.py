@@ -16,16 +16,16 @@ import socket
 import sys
 import tempfile
 
-from hvdlite.config import SETTING_FLAGS, Config, ConfigError, environ, load_config
+from hvdlite.settings.config import SETTING_FLAGS, Config, ConfigError, environ, load_config
 
+from .cluster.hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
+from .cluster.slurm import SlurmError, allocation_hosts, describe, in_allocation
 from .command import LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
 from .elastic.launch import ElasticLaunchError, elastic_sizes, first_hosts, publish_hosts, wants_elastic
 from .elastic.service import ElasticService, service_addresses
 from .environment import forwarded_names, unmatched
-from .hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
 from .mpi_job import MpiJobError
 from .mpi_job import detect as detect_mpi_job
-from .slurm import SlurmError, allocation_hosts, describe, in_allocation
 
 USAGE_ERROR = 2
 
@@ -59,7 +59,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """One option per setting that has a flag, its help the setting's own (``hvdlite.config.SETTINGS``)."""
+    """One option per setting that has a flag, its help the setting's own (``hvdlite.settings.config.SETTINGS``)."""
     group = parser.add_argument_group(
         "settings", "each sets the HVDLITE_* variable in brackets for every rank (flag > environment > default)")
     for setting, flag in SETTING_FLAGS:

@@ -9,10 +9,10 @@ import dataclasses
 import shlex
 from collections.abc import Mapping
 
-from hvdlite.config import SETTING_FLAGS
 from hvdlite.elastic.wrapper import wrapped  # elastic: each rank runs under a shell that outlives it
+from hvdlite.settings.config import SETTING_FLAGS
 
-from .hosts import HostSlots
+from .cluster.hosts import HostSlots
 
 # Hydra writes this marker (with %r replaced by the rank) before every piece of a rank's output.
 # Its own tagging is unreliable (measured: the tag sometimes lands before the newline), so the
@@ -76,7 +76,7 @@ def flag_environment(values: Mapping[str, object]) -> dict[str, str]:
     """``HVDLITE_*`` variables for the flags the user gave (``None`` means not given), keyed by flag dest.
 
     Flags win over variables already in the environment, which win over defaults: the launcher
-    only adds variables for given flags, and ranks read everything through ``hvdlite.config``.
+    only adds variables for given flags, and ranks read everything through ``hvdlite.settings.config``.
     """
     env: dict[str, str] = {}
     for setting, flag in SETTING_FLAGS:

@@ -5,7 +5,7 @@ proxy, in clear text. ``all`` (Horovod's and Hydra's default) sends the whole en
 included; ``none`` sends only what the job needs to run as hvdlite (:data:`ALWAYS`, every
 ``HVDLITE_*`` variable and Horovod's ``HOROVOD_*`` names for them) and what ``-x`` names; a list of names (``NAME`` or ``PREFIX*``) adds those.
 Ranks on hvdliterun's own host start from its environment whatever the policy: nothing travels.
-Pure functions: the caller passes the environment in; ``hvdlite.config`` parses the policy.
+Pure functions: the caller passes the environment in; ``hvdlite.settings.config`` parses the policy.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import dataclasses
 import shutil
 from collections.abc import Mapping
 
-from .hosts import HostError, HostSlots, parse_hostfile
+from .cluster.hosts import HostError, HostSlots, parse_hostfile
 
 HOSTFILE_VARIABLES = ("HYDRA_HOST_FILE", "I_MPI_HYDRA_HOST_FILE", "OMPI_MCA_orte_default_hostfile")
 AGENT_VARIABLES = ("HYDRA_LAUNCHER_EXEC", "I_MPI_HYDRA_BOOTSTRAP_EXEC", "OMPI_MCA_plm_rsh_agent")

@@ -12,9 +12,9 @@ import sys
 import threading
 import time
 
+from .cluster.pid_files import local_pids, read_pid_files
 from .elastic.watch import ElasticWatch
 from .leftovers import remove_leftover_segments, segments
-from .pid_files import local_pids, read_pid_files
 from .tagging import LineTagger
 
 _KILLED_PID = re.compile(r"PID (\d+) RUNNING AT (\S+)")

@@ -1,7 +1,7 @@
 """Elastic world changes on MPI itself: shrink without the dead, remove ranks, spawn new ones.
 
 Every change is collective over the processes that stay, and ends with hvdlite started again on the
-new communicator (:func:`hvdlite.runtime.start`): ranks, sizes, topology, engines, shared memory,
+new communicator (:func:`hvdlite.core.runtime.start`): ranks, sizes, topology, engines, shared memory,
 response caches, fusion buffers and autotune are the new world's; process sets are not carried
 over. What MPICH 5 + Hydra can do, measured: ``docs/elastic-probe/FINDINGS.md``.
 
@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from .. import runtime
+from ..core import runtime
 from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
 from ..utils.failed_peers import dead_members
 from .channel import ChannelError, request

@@ -16,7 +16,8 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import objects, runtime
+from .. import objects
+from ..core import runtime
 from ..errors import HostsUpdatedInterrupt
 from .reform import elastic_mode, propose
 

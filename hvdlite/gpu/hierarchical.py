@@ -19,9 +19,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import dtypes
+from ..core.transport.mpi import MpiTransport
+from ..core.work import dtypes
 from ..ops import ReduceOp
-from ..transport.mpi import MpiTransport
 from .nccl import Communicator
 
 

@@ -3,7 +3,7 @@ the factor folded into NCCL's pre-multiplied sum, the scaling left around it, wh
 a device fusion buffer starts, and whether an in-place allreduce is a single NCCL call.
 
 Every rank decides alike from the same description, so these plans can differ by rank only if the
-descriptions do (which negotiation rules out). Used by :mod:`hvdlite.planes.nccl`.
+descriptions do (which negotiation rules out). Used by :mod:`hvdlite.core.planes.nccl`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from .. import dtypes
+from ..core.work import dtypes
 from ..ops import Collective, ReduceOp
 from ..utils.buffers import padded_count
 from .arrays import DEVICE

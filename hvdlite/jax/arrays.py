@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import dtypes
+from ..core.work import dtypes
 from ..gpu import arrays as gpu_arrays
 
 

@@ -35,11 +35,11 @@ import numpy as np
 from jax.experimental import io_callback
 
 from .. import api
-from ..communicators import Communicator
+from ..core.communicators import Communicator
+from ..core.runtime import current
 from ..errors import UnsupportedOperationError
 from ..ops import Collective, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import current
 from ..training.broadcast import broadcast_arrays
 from ..utils.buffers import aligned_empty
 from ..utils.rows import scatter_rows

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ..core.runtime import current
 from ..errors import UnsupportedOperationError
 from ..ops import Adasum, Average, Collective, ReduceOp, Sum
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import current
 from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD, check_powersgd_options
 from .adasum import adasum

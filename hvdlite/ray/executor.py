@@ -18,7 +18,6 @@ from typing import Any
 
 import cloudpickle
 
-from ..config import environ
 from ..errors import HvdliteError
 from ..runner.remote.job import (
     LaunchOptions,
@@ -29,6 +28,7 @@ from ..runner.remote.job import (
     run_launcher,
 )
 from ..runner.remote.task import TaskOutcome
+from ..settings.config import environ
 from .worker import Worker
 
 CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"

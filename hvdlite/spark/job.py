@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
-from ..config import environ
 from ..errors import HvdliteError
 from ..runner.remote.job import (
     LaunchOptions,
@@ -31,6 +30,7 @@ from ..runner.remote.job import (
 from ..runner.remote.registry import Registry
 from ..runner.remote.task import TaskService
 from ..runner.remote.wire import Address, request
+from ..settings.config import environ
 
 DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
 SLOTS_WAIT_SECONDS = 30.0  # a session just started: how long its first executors may take to register

@@ -42,7 +42,7 @@ from .variables import broadcast_, broadcast_global_variables, broadcast_variabl
 
 def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
     """Make a Keras 3 optimizer average gradients across ranks: see hvdlite.tensorflow.keras.DistributedOptimizer."""
-    from .keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
+    from .optimizer import DistributedOptimizer as keras_distributed_optimizer
 
     return keras_distributed_optimizer(optimizer, *args, **kwargs)
 

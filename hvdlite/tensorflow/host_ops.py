@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import api
+from ..core.runtime import current
 from ..ops import Collective, ReduceOp
 from ..process_sets import ProcessSet
-from ..runtime import current
 from ..training.broadcast import broadcast_arrays
 from ..utils.rows import scatter_rows
 from .tensors import graph_name, in_graph, run_on_host

@@ -25,7 +25,7 @@ from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
-from .. import dtypes
+from ..core.work import dtypes
 from ..errors import UnsupportedOperationError
 from ..gpu import arrays as gpu_arrays
 from .errors import CONVERTED, as_tensorflow_error

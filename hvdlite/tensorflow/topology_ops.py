@@ -5,8 +5,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .. import basics
+from ..core.runtime import current
 from ..errors import ProcessSetError
-from ..runtime import current
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:

@@ -2,7 +2,7 @@
 
 Per gradient, the hook inside backward only counts an arrival; when every gradient of a bucket
 has arrived, the bucket is submitted as one in-place request whose pieces (the gradients' own
-memory) are resolved on the engine thread (see :mod:`hvdlite.segments`). Buckets follow the
+memory) are resolved on the engine thread (see :mod:`hvdlite.core.work.segments`). Buckets follow the
 reverse of the optimizer's parameter order, the order backward usually produces gradients in, as
 DDP's do; a different order is still correct, only later.
 
@@ -18,11 +18,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .. import api, dtypes
+from .. import api
+from ..core.work import dtypes
+from ..core.work.request import Handle, RequestMeta
+from ..core.work.segments import Segments
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet
-from ..request import Handle, RequestMeta
-from ..segments import Segments
 from . import tensors
 
 

@@ -16,9 +16,9 @@ import torch
 
 from .. import api
 from ..compression import Compressor, NoneCompressor
+from ..core.work.request import Handle, MappedHandle, RequestMeta
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from ..request import Handle, MappedHandle, RequestMeta
 from ..training.sparse import allreduce_sparse
 from . import async_ops, sparse, tensors
 from .buckets import Bucket, plan_buckets, start_bucket

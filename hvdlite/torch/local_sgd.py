@@ -36,7 +36,7 @@ from ..training.local_sgd import LocalSGDSchedule
 
 class _BackgroundAverage(threading.Thread):
     """Averages ``tensors`` in place with a blocking allreduce on its own thread, which thereby runs
-    the engine's cycles itself (see :meth:`hvdlite.engine.Engine.drive`), at its creator's priority."""
+    the engine's cycles itself (see :meth:`hvdlite.core.engine.Engine.drive`), at its creator's priority."""
 
     def __init__(self, tensors: list[torch.Tensor], name: str, process_set: ProcessSet) -> None:
         super().__init__(name="hvdlite-local-sgd-average", daemon=True)

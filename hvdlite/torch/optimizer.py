@@ -18,9 +18,9 @@ import torch
 
 from .. import errors
 from ..compression import Compressor, NoneCompressor
+from ..core.runtime import current
 from ..ops import Average, Collective, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import current
 from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD
 from .adasum import AdasumDeltaReducer

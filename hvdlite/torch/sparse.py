@@ -10,11 +10,11 @@ from collections.abc import Callable
 import torch
 
 from .. import api
+from ..core.runtime import current
+from ..core.work.request import MappedHandle
 from ..errors import UnsupportedOperationError
 from ..ops import Average, Collective, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from ..request import MappedHandle
-from ..runtime import current
 from ..training.sparse import allreduce_sparse
 from . import async_ops
 

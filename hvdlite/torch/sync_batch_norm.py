@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own convention
 
+from ..core.runtime import current
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import current
 from ..training import batch_norm as rules
 from . import differentiable
 

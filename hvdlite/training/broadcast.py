@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from .. import api
-from ..naming import group_member_names
+from ..core.runtime import current
+from ..core.work.naming import group_member_names
 from ..ops import Collective
 from ..process_sets import ProcessSet
-from ..runtime import current
 
 
 def broadcast_arrays(arrays: Sequence[Any], root_rank: int, name: str | None,

@@ -2,7 +2,7 @@
 
 A cycle is a sequence of collectives every rank runs in the same order. A ``KeyboardInterrupt``
 raised halfway through would leave this rank's side of a collective unfinished and its peers
-waiting, so while a caller runs a cycle (see :meth:`hvdlite.engine.Engine.drive`) the first
+waiting, so while a caller runs a cycle (see :meth:`hvdlite.core.engine.Engine.drive`) the first
 SIGINT is recorded and handed to the previous handler once the cycle is over; a cycle is bounded
 by the communication timeout. A second SIGINT within the same cycle is handed over at once (the
 user insists): the engine then ends the job, as for any failure in the middle of a cycle.

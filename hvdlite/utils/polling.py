@@ -24,7 +24,7 @@ class WaitTimeout(Exception):
     """A wait made no progress within its deadline (peers unreachable, or stopped answering).
 
     ``peer``: the rank whose own wait timed out first and ended this one early (see
-    :class:`hvdlite.transport.mpi.PeerTimeoutWatch`); None when this wait's deadline passed.
+    :class:`hvdlite.core.transport.mpi.PeerTimeoutWatch`); None when this wait's deadline passed.
     """
 
     def __init__(self, seconds: float, peer: int | None = None) -> None:

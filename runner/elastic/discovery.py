@@ -17,13 +17,9 @@ from collections.abc import Callable
 
 from hvdlite.elastic.hosts import write_hosts_file
 
-from ..hosts import HostError, HostSlots, parse_hostfile
+from ..cluster.hosts import DiscoveryError, HostError, HostSlots, parse_hostfile
 
 _THIS_MACHINE = {"localhost", "127.0.0.1", "::1"}
-
-
-class DiscoveryError(RuntimeError):
-    """The discovery script failed or printed something that is not a host list."""
 
 
 def discover(script: str, slots_per_host: int, timeout: float = 30.0) -> list[HostSlots]:

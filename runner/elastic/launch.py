@@ -7,9 +7,9 @@ import os
 
 from hvdlite.elastic.hosts import HOSTS_FILE, write_hosts_file
 
-from ..hosts import HostSlots, total_slots
-from ..slurm import usable_nodes
-from .discovery import DiscoveryError, DiscoveryPoller, discover, published
+from ..cluster.hosts import DiscoveryError, HostSlots, total_slots
+from ..cluster.slurm import usable_nodes
+from .discovery import DiscoveryPoller, discover, published
 
 
 class ElasticLaunchError(ValueError):

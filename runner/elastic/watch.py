@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..pid_files import read_pid_files
+from ..cluster.pid_files import read_pid_files
 
 
 class ElasticWatch:

@@ -14,7 +14,7 @@ import traceback
 
 import cloudpickle
 
-from hvdlite.config import environ
+from hvdlite.settings.config import environ
 
 from ..process import die_with_parent
 from .task import KEY_VARIABLE, TASK_VARIABLE

@@ -18,7 +18,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hvdlite.config import environ
+from hvdlite.settings.config import environ
 
 from ..process import die_with_parent
 from .wire import Address, format_address, listen

@@ -1,5 +1,5 @@
 """Adasum on real ranks at np=2 and 4 (Horovod's power-of-two path) and np=3 (a leftover rank folded
-into rank 0): the allreduce against hvdlite.adasum.reference (scripts/adasum_ops.py), and torch's
+into rank 0): the allreduce against hvdlite.core.transport.adasum_math.reference (scripts/adasum_ops.py), and torch's
 DistributedOptimizer(op=Adasum) against a replay of every rank's own step (scripts/adasum_optimizer.py)."""
 
 import pytest

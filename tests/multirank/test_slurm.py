@@ -110,7 +110,7 @@ def test_plain_srun_with_pmi2_runs_the_ranks_without_hvdliterun(cluster, script)
     # The README's line, nothing added. MPICH speaks PMI-1 to Slurm's pmi2 plugin, which reads a
     # request in one 1024-byte read; UCX's padded business card overflows it when the memory after
     # UCX's address is dense (dense_heap.py: with UCX every such job hung here, as one did in CI).
-    # hvdlite picks libfabric under Slurm's PMI (hvdlite/mpi_start.py), and every rank says so.
+    # hvdlite picks libfabric under Slurm's PMI (hvdlite/core/mpi_start.py), and every rank says so.
     done = _run(cluster, ["srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", sys.executable,
                           str(SCRIPTS / script), "where", "1"], timeout=90)
     output = done.stdout + done.stderr

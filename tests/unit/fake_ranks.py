@@ -10,11 +10,11 @@ import threading
 
 import numpy as np
 
-from hvdlite.config import Config
-from hvdlite.engine import Engine
+from hvdlite.core.engine import Engine
+from hvdlite.core.pipeline.cache import band
+from hvdlite.core.pipeline.execute import Executor
 from hvdlite.ops import ReduceOp
-from hvdlite.pipeline.cache import band
-from hvdlite.pipeline.execute import Executor
+from hvdlite.settings.config import Config
 
 _NUMPY_OPS = {ReduceOp.SUM: np.add, ReduceOp.AVERAGE: np.add, ReduceOp.MIN: np.minimum,
               ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}

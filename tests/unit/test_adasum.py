@@ -1,13 +1,13 @@
-"""Adasum's arithmetic and the order it combines ranks in (hvdlite.adasum), and the ranges the
-ranks' recursive halving hands around (hvdlite.transport.adasum). Real ranks: tests/multirank/test_adasum.py."""
+"""Adasum's arithmetic and the order it combines ranks in (hvdlite.core.transport.adasum_math), and the ranges the
+ranks' recursive halving hands around (hvdlite.core.transport.adasum). Real ranks: tests/multirank/test_adasum.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hvdlite import adasum
-from hvdlite.transport.adasum import AdasumExchange
+from hvdlite.core.transport import adasum_math as adasum
+from hvdlite.core.transport.adasum import AdasumExchange
 
 
 def test_parallel_vectors_are_averaged_and_orthogonal_ones_added() -> None:

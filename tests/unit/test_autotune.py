@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hvdlite.autotune import Autotuner, Params
+from hvdlite.core.pipeline.autotune import Autotuner, Params
+from hvdlite.core.work.request import Handle, Request, RequestMeta
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.request import Handle, Request, RequestMeta
 
 from .fake_ranks import start_engines, stop_engines
 

@@ -4,11 +4,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.work.item import WorkItem
+from hvdlite.core.work.request import Handle, Request, RequestMeta
+from hvdlite.core.work.response import Response
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.pipeline.execute import Executor
-from hvdlite.pipeline.fuse import WorkItem
-from hvdlite.request import Handle, Request, RequestMeta
-from hvdlite.response import Response
 from hvdlite.utils.buffers import ALIGNMENT, aligned_copy, aligned_empty, padded_count
 
 from .fake_ranks import FakeData, World

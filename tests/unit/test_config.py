@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from hvdlite.config import MIB, Config, load_config
 from hvdlite.errors import ConfigError
+from hvdlite.settings.config import MIB, Config, load_config
 from hvdlite.utils.polling import WaitTimeout, wait_until
 
 

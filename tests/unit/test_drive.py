@@ -6,8 +6,8 @@ import threading
 import numpy as np
 import pytest
 
+from hvdlite.core.work.request import Handle, Request, RequestMeta
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.request import Handle, Request, RequestMeta
 from hvdlite.utils import interrupts
 
 from .fake_ranks import start_engines, stop_engines

@@ -5,8 +5,8 @@ import os
 import stat
 
 import pytest
-from hvdlite.runner.elastic.discovery import DiscoveryError, discover, published
-from hvdlite.runner.hosts import HostSlots
+from hvdlite.runner.cluster.hosts import DiscoveryError, HostSlots
+from hvdlite.runner.elastic.discovery import discover, published
 
 from hvdlite.elastic.hosts import HostBook, Plan, read_hosts_file, write_hosts_file
 

@@ -98,10 +98,10 @@ def test_the_service_listens_where_the_ranks_can_reach_it():
 def test_rank_0_does_not_wait_for_an_unreachable_launcher_at_every_commit(monkeypatch):
     import types
 
-    from hvdlite import runtime
-    from hvdlite.config import Config
+    from hvdlite.core import runtime
     from hvdlite.elastic import reform
     from hvdlite.elastic.hosts import HostBook
+    from hvdlite.settings.config import Config
 
     asked = []
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hvdlite import errors
+from hvdlite.core.work.request import Handle, Request, RequestMeta
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.request import Handle, Request, RequestMeta
 from hvdlite.utils.polling import WaitTimeout
 
 from .fake_ranks import FakeControl, FakeData, start_engines, stop_engines

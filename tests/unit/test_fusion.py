@@ -1,9 +1,9 @@
 import numpy as np
 
+from hvdlite.core.pipeline.fuse import SMALL_TENSOR_BYTES, plan
+from hvdlite.core.work.request import RequestMeta
+from hvdlite.core.work.response import Response
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.pipeline.fuse import SMALL_TENSOR_BYTES, plan
-from hvdlite.request import RequestMeta
-from hvdlite.response import Response
 
 
 def allreduce(name, n, dtype="float32", op=ReduceOp.SUM, prescale=1.0):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from hvdlite.core.work.request import Handle, RequestMeta
 from hvdlite.errors import CommTimeoutError
 from hvdlite.gpu import completion
 from hvdlite.ops import Collective
-from hvdlite.request import Handle, RequestMeta
 
 META = RequestMeta("grad", Collective.ALLREDUCE)
 

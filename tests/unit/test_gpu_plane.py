@@ -13,20 +13,22 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from hvdlite import api, arguments, dtypes, errors
-from hvdlite.config import load_config
+from hvdlite import api, errors
+from hvdlite.core import arguments
+from hvdlite.core.pipeline import fuse as fusion
+from hvdlite.core.pipeline.coordinator import find_mismatch
+from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.planes.host import HostPlane
+from hvdlite.core.planes.host import scale_in_place as host_scale_in_place
+from hvdlite.core.transport.shm import UFUNCS
+from hvdlite.core.work import dtypes
+from hvdlite.core.work.request import RequestMeta
+from hvdlite.core.work.response import Response
 from hvdlite.gpu import nccl, scaling, selection
 from hvdlite.gpu.arrays import DEVICE, DeviceArray
 from hvdlite.gpu.plans import in_place_launch, member_offsets, reduction_plan
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.pipeline import fuse as fusion
-from hvdlite.pipeline.coordinator import find_mismatch
-from hvdlite.pipeline.execute import Executor
-from hvdlite.planes.host import HostPlane
-from hvdlite.planes.host import scale_in_place as host_scale_in_place
-from hvdlite.request import RequestMeta
-from hvdlite.response import Response
-from hvdlite.transport.shm import UFUNCS
+from hvdlite.settings.config import load_config
 
 needs_nccl = pytest.mark.skipif(nccl.library_path() is None, reason="nvidia-nccl-cu12 is not installed")
 

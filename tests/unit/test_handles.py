@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hvdlite import api
+from hvdlite.core.work.request import Handle, MappedHandle
 from hvdlite.errors import TensorMismatchError, UnsupportedOperationError
 from hvdlite.ops import ReduceOp
-from hvdlite.request import Handle, MappedHandle
 
 
 def test_waiter_blocked_before_completion_is_released() -> None:

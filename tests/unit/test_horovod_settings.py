@@ -1,11 +1,11 @@
-"""Horovod's HOROVOD_* settings read as hvdlite's (hvdlite.horovod_settings through load_config)."""
+"""Horovod's HOROVOD_* settings read as hvdlite's (hvdlite.settings.horovod through load_config)."""
 
 import pytest
 from hvdlite.runner.environment import forwarded_names
 
-from hvdlite.config import MIB, SETTINGS_BY_ENV, Config, load_config
 from hvdlite.errors import ConfigError
-from hvdlite.horovod_settings import ALIASES
+from hvdlite.settings.config import MIB, SETTINGS_BY_ENV, Config, load_config
+from hvdlite.settings.horovod import ALIASES
 
 HOROVOD_VALUES = {  # every name the issue lists, in Horovod's units, and what hvdlite makes of it
     "HOROVOD_FUSION_THRESHOLD": ("33554432", "fusion_threshold", 32 * MIB),  # bytes

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.cluster.hosts import HostError, parse_hostfile, parse_hosts
 from hvdlite.runner.command import build_mpiexec_command
 from hvdlite.runner.environment import forwarded_names
-from hvdlite.runner.hosts import HostError, parse_hostfile, parse_hosts
 
 from hvdlite.elastic.wrapper import wrapped
 

@@ -1,10 +1,10 @@
-"""hvdliterun's setting flags come from ``hvdlite.config.SETTINGS``: same names and environment as before."""
+"""hvdliterun's setting flags come from ``hvdlite.settings.config.SETTINGS``: same names and environment as before."""
 
 import pytest
 from hvdlite.runner.cli import make_parser
 from hvdlite.runner.command import flag_environment
 
-from hvdlite.config import SETTING_FLAGS, SETTINGS_BY_ENV
+from hvdlite.settings.config import SETTING_FLAGS, SETTINGS_BY_ENV
 
 # horovodrun's flag names are the API: every option hvdliterun has had, written out once more on purpose.
 LAUNCHER_OPTIONS = {"-h", "--help", "-np", "--num-proc", "-H", "--hosts", "--hostfile", "-x", "--env",

@@ -10,9 +10,9 @@ import warnings
 import numpy as np
 import pytest
 
+from hvdlite.core.planes.host import CARRY_MAX_BYTES
+from hvdlite.core.work.request import Handle, Request, RequestMeta
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.planes.host import CARRY_MAX_BYTES
-from hvdlite.request import Handle, Request, RequestMeta
 
 from .fake_ranks import FakeControl, start_engines, stop_engines
 

@@ -2,8 +2,8 @@
 
 import pytest
 from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.cluster.hosts import HostSlots
 from hvdlite.runner.command import build_mpiexec_command
-from hvdlite.runner.hosts import HostSlots
 from hvdlite.runner.mpi_job import MpiJobError, detect
 
 

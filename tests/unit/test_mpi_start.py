@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from hvdlite.mpi_start import NETMOD, started_by_slurm_pmi, unconnected_step, variables_before_mpi
+from hvdlite.core.mpi_start import NETMOD, started_by_slurm_pmi, unconnected_step, variables_before_mpi
 
 # What Slurm's pmi2 plugin gives a task of `srun --mpi=pmi2` (seen in this project's test cluster).
 SLURM_PMI = {"PMI_FD": "13", "PMI_JOBID": "1.0", "PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_MPI_TYPE": "pmi2",

@@ -15,10 +15,10 @@ import types
 import numpy as np
 import pytest
 
+from hvdlite.core.work.request import Handle, Request, RequestMeta
+from hvdlite.core.work.response import Response
 from hvdlite.gpu.arrays import DeviceArray
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.request import Handle, Request, RequestMeta
-from hvdlite.response import Response
 
 PLANE_STREAM, CALLER_STREAM, OTHER_STREAM = 70, 80, 90
 
@@ -83,8 +83,8 @@ def plane(monkeypatch):
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(runtime=Runtime(calls), Device=lambda device: Stream(), Stream=Stream)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
+    from hvdlite.core.planes.nccl import NcclPlane
     from hvdlite.gpu import completion
-    from hvdlite.planes.nccl import NcclPlane
 
     monkeypatch.setattr(completion, "_POOLS", {})
     monkeypatch.setattr(completion, "_runtime", None)  # bound to this test's stand-in by its first event

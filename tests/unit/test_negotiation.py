@@ -1,12 +1,22 @@
 """Coordinator and response-cache logic, driven in process (no MPI)."""
 
 
+from hvdlite.core.pipeline.cache import (
+    FLUSH,
+    HAS_NEW,
+    SHUTDOWN,
+    CycleState,
+    Lookup,
+    ResponseCache,
+    band,
+    decode,
+    encode,
+)
+from hvdlite.core.pipeline.coordinator import Coordinator, find_mismatch
+from hvdlite.core.work.request import RequestMeta
+from hvdlite.core.work.response import RankMessage, Response
+from hvdlite.core.work.scope import Scope
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.pipeline.cache import FLUSH, HAS_NEW, SHUTDOWN, CycleState, Lookup, ResponseCache, band, decode, encode
-from hvdlite.pipeline.coordinator import Coordinator, find_mismatch
-from hvdlite.pipeline.scope import Scope
-from hvdlite.request import RequestMeta
-from hvdlite.response import RankMessage, Response
 
 
 def meta(name, shape=(4,), dtype="float32", collective=Collective.ALLREDUCE, **kw):

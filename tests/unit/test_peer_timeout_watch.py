@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite import errors
-from hvdlite.transport.mpi import _PROBE_TAG, PeerTimeoutWatch
+from hvdlite.core.transport.mpi import _PROBE_TAG, PeerTimeoutWatch
 from hvdlite.utils.polling import WaitTimeout, wait_until
 
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from hvdlite import errors
+from hvdlite.core.pipeline.complete import complete
+from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.pipeline.queue import RequestQueue
+from hvdlite.core.work.item import WorkItem
+from hvdlite.core.work.request import Handle, Request, RequestMeta
+from hvdlite.core.work.response import Response
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.pipeline.complete import complete
-from hvdlite.pipeline.execute import Executor
-from hvdlite.pipeline.fuse import WorkItem
-from hvdlite.pipeline.queue import RequestQueue
-from hvdlite.request import Handle, Request, RequestMeta
-from hvdlite.response import Response
 
 
 def _request(name: str, collective: Collective = Collective.ALLREDUCE, device: str = "cpu") -> Request:

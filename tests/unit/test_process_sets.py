@@ -3,7 +3,7 @@
 
 import pytest
 
-from hvdlite.communicators import Communicators
+from hvdlite.core.communicators import Communicators
 from hvdlite.errors import ProcessSetError
 from hvdlite.ops import Collective
 from hvdlite.process_sets import ProcessSet, global_process_set

@@ -1,9 +1,9 @@
-"""The allreduce description memo (hvdlite.describe): reused only for identical calls, errors never cached."""
+"""The allreduce description memo (hvdlite.core.describe): reused only for identical calls, errors never cached."""
 
 import numpy as np
 import pytest
 
-from hvdlite.describe import Descriptions
+from hvdlite.core.describe import Descriptions
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.ops import Collective, ReduceOp
 

@@ -2,8 +2,8 @@
 
 import pytest
 from hvdlite.runner.cli import LaunchError, all_hosts_local, prepare
+from hvdlite.runner.cluster.hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
 from hvdlite.runner.command import TAG_PATTERN, LaunchSpec, build_mpiexec_command, flag_environment, ssh_agent_script
-from hvdlite.runner.hosts import HostError, HostSlots, parse_hostfile, parse_hosts, total_slots
 from hvdlite.runner.process import _report_failed_rank, local_pids, read_pid_files
 from hvdlite.runner.tagging import LineTagger
 

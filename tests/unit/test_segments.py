@@ -6,10 +6,10 @@ import pytest
 from mpi4py import MPI
 
 from hvdlite import errors
+from hvdlite.core.transport.mpi import MpiTransport
+from hvdlite.core.work.request import Handle, Request, RequestMeta
+from hvdlite.core.work.segments import Segments
 from hvdlite.ops import Collective, ReduceOp
-from hvdlite.request import Handle, Request, RequestMeta
-from hvdlite.segments import Segments
-from hvdlite.transport.mpi import MpiTransport
 
 from .fake_ranks import start_engines, stop_engines
 

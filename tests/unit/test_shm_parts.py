@@ -3,7 +3,7 @@
 import pytest
 from mpi4py import MPI
 
-from hvdlite.transport.shm import SharedMemoryAllreduce, _part_bounds
+from hvdlite.core.transport.shm import SharedMemoryAllreduce, _part_bounds
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])

@@ -2,9 +2,9 @@
 
 import pytest
 from hvdlite.runner.cli import LaunchError, prepare
+from hvdlite.runner.cluster.hosts import HostSlots, first_slots
+from hvdlite.runner.cluster.slurm import SlurmError, allocation_hosts, expand_counts, expand_hostlist, in_allocation
 from hvdlite.runner.command import build_mpiexec_command
-from hvdlite.runner.hosts import HostSlots, first_slots
-from hvdlite.runner.slurm import SlurmError, allocation_hosts, expand_counts, expand_hostlist, in_allocation
 
 ALLOCATION = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}
 
@@ -81,7 +81,7 @@ def test_check_build_reports_the_schedulers_it_finds(tmp_path):
 
 
 def test_drained_down_or_failing_nodes_leave_an_elastic_jobs_host_list():
-    from hvdlite.runner.slurm import usable_from_sinfo
+    from hvdlite.runner.cluster.slurm import usable_from_sinfo
 
     hosts = tuple(HostSlots(f"n{i}", 2) for i in range(1, 7))
     sinfo = "n1 allocated\nn2 draining\nn3 drained\nn4 down*\nn5 mixed\nn6 allocated*\n"

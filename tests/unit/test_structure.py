@@ -1,5 +1,6 @@
-"""The house rules that the tree itself can check: no import cycle, short functions, one place that
-reads the environment (STYLE.md; issue #33)."""
+"""The house rules that the tree itself can check: no import cycle between modules nor between
+folders, a top level that is only the public face, short functions, one place that reads the
+environment (STYLE.md; issues #33 and #45)."""
 
 import ast
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"hvdlite": ROOT / "hvdlite", "hvdlite.runner": ROOT / "runner"}  # runner/ installs as hvdlite.runner
 MAX_FUNCTION_LINES = 50
+MAX_TOP_LEVEL_MODULES = 10
 
 
 def _modules() -> dict[str, Path]:
@@ -118,8 +120,51 @@ def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert "hvdlite.runtime" in graph and "hvdlite.elastic.reform" in graph["hvdlite.lifecycle"]
+    assert "hvdlite.core.runtime" in graph and "hvdlite.elastic.reform" in graph["hvdlite.lifecycle"]
     assert cycles(graph) == [], "import cycles (a lower layer imports an upper one)"
+
+
+def folder_graph(graph: dict[str, set[str]], modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """``graph`` with every module replaced by its folder (a subpackage, ``__init__`` included).
+
+    A module at ``hvdlite/``'s top level stays a node of its own: the top level is the public face,
+    not a layer, and a folder may use a top-level module that uses nothing of that folder (errors,
+    ops). A folder and a module that import each other, in any direction, are a cycle.
+    """
+    modules = modules or _modules()
+
+    def node(module: str) -> str:
+        path = modules[module]
+        if path.parent == PACKAGES["hvdlite"]:
+            return module
+        return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folders.setdefault(node(module), set()).update(node(t) for t in targets)
+    return {folder: targets - {folder} for folder, targets in folders.items()}
+
+
+def test_folder_graph_merges_a_folder_and_keeps_top_level_modules():
+    graph = {"hvdlite.api": {"hvdlite.core.engine"}, "hvdlite.core.engine": {"hvdlite.core.work.request"},
+             "hvdlite.core.work.request": {"hvdlite.errors"}, "hvdlite.errors": set()}
+    modules = {name: PACKAGES["hvdlite"].joinpath(*name.split(".")[1:]).with_suffix(".py") for name in graph}
+    folders = folder_graph(graph, modules)
+    assert folders == {"hvdlite.api": {"hvdlite.core"}, "hvdlite.core": {"hvdlite.core.work"},
+                       "hvdlite.core.work": {"hvdlite.errors"}, "hvdlite.errors": set()}
+    assert cycles({**folders, "hvdlite.errors": {"hvdlite.core.work"}}) == [["hvdlite.core.work", "hvdlite.errors"]]
+
+
+def test_no_two_folders_import_each_other():
+    folders = folder_graph(import_graph())
+    assert "hvdlite.core.pipeline" in folders["hvdlite.core"], "the core's engine runs the pipeline"
+    assert cycles(folders) == [], "folders that import each other (move what both need below both)"
+
+
+def test_the_top_level_is_the_public_face():
+    top = sorted(path.stem for path in PACKAGES["hvdlite"].glob("*.py"))
+    assert "api" in top and "errors" in top
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at hvdlite/'s top level: {top}"
 
 
 def test_no_function_is_over_50_lines():
@@ -143,4 +188,4 @@ def test_only_the_settings_module_touches_the_environment():
             if isinstance(node, ast.ImportFrom) and node.module == "os":
                 readers += [f"{path.relative_to(ROOT)}:{node.lineno}" for alias in node.names
                             if alias.name in ("environ", "getenv")]
-    assert readers and all(reader.startswith("hvdlite/config.py:") for reader in readers), readers
+    assert readers and all(reader.startswith("hvdlite/settings/config.py:") for reader in readers), readers

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdlite import dtypes
+from hvdlite.core.work import dtypes
+from hvdlite.core.work.naming import diverged_generated_names
 from hvdlite.errors import UnsupportedOperationError
-from hvdlite.naming import diverged_generated_names
 from hvdlite.ops import ReduceOp
 from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradients import DistributedGradientTape, predivide_scales
-from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer, is_distributed
+from hvdlite.tensorflow.optimizer import DistributedOptimizer, is_distributed
 from hvdlite.tensorflow.tensors import as_tensor, core_dtype, graph_name, run_on_host
 
 

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from hvdlite.timeline import Timeline
+from hvdlite.core.pipeline.timeline import Timeline
 
 from .fake_ranks import start_engines, stop_engines
 from .test_engine_in_process import submit

@@ -1,4 +1,4 @@
-from hvdlite.topology import topology_from_hosts
+from hvdlite.core.topology import topology_from_hosts
 
 
 def test_one_host():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvdlite import dtypes
+from hvdlite.core.work import dtypes
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.grad_sync import _split_groups, name_parameters

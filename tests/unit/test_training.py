@@ -32,7 +32,7 @@ def _torch_optimizer(**options):
 def _keras_optimizer(**options):
     import keras
 
-    from hvdlite.tensorflow.keras.optimizer import DistributedOptimizer
+    from hvdlite.tensorflow.optimizer import DistributedOptimizer
 
     return DistributedOptimizer(keras.optimizers.SGD(), **options)
 

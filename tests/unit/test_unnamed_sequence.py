@@ -1,7 +1,7 @@
 """Generated names: given back by a call that failed locally, and a divergence between ranks detected;
 unnamed object collectives named after the object's type, and ranks that passed different types."""
 
-from hvdlite.naming import NameGenerator, diverged_generated_names, diverged_object_names, object_name
+from hvdlite.core.work.naming import NameGenerator, diverged_generated_names, diverged_object_names, object_name
 from hvdlite.ops import Collective
 
 

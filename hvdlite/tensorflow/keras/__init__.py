@@ -19,8 +19,8 @@ from ...ops import ReduceOp
 from .. import collectives
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
+from ..optimizer import DistributedOptimizer
 from . import callbacks, elastic
-from .optimizer import DistributedOptimizer
 from .state import broadcast_global_variables, load_model
 
 

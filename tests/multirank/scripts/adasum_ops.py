@@ -1,4 +1,4 @@
-"""Adasum allreduce on real ranks against hvdlite.adasum.reference of every rank's inputs.
+"""Adasum allreduce on real ranks against hvdlite.core.transport.adasum_math.reference of every rank's inputs.
 
 Usage: adasum_ops.py (under hvdliterun, any -np). Each rank rebuilds every rank's input from shared
 seeds, so each can compute the reference itself. Cases: parallel, orthogonal and random vectors in
@@ -16,7 +16,7 @@ from checks import expect_error
 
 import hvdlite as hvd
 import hvdlite.torch as hvd_torch
-from hvdlite import adasum
+from hvdlite.core.transport import adasum_math as adasum
 
 DTYPES = {"float16": (np.float16, 3e-3), "bfloat16": (ml_dtypes.bfloat16, 2e-2), "float32": (np.float32, 1e-5),
           "float64": (np.float64, 1e-12)}

@@ -2,7 +2,7 @@
 
 Usage: adasum_optimizer.py (under hvdliterun, any -np). The replay keeps one optimizer per rank (its
 state stays that rank's own, as in Horovod): at each step every replayed rank steps from the shared
-parameters on its own data, and the parameters move by hvdlite.adasum.reference of those changes,
+parameters on its own data, and the parameters move by hvdlite.core.transport.adasum_math.reference of those changes,
 parameter by parameter. Cases: SGD with momentum, Adam, backward_passes_per_step=2, and a process
 set of the even ranks (ranks outside it step alone). Prints "ok adasum optimizer <case>".
 """
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import hvdlite.torch as hvd
-from hvdlite import adasum
+from hvdlite.core.transport import adasum_math as adasum
 
 STEPS, FEATURES = 4, 5
 

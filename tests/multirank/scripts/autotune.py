@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 import hvdlite as hvd
-from hvdlite.runtime import current
+from hvdlite.core.runtime import current
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()

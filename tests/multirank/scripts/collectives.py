@@ -348,7 +348,7 @@ def run_body():
     hvd.shutdown()
     assert not hvd.is_initialized()
     # shutdown leaves nothing behind: no exception hook, no cached buffers
-    from hvdlite.runtime import current
+    from hvdlite.core.runtime import current
     from hvdlite.utils import buffers
 
     assert sys.excepthook is hook_before, "shutdown left hvdlite's exception hook installed"

@@ -1,7 +1,7 @@
 """multihost.py's cases, after leaving freed chunks of dense bytes all over the malloc heap.
 
 MPICH's UCX business card is padded to 4096 bytes with the memory that follows UCX's address
-(see hvdlite/mpi_start.py). Here that memory is hex text, which MPICH cannot shorten when it
+(see hvdlite/core/mpi_start.py). Here that memory is hex text, which MPICH cannot shorten when it
 encodes the card for PMI: every segment's PMI-1 line is then longer than the 1024 bytes Slurm's
 pmi2 plugin reads at once. Usage: the same arguments as multihost.py.
 """

@@ -12,12 +12,12 @@ from mpi4py import MPI
 
 import hvdlite as hvd
 from hvdlite import errors
+from hvdlite.core.planes.device import exchange_rows, exchange_unique_id
+from hvdlite.core.transport.mpi import MpiTransport
 from hvdlite.gpu import selection
 from hvdlite.gpu.arrays import DeviceArray
 from hvdlite.gpu.hierarchical import build_groups, cross_host_allreduce
 from hvdlite.ops import ReduceOp
-from hvdlite.planes.device import exchange_rows, exchange_unique_id
-from hvdlite.transport.mpi import MpiTransport
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ os.environ["HOROVOD_CPU_OPERATIONS"] = "gloo"  # hvdlite has no Gloo: reported, 
 import numpy as np  # noqa: E402
 
 import hvdlite as hvd  # noqa: E402
-from hvdlite.runtime import current  # noqa: E402
+from hvdlite.core.runtime import current  # noqa: E402
 
 hvd.init()
 config = current().config

@@ -3,7 +3,7 @@
 Usage: jax_adasum_optimizer.py (under hvdliterun, any -np). The replay keeps one optax state per
 rank (each rank's state stays its own, as in Horovod): at each step every replayed rank runs the
 transformation from the shared parameters on its own data, and the parameters move by
-hvdlite.adasum.reference of those updates, leaf by leaf. Cases: Adam eagerly, SGD with momentum
+hvdlite.core.transport.adasum_math.reference of those updates, leaf by leaf. Cases: Adam eagerly, SGD with momentum
 and AdamW (weight decay is part of the change) under jit, backward_passes_per_step=2 under jit, a
 process set of the even ranks (ranks outside it step alone), and the refusals. Prints
 "ok jax adasum <case>".
@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import hvdlite.jax as hvd
-from hvdlite import adasum
+from hvdlite.core.transport import adasum_math as adasum
 
 # OUTPUTS: with one output, every rank's b1 gradient has the signs of w2 (or their opposite), so
 # Adam's first updates (about +-lr each) of two ranks can cancel exactly, where Adasum's result is

@@ -3,7 +3,7 @@
 Usage: keras_adasum_optimizer.py (under hvdliterun, any -np). The replay keeps one plain Keras model
 and optimizer per rank (its slot variables stay that rank's own, as in Horovod): at each step every
 replayed rank starts from the shared weights, updates on its own data, and the shared weights move by
-hvdlite.adasum.reference of those changes, variable by variable. Weight decay is on, so a change read
+hvdlite.core.transport.adasum_math.reference of those changes, variable by variable. Weight decay is on, so a change read
 after the decay instead of before it (or after the update: no change at all) shows. Cases: SGD with
 momentum through eager ``apply``, Adam inside ``model.fit`` and inside a ``tf.function`` step,
 ``backward_passes_per_step=2`` inside ``model.fit`` (micro-steps summed), a process set of the even
@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
-from hvdlite import adasum  # noqa: E402
+from hvdlite.core.transport import adasum_math as adasum  # noqa: E402
 
 STEPS, FEATURES, BATCH = 3, 5, 3
 

@@ -12,9 +12,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
-from hvdlite.dtypes import SUPPORTED
-from hvdlite.runtime import current
-from hvdlite.transport.shm import SLOT_BYTES
+from hvdlite.core.runtime import current
+from hvdlite.core.transport.shm import SLOT_BYTES
+from hvdlite.core.work.dtypes import SUPPORTED
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -1,0 +1,73 @@
+"""Starting MPI: what MPICH must be told before ``MPI_Init``, decided from how this rank was started.
+
+Under a plain ``srun --mpi=pmi2`` (no hvdliterun), MPICH talks PMI-1 to Slurm's pmi2 plugin, which
+reads each request with a single 1024-byte ``read`` (``handle_pmi1_cmd`` in Slurm's
+``src/plugins/mpi/pmi2/pmi1.c``). MPICH sends its business card in ``put`` lines of up to about
+1076 bytes (511-byte segments, hex-encoded, plus the key). With UCX the card is padded to 4096
+bytes with whatever memory follows UCX's address, so whether a line overflows depends on that
+memory: usually not, but when it does Slurm takes the tail of the line for a new request ("request
+not begin with 'cmd='"), the peer gets a truncated address, and the job hangs in ``MPI_Init``.
+libfabric's cards are a few bytes and never padded, so under Slurm's PMI hvdlite asks MPICH for
+the ``ofi`` netmod unless the user chose one (``MPIR_CVAR_CH4_NETMOD``). Hydra (hvdliterun, also
+inside a Slurm allocation) reads whole lines and needs nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import HvdliteError
+from ..settings.config import set_environ
+
+NETMOD = "MPIR_CVAR_CH4_NETMOD"
+SLURM_PMI_NETMOD = "ofi"
+
+
+def started_by_slurm_pmi(env: Mapping[str, str]) -> bool:
+    """True if Slurm's own PMI started this process (``srun --mpi=pmi2``), not Hydra's proxy.
+
+    Slurm's pmi2 plugin gives every task ``PMI_FD`` and ``PMI_JOBID``; Hydra gives ``PMI_FD`` and
+    ``MPI_LOCALNRANKS`` but no ``PMI_JOBID``. A Hydra rank inside an allocation can inherit
+    Slurm's variables, so Hydra's own marker decides.
+    """
+    return ("PMI_FD" in env and "PMI_JOBID" in env and "SLURM_STEP_ID" in env
+            and "MPI_LOCALNRANKS" not in env)
+
+
+def variables_before_mpi(env: Mapping[str, str]) -> dict[str, str]:
+    """The MPICH variables to add to ``env`` before ``MPI_Init`` (empty when none are needed)."""
+    if started_by_slurm_pmi(env) and not env.get(NETMOD):
+        return {NETMOD: SLURM_PMI_NETMOD}
+    return {}
+
+
+def unconnected_step(env: Mapping[str, str], world_size: int) -> str | None:
+    """Why this process must not go on, or ``None``: ``srun`` started several tasks without a PMI
+    (``--mpi=none``, Slurm's usual default), so each ``MPI_Init`` made a world of its own and every
+    task would train alone as rank 0. Hydra's ranks (hvdliterun) are not srun's tasks."""
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "")
+    if world_size != 1 or not tasks.isdigit() or int(tasks) < 2 or "MPI_LOCALNRANKS" in env:
+        return None
+    step = f"{env.get('SLURM_JOB_ID', '?')}.{env.get('SLURM_STEP_ID', '?')}"
+    return (f"srun started {tasks} tasks in Slurm step {step}, but MPI started task {env.get('SLURM_PROCID', '?')} "
+            "alone (size 1): Slurm gave the tasks no PMI to find each other, so each would train alone. "
+            "Run `srun --mpi=pmi2 ...`, or `hvdliterun python ...` inside the allocation")
+
+
+def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
+    """Import mpi4py's ``MPI`` (which initializes MPI) after adding :func:`variables_before_mpi`.
+
+    Returns the module and the variables it set. If MPI was already started (the script imported
+    mpi4py's ``MPI`` first), it is too late to set anything, and nothing is set. Raises
+    :class:`~hvdlite.errors.HvdliteError` for :func:`unconnected_step`.
+    """
+    added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env)
+    set_environ(added)
+    from mpi4py import MPI
+
+    problem = unconnected_step(env, MPI.COMM_WORLD.Get_size())
+    if problem:
+        raise HvdliteError(problem)
+    return MPI, added

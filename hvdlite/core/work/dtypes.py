@@ -1,0 +1,105 @@
+"""The dtypes the core moves, and how each is reduced.
+
+The core's tensor type is a NumPy array; bfloat16 comes from ``ml_dtypes``. float16 and bfloat16
+are *reduced in float32*: the engine widens them into a float32 wire buffer, reduces, applies the
+scale factors, and rounds once on the way back. That costs twice the bytes on the wire but gives
+exactly what a float32 accumulation would give, whatever the number of ranks (a reduction in the
+narrow type would round at every hop). MPI has no bfloat16 type anyway.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ...errors import UnsupportedOperationError
+from ...ops import ReduceOp
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+
+SUPPORTED: dict[str, np.dtype] = {
+    d.name: d
+    for d in (
+        np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16), np.dtype(np.int32),
+        np.dtype(np.int64), np.dtype(np.float16), bfloat16, np.dtype(np.float32),
+        np.dtype(np.float64), np.dtype(np.bool_),
+    )
+}
+_WIDENED = {"float16", "bfloat16"}
+# Precomputed: numpy's dtype.name and np.issubdtype are slow Python code, and these run for every
+# tensor of every step.
+NAME_OF = {dtype: name for name, dtype in SUPPORTED.items()}
+_FLOATING = frozenset(name for name, dtype in SUPPORTED.items()
+                      if name in _WIDENED or np.issubdtype(dtype, np.floating))
+_WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) if name == "bool" else dtype
+         for name, dtype in SUPPORTED.items()}
+WIRE_NAME = {name: wire.name for name, wire in _WIRE.items()}
+# On the device (NCCL) path the 16-bit floats reduce in their own type, as NCCL, DDP and Horovod
+# do: on a GPU the halved bytes are the point of them. NCCL has no int16 (widened to int32) and
+# no bool (bytes, with the logical ops of wire_op). uint16 fits in int32 too.
+DEVICE_WIRE_NAME = {name: "int32" if name in ("int16", "uint16") else "uint8" if name == "bool" else name
+                    for name in SUPPORTED}
+
+
+def wire_name(name: str, device: str) -> str:
+    """The dtype a reduction of ``name`` travels in on ``device`` ("cpu", or "cuda" for NCCL)."""
+    return WIRE_NAME[name] if device == "cpu" else DEVICE_WIRE_NAME[name]
+
+
+def dtype_name(array: np.ndarray, tensor_name: str) -> str:
+    """Name of ``array``'s dtype, or a clear error if the core cannot move it."""
+    name = NAME_OF.get(array.dtype)
+    if name is None:
+        name = array.dtype.name
+        if name in SUPPORTED:  # equal names, unequal dtypes: a byte-swapped array
+            raise UnsupportedOperationError(
+                f"tensor {tensor_name!r} has dtype {array.dtype.str} in non-native byte order; "
+                "convert it with .astype(array.dtype.newbyteorder('='))")
+        raise UnsupportedOperationError(
+            f"tensor {tensor_name!r} has dtype {name}, which hvdlite does not support; "
+            f"supported: {', '.join(SUPPORTED)}"
+        )
+    return name
+
+
+def is_floating(name: str) -> bool:
+    """True for float16, bfloat16, float32 and float64."""
+    return name in _FLOATING
+
+
+def wire_dtype(name: str) -> np.dtype:
+    """The dtype a reduction of ``name`` travels in (float32 for the 16-bit floats, uint8 for bool)."""
+    return _WIRE[name]
+
+
+def wire_op(name: str, op: ReduceOp) -> ReduceOp:
+    """The op actually run on the wire: bool Sum/Max are logical or (Max), Product/Min are and (Min)."""
+    if name != "bool":
+        return op
+    return ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
+
+
+def check_reduction(name: str, op: ReduceOp, prescale: float, postscale: float, tensor: str) -> None:
+    """Reject reductions that have no sensible meaning for the dtype, naming the tensor.
+
+    Integer tensors may be scaled, as in Horovod: each value times the factor in float64, truncated
+    back to the integer type (before the reduction for ``prescale``, after it for ``postscale``),
+    on the host and on a GPU alike.
+    """
+    if op is ReduceOp.ADASUM:
+        _check_adasum(name, prescale, postscale, tensor)
+    if name == "bool" and op is ReduceOp.AVERAGE:
+        raise UnsupportedOperationError(f"tensor {tensor!r}: Average is not defined for bool; use Sum/Min/Max")
+    if name == "bool" and (prescale != 1.0 or postscale != 1.0):
+        raise UnsupportedOperationError(
+            f"tensor {tensor!r}: prescale_factor/postscale_factor need a numeric tensor, got bool")
+
+
+def _check_adasum(name: str, prescale: float, postscale: float, tensor: str) -> None:
+    """Adasum weighs floating-point gradients by their dot products: no integers, no extra scaling."""
+    if not is_floating(name):
+        raise UnsupportedOperationError(f"tensor {tensor!r}: Adasum needs a floating-point tensor "
+                                        f"(float16, bfloat16, float32, float64), got {name}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise UnsupportedOperationError(f"tensor {tensor!r}: Adasum takes no prescale_factor/postscale_factor "
+                                        f"(got {prescale:g}, {postscale:g}): scale the tensor before or after")

@@ -1,2 +1,0 @@
-"""Data planes: what moves a work item's tensors between ranks. All implement
-:class:`~hvdlite.planes.base.DataPlane`; the executor runs each item on the first one enabled for it."""

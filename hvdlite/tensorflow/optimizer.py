@@ -1,0 +1,186 @@
+"""DistributedOptimizer for Keras 3: the user's own optimizer, averaging gradients across ranks.
+
+Keras 3 never calls the hooks Horovod's wrapper overrides (``get_gradients``,
+``_aggregate_gradients``), so under Horovod ``model.fit`` trains with gradients silently not
+averaged. Here the averaging goes into ``_clip_gradients``, which Keras calls exactly once per
+real update (after ``gradient_accumulation_steps`` micro-steps are summed), before clipping and
+weight decay: the same place a single process on the whole batch clips its gradients.
+
+The optimizer object is returned, not a subclass: ``isinstance`` holds, ``get_config`` and a
+saved ``.keras`` model name the user's class, and the model loads back without hvdlite
+(undistributed) or through ``hvdlite.tensorflow.keras.load_model`` (distributed again).
+
+With a ``LossScaleOptimizer``, each rank decides from its own gradients whether a step
+overflowed; ranks that disagree would diverge and mismatch their collectives. So the
+finiteness check is made global as well.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from ..compression import Compressor, NoneCompressor
+from ..ops import Average, ReduceOp, resolve_op
+from ..process_sets import ProcessSet, global_process_set
+from ..training.local_sgd import LocalSGDSchedule
+from ..training.options import check_passes, predivide_scales
+from . import adasum, host_ops
+from . import local_sgd as local_sgd_module
+from .gradients import check_groups, reduce_gradients, scaled_gradients
+
+_MARK = "_hvdlite_distributed"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Averaging:
+    """How an optimizer reduces its gradients."""
+
+    op: ReduceOp
+    compression: type[Compressor]
+    sparse_as_dense: bool
+    gradient_predivide_factor: float
+    postscale: float  # Horovod sums accumulated micro-steps unless average_aggregated_gradients
+    process_set: ProcessSet = global_process_set
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense,
+                                   self.gradient_predivide_factor, process_set=self.process_set)
+        return scaled_gradients(reduced, self.postscale)
+
+
+def _global_finite(check_finite: Any, process_set: ProcessSet) -> Any:
+    """A LossScaleOptimizer check that is true only when every rank's (of the set) gradients are finite."""
+    def check(grads: list[Any]) -> Any:
+        local = tf.cast(check_finite(grads), tf.int32)
+        if process_set.included() is False:  # a rank outside the set trains alone
+            return tf.cast(local, tf.bool)
+        (everywhere,) = host_ops.allreduce([local], None, ReduceOp.MIN, 1.0, 1.0, process_set=process_set)
+        return tf.cast(everywhere, tf.bool)
+    return check
+
+
+def _loss_scaler_around(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The LossScaleOptimizer, if any, whose ``apply`` is calling ``optimizer`` right now.
+
+    Keras's compile() wraps an optimizer in a LossScaleOptimizer under mixed_float16, after
+    DistributedOptimizer has run; the wrapper's finiteness check is then local. The only trace of
+    it is the caller's frame, looked at once per trace.
+    """
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.optimizers.LossScaleOptimizer) and owner.inner_optimizer is optimizer:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging | adasum.AdasumDeltas,
+                             local: local_sgd_module.KerasLocalSGD | None) -> None:
+    clip = optimizer._clip_gradients  # bound method of the class; the instance attribute shadows it
+
+    def clip_gradients(grads: list[Any]) -> list[Any]:
+        scaler = _loss_scaler_around(optimizer)
+        if scaler is not None and not hasattr(scaler, _MARK):
+            raise ValueError(
+                "this hvdlite DistributedOptimizer is wrapped in a keras LossScaleOptimizer (model.compile does "
+                "that under the mixed_float16 policy), whose overflow check would be local to each rank. Wrap "
+                "the other way round: hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))")
+        if local is not None:  # local SGD: gradients are averaged in the warm-up only
+            return clip(local.reduce_in_warmup(list(grads), averaging.reduce))
+        return clip(averaging.reduce(list(grads)))
+
+    optimizer._clip_gradients = clip_gradients
+
+
+def _accumulate(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
+    """Horovod's backward_passes_per_step, as Keras 3's own gradient_accumulation_steps."""
+    current = optimizer.gradient_accumulation_steps
+    if current and current != passes:
+        raise ValueError(f"backward_passes_per_step={passes} conflicts with the optimizer's "
+                         f"gradient_accumulation_steps={current}; set only one")
+    if optimizer.built and not current:
+        raise ValueError(f"backward_passes_per_step={passes} needs an optimizer that has not been built yet; "
+                         f"or construct it with gradient_accumulation_steps={passes}")
+    optimizer.gradient_accumulation_steps = passes
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: type[Compressor] = NoneCompressor,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: ReduceOp = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
+                         process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True,
+                         local_sgd_period: int | None = None, local_sgd_warmup_steps: int = 0,
+                         local_sgd_average_state: bool = False) -> keras.optimizers.Optimizer:
+    """Make a Keras 3 optimizer average its gradients across ranks before every update; returns it.
+
+    Under the ``mixed_float16`` policy a plain optimizer comes back inside a LossScaleOptimizer, as
+    ``model.compile`` would have wrapped it. ``backward_passes_per_step=N`` accumulates N micro-steps locally (Keras's
+    ``gradient_accumulation_steps``) and communicates once per update; the accumulated gradients
+    are summed, as in Horovod, unless ``average_aggregated_gradients``. ``name``,
+    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` (no variable is local here) are
+    accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
+    and the whole gradient list is one group, which the core fuses. ``local_sgd_period=K``: after
+    ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every K
+    (see :mod:`hvdlite.tensorflow.local_sgd`). ``op=Adasum``: each rank steps on its own gradients
+    and the variables' changes are combined with Adasum (see :mod:`hvdlite.tensorflow.adasum`).
+    """
+    check_groups(num_groups, groups)
+    _check_wrappable(optimizer)
+    resolved = resolve_op(op)
+    if resolved is ReduceOp.ADASUM:
+        adasum.refuse_unsupported(compression, sparse_as_dense, gradient_predivide_factor, local_sgd_period)
+    elif resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum (or op=Adasum), got {resolved.name}")
+    predivide_scales(resolved, gradient_predivide_factor)
+    passes = check_passes(backward_passes_per_step)
+    averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
+                           float(passes) if passes > 1 and not average_aggregated_gradients else 1.0, process_set)
+    optimizer, target = _loss_scaled(optimizer, process_set)
+    if passes > 1:
+        _accumulate(target, passes)
+    if resolved is ReduceOp.ADASUM:  # each rank steps on its own gradients; the changes are combined
+        averaging = adasum.install(target, process_set, averaging.postscale)
+    local = None if local_sgd_period is None else local_sgd_module.install(
+        target, LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps), local_sgd_average_state, process_set)
+    _average_before_clipping(target, averaging, local)
+    setattr(optimizer, _MARK, averaging)
+    if target is not optimizer:
+        setattr(target, _MARK, averaging)
+    return optimizer
+
+
+def _check_wrappable(optimizer: Any) -> None:
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
+                        f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "
+                        "use hvd.DistributedGradientTape")
+    if hasattr(optimizer, _MARK):
+        raise ValueError(f"optimizer {optimizer.name!r} is already a hvdlite DistributedOptimizer")
+
+
+def _loss_scaled(optimizer: keras.optimizers.Optimizer,
+                 process_set: ProcessSet) -> tuple[keras.optimizers.Optimizer, keras.optimizers.Optimizer]:
+    """(the optimizer to return, the one whose gradients are averaged): a LossScaleOptimizer's inner
+    one, its overflow check agreed across the set."""
+    if (keras.config.dtype_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap it in a LossScaleOptimizer after us, checking overflow per rank.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer.check_finite = _global_finite(optimizer.check_finite, process_set)
+        return optimizer, optimizer.inner_optimizer
+    return optimizer, optimizer
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """True if ``optimizer`` went through :func:`DistributedOptimizer`."""
+    return hasattr(optimizer, _MARK)
