@@ -1,6 +1,6 @@
 """hvdlite's collectives vs raw mpi4py, measured in the same run, interleaved rep by rep.
 
-Run:  hvdliterun -np 2 python bench/allreduce_vs_mpi4py.py [--update-readme]
+Run:  hvdliterun -np 2 python bench/allreduce_vs_mpi4py.py [--update-readme] [--plot docs/assets/bench/allreduce.png]
 
 Prints five tables on rank 0 (median and min-max over reps; each rep is the slowest rank's mean):
 
@@ -15,9 +15,10 @@ Prints five tables on rank 0 (median and min-max over reps; each rep is the slow
 3. CPU a rank burns while it waits 2 s inside an allreduce (rank 0 arrives late).
 4. Memory: RSS growth over 10,000 small allreduces, and requests left in the engine afterwards.
 
-Then the issue's targets, each marked met or not. ``--update-readme`` also writes the tables into
+Then the performance targets, each marked met or not. ``--update-readme`` also writes the tables into
 ``bench/README.md`` between the markers for this rank count, so the numbers there are the
-script's, not typed.
+script's, not typed. ``--plot PATH`` draws the size sweep's latency and bus bandwidth, hvdlite and
+mpi4py, from the same run into a PNG (needs matplotlib: ``pip install hvdlite[bench]``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from mpi4py import MPI
 from readme import replace_block
 
 import hvdlite as hvd
-from hvdlite.runtime import current
+from hvdlite.core.runtime import current
 
 SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 SECTIONS = ("small", "sweep", "mix", "waiting", "memory")
@@ -70,12 +71,16 @@ def spread(values: list[float], scale: float = 1e6) -> str:
     return f"{statistics.median(values) * scale:,.1f} [{min(values) * scale:,.1f}-{max(values) * scale:,.1f}]"
 
 
-def size_sweep(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[int, float], float]:
-    """The table, hvdlite / mpi4py per size, and hvdlite's 4-byte median in seconds."""
+Samples = dict[int, tuple[list[float], list[float]]]  # size -> (mpi4py, hvdlite) per-rep seconds per call
+
+
+def size_sweep(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[int, float], float, Samples]:
+    """The table, hvdlite / mpi4py per size, hvdlite's 4-byte median in seconds, and the per-rep times."""
     size = comm.Get_size()
     lines = ["| size | mpi4py us | hvdlite us | hvdlite / mpi4py | hvdlite algbw GB/s | hvdlite busbw GB/s |",
              "|---|---|---|---|---|---|"]
     ratios = {}
+    samples: Samples = {}
     for nbytes in SIZES:
         x = np.ones(nbytes // 4, dtype=np.float32)
         out = np.empty_like(x)
@@ -85,16 +90,17 @@ def size_sweep(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[int, float], 
             raw.append(timed(lambda x=x, out=out: comm.Allreduce(x, out), iters, comm))
             ours.append(timed(lambda x=x, n=nbytes: hvd.allreduce(x, op=hvd.Sum, name=f"sweep.{n}"), iters, comm))
         ratios[nbytes] = statistics.median(ours) / statistics.median(raw)
+        samples[nbytes] = (raw, ours)
         if nbytes == 4:
             latency = statistics.median(ours)
         algbw = nbytes / statistics.median(ours) / 1e9
         lines.append(f"| {label(nbytes)} | {spread(raw)} | {spread(ours)} | {ratios[nbytes]:.2f} | {algbw:.2f} | "
                      f"{algbw * 2 * (size - 1) / size:.2f} |")
-    return lines, ratios, latency
+    return lines, ratios, latency, samples
 
 
 SMALL_SIZES = [4, 64, 1 << 10]
-LATENCY_TARGET = {2: 10.0, 3: 6.0}  # issue #20: small allreduces within this many times raw mpi4py
+LATENCY_TARGET = {2: 10.0, 3: 6.0}  # small allreduces within this many times raw mpi4py
 
 
 def small_latency(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[tuple[int, str], float]]:
@@ -121,7 +127,7 @@ def small_latency(comm: MPI.Comm, reps: int) -> tuple[list[str], dict[tuple[int,
 
 
 def latency_targets(size: int, ratios: dict[tuple[int, str], float]) -> list[tuple[str, bool, str]]:
-    """The issue's small-allreduce targets at this rank count (none where it sets none)."""
+    """The small-allreduce targets at this rank count (none where none is set)."""
     limit = LATENCY_TARGET.get(size)
     if limit is None:
         return []
@@ -197,29 +203,53 @@ def memory(comm: MPI.Comm) -> tuple[list[str], float, int]:
             f"{left}"], growth, left
 
 
+def plot_sweep(samples: Samples, nranks: int, reps: int, out: str) -> None:
+    """Draw the size sweep this run measured (bench/plots.py)."""
+    import plots
+
+    sizes = sorted(samples)
+    library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+    plots.allreduce_sweep(sizes, [samples[n][1] for n in sizes], [samples[n][0] for n in sizes], nranks,
+                          title=f"allreduce, np={nranks}, one host: hvdlite vs mpi4py ({' '.join(library.split())})",
+                          note=f"Median of {reps} interleaved reps (each the slowest rank's mean), bars min-max.",
+                          out=out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated subset of {','.join(SECTIONS)} (the targets need all)")
+    parser.add_argument("--plot", metavar="PNG", help="draw the size sweep (latency, bus bandwidth) into this file")
     args = parser.parse_args()
     sections = args.sections.split(",")
     if set(sections) - set(SECTIONS):
         parser.error(f"unknown section(s) {sorted(set(sections) - set(SECTIONS))}; choose from {SECTIONS}")
+    if args.plot and "sweep" not in sections:
+        parser.error("--plot draws the size sweep: include 'sweep' in --sections")
     hvd.init()
     comm = MPI.COMM_WORLD
+    samples: Samples = {}
+
+    def sweep_table() -> list[str]:
+        lines, _, _, measured = size_sweep(comm, args.reps)
+        samples.update(measured)
+        return lines
+
     if set(sections) != set(SECTIONS):
         tables = {"small": lambda: small_latency(comm, args.reps)[0],
-                  "sweep": lambda: size_sweep(comm, args.reps)[0], "mix": lambda: tensor_mix(comm, args.reps)[0],
+                  "sweep": sweep_table, "mix": lambda: tensor_mix(comm, args.reps)[0],
                   "waiting": lambda: waiting_cpu(comm)[0], "memory": lambda: memory(comm)[0]}
         text = "\n\n".join("\n".join(tables[name]()) for name in sections)
         if comm.Get_rank() == 0:
             print(text, flush=True)
+            if args.plot:
+                plot_sweep(samples, comm.Get_size(), args.reps, args.plot)
         hvd.shutdown()
         return
     small, small_ratios = small_latency(comm, args.reps)
-    sweep, ratios, latency = size_sweep(comm, args.reps)
+    sweep, ratios, latency, samples = size_sweep(comm, args.reps)
     mix, mix_ratios = tensor_mix(comm, args.reps)
     waiting, worst_cpu = waiting_cpu(comm)
     mem, growth, left = memory(comm)
@@ -245,6 +275,8 @@ def main() -> None:
         print(text, flush=True)
         if args.update_readme:
             replace_block(f"allreduce_vs_mpi4py np={comm.Get_size()}", text)
+        if args.plot:
+            plot_sweep(samples, comm.Get_size(), args.reps, args.plot)
     hvd.shutdown()
 
 

@@ -2,7 +2,7 @@
 
 Run:  hvdliterun -np 1 python bench/gpu_host_cost.py [--calls 20000] [--reps 7]
 
-Issue #35 asks for <= 25 us per blocking allreduce of a small CUDA tensor at np=1; the GPU adds
+The target is <= 25 us per blocking allreduce of a small CUDA tensor at np=1; the GPU adds
 only a few microseconds of CUDA and NCCL calls (bare NCCL enqueues in under 1 us), so the rest is
 this host path: submit, negotiation, the NCCL plane's bookkeeping, completion. GPU machines are
 lent for minutes; this measures that path everywhere, with cupy's runtime and the NCCL library

@@ -3,12 +3,12 @@
 Run on a GPU machine (one process per GPU; np=1 is enough for the overhead target):
 
     hvdliterun -np 1 python bench/gpu_training_step.py                          # both sections
-    hvdliterun -np 1 python bench/gpu_training_step.py --only step --runs 3     # issue #35's target
+    hvdliterun -np 1 python bench/gpu_training_step.py --only step --runs 3     # the target run
     hvdliterun -np 1 python bench/gpu_training_step.py --only step --modes plain,hvdlite
     OMP_NUM_THREADS=1 hvdliterun -np 2 python bench/gpu_training_step.py --device cpu --only step \\
         --width 64 --depth 2 --batch-size 8 --steps 3 --reps 2 --runs 2     # smoke test, no GPU
 
-**Training step** (issue #35's target: hvdlite / plain <= 1.02, the median of three runs). A model
+**Training step** (target: hvdlite / plain <= 1.02, the median of three runs). A model
 that keeps the GPU busy: ``--depth`` x ``nn.Linear(--width, --width)`` with ReLU, bfloat16
 parameters (float32 with ``--device cpu``), batch ``--batch-size``, SGD. Modes, in one process,
 each with its own copy of the model (same seed), built one after another:

@@ -1,6 +1,7 @@
 """One data-parallel training step in PyTorch: hvdlite vs DDP (gloo) vs raw mpi4py vs no communication.
 
 Run:  python bench/torch_training_step.py            (it launches its own hvdliterun jobs)
+      python bench/torch_training_step.py --plot docs/assets/bench/training_step.png   (also draws the step times)
 
 The driver starts two jobs of this script in worker mode: ``hvdliterun -np 1`` for the ``single``
 baseline, then ``hvdliterun -np N`` (``--np``, default 2) for the multi-rank modes:
@@ -33,6 +34,8 @@ need the mean; use a multiple of 8 steps); the rep's value is the slowest rank's
 (a synchronous job runs at its slowest rank's pace). Reported: the median over all reps, the spread
 (min-max of the per-rep values), the scaling efficiency (single step time / mode step time; the
 per-rank batch is fixed, so 1.0 is perfect weak scaling) and the throughput relative to DDP.
+``--plot PATH`` draws the multi-rank modes' step times from the same run as a bar chart (needs
+matplotlib: ``pip install hvdlite[bench]``).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--wrap", default="", help="command prefix the jobs' hvdliterun runs under (bench/two_hosts.py)")
     parser.add_argument("--hvdliterun-args", default="", help="extra hvdliterun arguments, e.g. '-H a:1,b:1'")
     parser.add_argument("--update-readme", action="store_true", help="write the table into bench/README.md")
+    parser.add_argument("--plot", metavar="PNG", help="draw the multi-rank modes' step times into this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # set by the driver
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -391,6 +395,28 @@ def report(results: Results, skipped: dict[str, str], args: argparse.Namespace, 
     return lines
 
 
+PLOT_LABELS = {"nocomm": "no\ncommunication", "mpi4py": "mpi4py loop", "ddp": "DDP (gloo)", "hvdlite": "hvdlite",
+               "sharded": "hvdlite\nsharded state", "local8": "hvdlite\nlocal SGD (8)",
+               "local8o": "hvdlite\nlocal SGD (8),\noverlapped", "powersgd": "hvdlite\nPowerSGD (4)",
+               "horovod": "Horovod"}
+
+
+def plot_steps(results: Results, args: argparse.Namespace) -> None:
+    """Draw the step time of each multi-rank mode this run measured (bench/plots.py)."""
+    import plots
+
+    modes = {PLOT_LABELS[name]: results[name, np_] for name in ALL_MODES for (mode, np_) in results
+             if mode == name and name != "single"}
+    single = results.get(("single", args.np))
+    plots.training_step(
+        modes, single,
+        title=f"PyTorch training step, np={args.np}: {DEPTH} x Linear({WIDTH}, {WIDTH}), batch {args.batch_size} "
+              "per rank, SGD, 1 thread per rank",
+        note=f"Median of {args.reps} interleaved reps x {args.steps} steps (each rep the slowest rank's mean "
+             "step), bars min-max, dots reps.",
+        out=args.plot)
+
+
 def run_driver(args: argparse.Namespace) -> None:
     results: Results = {}
     skipped: dict[str, str] = {}
@@ -408,6 +434,8 @@ def run_driver(args: argparse.Namespace) -> None:
         from readme import replace_block
 
         replace_block(f"torch_training_step np={args.np}", "\n".join(lines))
+    if args.plot:
+        plot_steps(results, args)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ JOBS = {"numpy": "numpy", "torch": "torch", "tensorflow": "tensorflow,tensorflow
         "tensorflow-graph": "tensorflow,tensorflow-graph", "jax": "jax,jax-jit", "jax-jit": "jax,jax-jit"}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("framework", list(JOBS))
 @pytest.mark.parametrize("np", [2, 3])
 def test_every_collective(np, framework):

@@ -24,6 +24,7 @@ def _ok_lines(result, rank):
     return [line for line in result.lines(rank) if line.startswith("ok ")]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("np", [2, 3])
 def test_training_matches_one_process_on_the_whole_batch(np):
     result = run_script("torch_training.py", np, "equivalence", timeout=240)
