@@ -16,7 +16,7 @@ own shard of the data::
         return optax.apply_updates(params, updates), opt_state
 
 Collectives take arrays or whole pytrees and work outside ``jax.jit`` (host path, no copies on
-the CPU) and inside it (an ordered ``io_callback``). See :mod:`hvdlite.jax.collectives`.
+the CPU) and inside it (an ordered ``io_callback``).
 
 Process sets, as in Horovod: register sets with ``hvd.init(process_sets=[...])`` (or
 ``add_process_set`` after ``init(process_sets="dynamic")``) and pass ``process_set=`` to any

@@ -48,7 +48,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     local_sgd_warmup_steps: int = 0, local_sgd_average_state: bool = False, shard_optimizer_state: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Wrap ``tx`` so updates are reduced across ranks (``op``: Average or Sum) before it sees them;
-    ``op=Adasum``: each rank applies ``tx``, the changes are combined (:mod:`hvdlite.jax.adasum`).
+    ``op=Adasum``: each rank applies ``tx``, the changes are combined.
 
     ``compression`` (e.g. ``Compression.fp16``) casts the updates for the reduction and back.
     ``backward_passes_per_step=k`` accumulates k micro-batch gradients locally and reduces their
@@ -58,10 +58,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     as in Horovod. ``name`` fixes the request names; by default each wrapper gets
     ``DistributedOptimizer.<n>``, numbered in creation order among the wrappers on the same set of
     ranks, which is the same on every member and every step. ``process_set`` reduces over that
-    set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period``: see
-    :mod:`hvdlite.jax.local_sgd` (``update`` then needs ``params``). ``shard_optimizer_state``
+    set's ranks only; a rank outside it keeps its updates local. ``local_sgd_period=K``: local
+    updates, with the parameters averaged every K (``update`` then needs ``params``). ``shard_optimizer_state``
     keeps ``tx``'s state for 1/N of the parameters on each rank (ZeRO-1; exact for elementwise ``tx``
-    only): see :mod:`hvdlite.jax.sharded`. ``compression=Compression.powersgd(rank=, start_step=)``
+    only). ``compression=Compression.powersgd(rank=, start_step=)``
     averages weight matrices as low-rank approximations with error feedback (state:
     :class:`hvdlite.jax.powersgd.PowerSGDState`).
     """
@@ -90,7 +90,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
 
 def _adasum(tx: optax.GradientTransformation, given: tuple, passes: int, name: str | None,
             process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
-    """``tx`` stepping on each rank with its parameter changes combined by Adasum (:mod:`hvdlite.jax.adasum`);
+    """``tx`` stepping on each rank with its parameter changes combined by Adasum;
     ``given``: (compression, gradient_predivide_factor, local_sgd_period, shard_optimizer_state), refused if set."""
     compression, predivide, period, shard_state = given
     refuse_with_adasum({"compression": compression is not Compression.none, "gradient_predivide_factor":

@@ -1,7 +1,7 @@
 """hvdlite on Ray: ``RayExecutor`` runs a function as MPI ranks in Ray actors, as Horovod's.
 
 The actors are placed by Ray (one placement group, spread over the nodes); hvdlite only forms the
-MPI world among them with its launcher (:mod:`hvdlite.runner.remote`). Needs ``pip install hvdlite[ray]``.
+MPI world among them with its launcher. Needs ``pip install hvdlite[ray]``.
 """
 
 from ..runner.remote.job import RemoteJobError

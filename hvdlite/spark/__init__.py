@@ -2,7 +2,7 @@
 
 As Horovod's ``horovod.spark.run``: one rank per barrier-mode task (so Spark places the ranks and
 keeps their slots), the results returned to the driver by rank, and a failing rank raised on the
-driver with its traceback. The MPI world is formed by hvdlite's launcher (:mod:`hvdlite.runner.remote`).
+driver with its traceback. The MPI world is formed by hvdlite's launcher.
 Needs ``pip install hvdlite[spark]``.
 """
 

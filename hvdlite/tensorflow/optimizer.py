@@ -129,9 +129,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` (no variable is local here) are
     accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
     and the whole gradient list is one group, which the core fuses. ``local_sgd_period=K``: after
-    ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every K
-    (see :mod:`hvdlite.tensorflow.local_sgd`). ``op=Adasum``: each rank steps on its own gradients
-    and the variables' changes are combined with Adasum (see :mod:`hvdlite.tensorflow.adasum`).
+    ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every
+    K. ``op=Adasum``: each rank steps on its own gradients and the variables' changes are combined
+    with Adasum.
     """
     check_groups(num_groups, groups)
     _check_wrappable(optimizer)

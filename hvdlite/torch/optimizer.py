@@ -142,18 +142,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     after it (only with ``op=Average``). Sparse gradients are allgathered, or with
     ``sparse_as_dense`` reduced dense and handed back sparse.
 
-    ``local_sgd_period=K`` (local SGD, :mod:`hvdlite.torch.local_sgd`): after
+    ``local_sgd_period=K`` (local SGD): after
     ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K
     steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged;
     with ``local_sgd_overlap`` each average runs during the next K steps and lands one period late;
     ``optimizer.average_parameters()`` averages now (after the last step, say).
 
-    ``compression=Compression.powersgd(rank=r, start_step=s)`` (:mod:`hvdlite.torch.powersgd`):
+    ``compression=Compression.powersgd(rank=r, start_step=s)``:
     after ``s`` plain steps, weight matrices are averaged as rank-r approximations with error
     feedback, all in ``synchronize()``; the state is ``optimizer._hvdlite_reducer.powersgd.state``.
-    ``op=Adasum``: each rank steps; the parameter changes are combined (:mod:`hvdlite.torch.adasum`).
+    ``op=Adasum``: each rank steps; the parameter changes are combined.
 
-    ``shard_optimizer_state=True`` (ZeRO-1/2, :mod:`hvdlite.torch.sharded`): each rank keeps the
+    ``shard_optimizer_state=True`` (ZeRO-1/2): each rank keeps the
     optimizer state for 1/N of the parameters; gradients are reduce-scattered, the shards stepped and
     all-gathered. Checkpoint with ``consolidate_state_dict(to=0)`` on every rank, then ``state_dict()``.
     """

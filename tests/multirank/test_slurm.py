@@ -44,6 +44,19 @@ def cluster(tmp_path_factory):
     hosts.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def time_limited_job(cluster, tmp_path_factory):
+    """A job of 4 ranks with a one-minute limit, submitted before the file's first test.
+
+    ``--time=1`` is a minute, Slurm's smallest limit, and slurmctld enforces limits on its own timer
+    (about every 30 s), so the job ends 60 to 90 s after it started. Its ranks idle (an allreduce
+    every 0.1 s) on 2 of each node's 4 CPUs (two a node: by default Slurm puts 3 of 4 on the first),
+    so the other tests' jobs (at most 2 tasks a node) run beside it, and the test that checks how it
+    ended, the file's last, waits little.
+    """
+    return _submit_running_job(cluster, tmp_path_factory.mktemp("time-limit"), ["--time=1", "--ntasks-per-node=2"])
+
+
 def _run(cluster, argv: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     """``argv`` on the controller's host; past ``timeout`` its whole process group is stopped (a hung
     ``srun`` and its tasks would otherwise keep running into later tests)."""
@@ -61,6 +74,25 @@ def _run(cluster, argv: list[str], timeout: float = 180) -> subprocess.Completed
                 stdout, stderr = process.communicate()
             raise AssertionError(f"{argv} outlived {timeout} s:\n{stdout}\n{stderr}\n{cluster.log()}") from None
     return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _sbatch_until_done(cluster, sbatch_args: list[str], timeout: float = 300) -> str:
+    """Submit a batch job and return ``scontrol show job`` once it has ended.
+
+    Polled every 0.5 s: ``sbatch --wait`` polls at doubling intervals (a job that ran 11 s was seen
+    ending after 42)."""
+    submitted = _run(cluster, ["sbatch", "--parsable", *sbatch_args])
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = _run(cluster, ["scontrol", "show", "job", job]).stdout
+        if "JobState=" in state and not any(f"JobState={s}" in state for s in ("PENDING", "RUNNING", "COMPLETING",
+                                                                             "CONFIGURING")):
+            return state
+        time.sleep(0.5)
+    _run(cluster, ["scancel", job])
+    raise AssertionError(f"batch job {job} outlived {timeout} s:\n{state}\n{cluster.log()}")
 
 
 def _lines(output: str, prefix: str) -> list[str]:
@@ -88,10 +120,9 @@ def test_sbatch_trains_torch_across_the_nodes_as_one_process_does(cluster, tmp_p
     script.write_text(f"#!/bin/sh\nexec {hvdliterun()} {' '.join(TRANSPORT)} python "
                       f"{SCRIPTS / 'torch_training.py'} equivalence\n")
     out = tmp_path / "job.out"
-    done = _run(cluster, ["sbatch", "--wait", "-N", "2", "--ntasks-per-node", str(tasks // 2), "-o", str(out),
-                          str(script)], timeout=300)
+    state = _sbatch_until_done(cluster, ["-N", "2", "--ntasks-per-node", str(tasks // 2), "-o", str(out), str(script)])
     output = out.read_text(errors="replace") if out.exists() else ""
-    assert done.returncode == 0, done.stdout + done.stderr + output + cluster.log()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + output + cluster.log()
     for rank in range(tasks):
         got = [line.split(" max diff")[0].removeprefix(f"[{rank}]: ok ") for line in output.splitlines()
                if line.startswith(f"[{rank}]: ok ")]
@@ -174,13 +205,6 @@ def test_scancel_ends_the_job_on_both_nodes_with_nothing_left(cluster, tmp_path)
     _assert_ended_by_slurm(cluster, job, marker, out, within=60, reason="CANCELLED")
 
 
-def test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason(cluster, tmp_path):
-    # --time=1 is a minute, Slurm's smallest limit; slurmctld enforces limits on its own timer (about
-    # every 30 s), so the job ends 60 to 90 s after it started, here counted from its ranks' start.
-    job, marker, out = _submit_running_job(cluster, tmp_path, ["--time=1"])
-    _assert_ended_by_slurm(cluster, job, marker, out, within=150, reason="DUE TO TIME LIMIT")
-
-
 def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(cluster, tmp_path):
     out = tmp_path / "drain.out"
     script = tmp_path / "elastic.sh"
@@ -206,3 +230,9 @@ def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(clu
     for rank in (0, 1):  # hostA's ranks went on at size 2; hostB's left at a commit (exit 0)
         assert f"[{rank}]: ok elastic hosts {rank} 2" in output, output
     assert "the job went on without rank(s) [2, 3] and finished" in output, output
+
+
+def test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason(cluster, time_limited_job):
+    # The last test of the file: the job was submitted before the first (time_limited_job).
+    job, marker, out = time_limited_job
+    _assert_ended_by_slurm(cluster, job, marker, out, within=150, reason="DUE TO TIME LIMIT")
