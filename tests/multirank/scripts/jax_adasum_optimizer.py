@@ -11,6 +11,8 @@ process set of the even ranks (ranks outside it step alone), and the refusals. P
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +28,11 @@ STEPS, FEATURES, HIDDEN, OUTPUTS = 4, 5, 8, 2
 
 
 def init_params() -> dict:
+    return dict(_init_params())  # a fresh dict of the one draw (JAX arrays are immutable)
+
+
+@functools.cache  # every case and every replay starts from the same parameters: draw them once
+def _init_params() -> dict:
     k1, k2 = jax.random.split(jax.random.key(0))
     return {"w1": jax.random.normal(k1, (FEATURES, HIDDEN)) * 0.5, "b1": jnp.zeros(HIDDEN),
             "w2": jax.random.normal(k2, (HIDDEN, OUTPUTS)) * 0.5}

