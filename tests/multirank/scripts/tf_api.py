@@ -186,7 +186,7 @@ def case_state(rank, size, directory):
     hvd.barrier()
     loaded = hvd_keras.load_model(path)
     assert type(loaded.optimizer) is keras.optimizers.Adam
-    assert hvd_keras.optimizer.is_distributed(loaded.optimizer)
+    assert hvd.optimizer.is_distributed(loaded.optimizer)
     for got, want in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
         close(got, want, f"optimizer variable {got.path}")
     loaded.fit(x, y, batch_size=3, epochs=1, verbose=0)
