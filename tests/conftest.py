@@ -2,7 +2,7 @@
 
 ``pytest -m quick`` is the inner loop: every unit test and the multi-rank tests marked ``quick``
 (every collective through every framework at np=2 and np=3, and torch training against one
-process), about 3 minutes on 2 cores.
+process), about a minute and a half on 2 cores.
 
 ``HVDLITE_TEST_CPU_LOG=path`` appends, per test, its wall seconds and the CPU seconds of the
 processes it started and waited for (the ranks of its jobs; a job shared by several tests counts
