@@ -1,4 +1,4 @@
-"""Adasum needs no learning-rate retuning: scikit-learn's digits at any -np (the issue asks for 4).
+"""Adasum needs no learning-rate retuning: the UCI handwritten digits at any -np (the issue asks for 4).
 
 Usage: adasum_digits.py. The data, model and schedule are torch_digits.py's (each rank trains on
 its own stride of the same split, same samples in the same order). Modes: DistributedOptimizer with
