@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -63,6 +64,19 @@ def run_script(script: str, np: int, *args: str, env: dict[str, str] | None = No
     if expect_ok:
         assert result.returncode == 0, f"job failed with exit code {result.returncode}; output:\n{result.output}"
     return result
+
+
+def run_scripts_together(jobs: dict[object, tuple[str, int, tuple[str, ...], dict[str, str]]],
+                         timeout: float = 120) -> dict[object, JobResult]:
+    """Run several jobs at once, ``{key: (script, np, args, env)}``, and return each one's result.
+
+    For jobs that mostly wait (stall and silence deadlines): run one after the other they leave the
+    cores idle for seconds each. Exit codes are not checked: each test checks its own job.
+    """
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {key: pool.submit(run_job, ["python", str(SCRIPTS / script), *args], np, env, timeout)
+                   for key, (script, np, args, env) in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 def shared_script(script: str, np: int, *args: str, env: dict[str, str] | None = None,

@@ -5,7 +5,7 @@ import re
 import pytest
 from hvdlite.runner.leftovers import segments
 
-from .harness import run_script
+from .harness import run_script, run_scripts_together
 
 pytestmark = pytest.mark.multirank
 FAST_STALL = {"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
@@ -35,20 +35,6 @@ def test_local_argument_errors():
         assert "caught UnsupportedOperationError: broadcast of tensor 'badroot': root_rank=2 is not in [0, 2)" in lines
         assert any("has dtype str32, which hvdlite does not support" in x for x in lines)
         assert "job continues" in lines
-
-
-@pytest.mark.parametrize("case", ["stall", "cached_stall"])
-@pytest.mark.parametrize("np", [2, 3])
-def test_stall_warns_then_fails_every_rank(case, np):
-    result = run_script("failures.py", np, case, env=FAST_STALL, timeout=60)
-    name = "lonely" if case == "stall" else "step"
-    missing = list(range(1, np))
-    assert re.search(rf"WARNING: Stall: tensor '{name}' \(allreduce\) waited .* missing on rank\(s\) {re.escape(str(missing))}", result.output), result.output
-    for rank in range(np):
-        caught = [x for x in result.lines(rank) if x.startswith("caught StallError")]
-        assert len(caught) == 2, result.output  # the waiting call, then a later call fails at once
-        assert f"tensor '{name}'" in caught[0] and f"missing on rank(s) {missing}" in caught[0]
-    assert result.seconds < 30
 
 
 @pytest.mark.parametrize("np", [2, 3])
@@ -94,13 +80,45 @@ def test_killed_rank_ends_the_job_and_is_named(np):
     assert result.seconds < 30
 
 
-@pytest.mark.parametrize(("np", "floats"), [(2, "1024"), (3, "1024"), (2, str(16 << 20)), (3, str(16 << 20))])
-def test_rank_that_stops_answering_ends_the_job_and_is_named(np, floats):
-    # SIGSTOP: the process lives but never takes part again, as a host behind a dead link looks.
-    # 64 MB steps: it stops inside a shared-memory reduction, with peers at its barriers.
-    timeout = 3
-    result = run_script("multihost.py", np, "die", "1", "stop", floats,
-                        env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)}, timeout=90, expect_ok=False)
+# The tests below wait on deadlines (stall warnings, silent ranks) and use little CPU: their jobs run
+# together, once, for the first of them (they come after the killed-rank test, which counts MPICH's
+# shared-memory files). Each test checks its own job.
+SILENCE_TIMEOUT, LATE_TIMEOUT = 3, 4
+SILENT_CASES = [(2, "1024"), (3, "1024"), (2, str(16 << 20)), (3, str(16 << 20))]
+
+
+@pytest.fixture(scope="module")
+def waiting_jobs():
+    jobs = {(case, np): ("failures.py", np, (case,), FAST_STALL) for case in ("stall", "cached_stall") for np in (2, 3)}
+    for np, floats in SILENT_CASES:
+        # SIGSTOP: the process lives but never takes part again, as a host behind a dead link looks.
+        # 64 MB steps: it stops inside a shared-memory reduction, with peers at its barriers.
+        jobs["silent", np, floats] = ("multihost.py", np, ("die", "1", "stop", floats),
+                                      {"HVDLITE_COMM_TIMEOUT_SECONDS": str(SILENCE_TIMEOUT)})
+    # Rank 1 stops for good; rank 2 is paused for 3 s before the same step (see the test).
+    jobs["late"] = ("multihost.py", 3, ("die", "1", "stop", "1024", "3"), {"HVDLITE_COMM_TIMEOUT_SECONDS": str(LATE_TIMEOUT)})
+    return run_scripts_together(jobs, timeout=90)
+
+
+@pytest.mark.parametrize("case", ["stall", "cached_stall"])
+@pytest.mark.parametrize("np", [2, 3])
+def test_stall_warns_then_fails_every_rank(waiting_jobs, case, np):
+    result = waiting_jobs[case, np]
+    assert result.returncode == 0, result.output
+    name = "lonely" if case == "stall" else "step"
+    missing = list(range(1, np))
+    assert re.search(rf"WARNING: Stall: tensor '{name}' \(allreduce\) waited .* missing on rank\(s\) {re.escape(str(missing))}", result.output), result.output
+    for rank in range(np):
+        caught = [x for x in result.lines(rank) if x.startswith("caught StallError")]
+        assert len(caught) == 2, result.output  # the waiting call, then a later call fails at once
+        assert f"tensor '{name}'" in caught[0] and f"missing on rank(s) {missing}" in caught[0]
+    assert result.seconds < 30
+
+
+@pytest.mark.parametrize(("np", "floats"), SILENT_CASES)
+def test_rank_that_stops_answering_ends_the_job_and_is_named(waiting_jobs, np, floats):
+    timeout = SILENCE_TIMEOUT
+    result = waiting_jobs["silent", np, floats]
     assert result.returncode != 0, result.output
     reachable = [0, *range(2, np)]
     for rank in reachable:  # every other rank names the silent one and the ones that did answer
@@ -111,14 +129,13 @@ def test_rank_that_stops_answering_ends_the_job_and_is_named(np, floats):
     assert result.seconds < timeout + 3 + 20, result.output
 
 
-def test_a_rank_that_came_late_to_the_stuck_step_still_answers_the_probe():
+def test_a_rank_that_came_late_to_the_stuck_step_still_answers_the_probe(waiting_jobs):
     # Rank 1 stops for good; rank 2 is paused for 3 s before the same step, so its wait starts 3 s
     # after rank 0's. Rank 0's deadline (4 s) passes first and it probes for 2 s (the idle cycle
     # + 1 s); rank 2's own deadline would pass only after that. Rank 2's wait must see rank 0's
     # probe and answer at once, or each takes the other for unreachable.
-    timeout = 4
-    result = run_script("multihost.py", 3, "die", "1", "stop", "1024", "3",
-                        env={"HVDLITE_COMM_TIMEOUT_SECONDS": str(timeout)}, timeout=90, expect_ok=False)
+    timeout = LATE_TIMEOUT
+    result = waiting_jobs["late"]
     assert result.returncode != 0, result.output
     assert any("rank 0: " in line and f"made no progress for {timeout} s (HVDLITE_COMM_TIMEOUT_SECONDS={timeout}); "
                "rank(s) [1] did not answer a probe" in line and "rank(s) [0, 2] did" in line
