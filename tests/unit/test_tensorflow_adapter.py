@@ -130,3 +130,17 @@ def test_gradient_tape_wrapper_keeps_the_tape_api():
     assert float(tape._tape.gradient(y, x)) == 4.0, "the wrapped tape recorded inside the with block"
     with pytest.raises(TypeError, match="tf.GradientTape"):
         DistributedGradientTape(object())
+
+
+def test_autograph_leaves_hvdlites_functions_as_written():
+    # AutoGraph would otherwise rewrite hvdlite's code, down through the core, every time a user's
+    # tf.function calling a collective is traced (seconds per trace, per rank).
+    from tensorflow.python.autograph.impl.conversion import is_allowlisted
+
+    import hvdlite.tensorflow as hvd
+    import hvdlite.tensorflow.keras as hvd_keras
+
+    public = [getattr(module, name) for module in (hvd, hvd_keras) for name in module.__all__]
+    converted = [f for f in public if callable(f) and not isinstance(f, type) and not is_allowlisted(f)]
+    assert not converted, converted
+    assert is_allowlisted(graph_name) and is_allowlisted(run_on_host)
