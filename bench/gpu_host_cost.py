@@ -10,7 +10,7 @@ replaced by stand-ins that return at once (nothing runs, results are not checked
 host cost only, without the CUDA calls and ctypes' argument conversion, about 0.6 us a launch).
 
 It times blocking in-place allreduces of a 4 B float32 device array built as the torch adapter
-builds a CUDA tensor's (``hvdlite.torch.tensors``), through the core API and the real NcclPlane
+builds a CUDA tensor's (``hvdlite.torch.collectives.tensors``), through the core API and the real NcclPlane
 on the caller's stream, against the CPU path's blocking allreduce of a 4 B NumPy array in the
 same process (the baseline), interleaved rep by rep. Also the Python bytecodes each executes per
 call (the same on every run, so a change's effect shows even on a noisy machine), and the CUDA and

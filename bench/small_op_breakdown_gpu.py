@@ -48,7 +48,7 @@ def instrument() -> None:
     """Timers on each stage's entry points (exclusive: nested timed calls are subtracted)."""
     from hvdlite.core.planes.nccl import NcclPlane
     from hvdlite.gpu import completion, nccl
-    from hvdlite.torch import async_ops
+    from hvdlite.torch.collectives import async_ops
 
     instrument_pipeline("submit, core")
     wrap(async_ops, "to_numpy", "submit, torch side")

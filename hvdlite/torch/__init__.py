@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
 from . import elastic  # hvd.elastic, as in Horovod
-from .async_ops import (
+from .collectives.async_ops import (
     Handle,
     allgather_async,
     allreduce_,
@@ -49,13 +49,15 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
+from .fully_sharded import FullyShardedModule, clip_grad_norm_, full_state_dict, fully_shard, load_full_state_dict
 from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    *_common_names, "SyncBatchNorm", "elastic", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
+    *_common_names, "fully_shard", "FullyShardedModule", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",
+    "SyncBatchNorm", "elastic", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",

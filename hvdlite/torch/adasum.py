@@ -21,7 +21,7 @@ import torch
 from ..ops import Adasum
 from ..process_sets import ProcessSet
 from ..training.options import check_passes
-from . import async_ops
+from .collectives import async_ops
 from .step_control import TOO_MANY_PASSES, SkippableSynchronize
 
 

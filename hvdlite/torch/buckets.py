@@ -24,7 +24,7 @@ from ..core.work.request import Handle, RequestMeta
 from ..core.work.segments import Segments
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet
-from . import tensors
+from .collectives import tensors
 
 
 class Bucket:

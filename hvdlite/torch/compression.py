@@ -1,7 +1,7 @@
 """Gradient compression for torch tensors: the core's compressors with a torch cast."""
 
 from ..compression import Compressor, build_compression
-from .tensors import cast, core_dtype
+from .collectives.tensors import cast, core_dtype
 
 Compression = build_compression(cast, core_dtype)
 

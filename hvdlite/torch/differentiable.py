@@ -16,8 +16,8 @@ from ..compression import Compressor, NoneCompressor
 from ..ops import ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..training import gradients as rules
-from . import async_ops
-from .async_ops import synchronize
+from .collectives import async_ops
+from .collectives.async_ops import synchronize
 
 
 def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float,

@@ -20,8 +20,9 @@ from ..core.work.request import Handle, MappedHandle, RequestMeta
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..training.sparse import allreduce_sparse
-from . import async_ops, sparse, tensors
+from . import sparse
 from .buckets import Bucket, plan_buckets, start_bucket
+from .collectives import async_ops, tensors
 
 Finisher = Callable[[], None]
 
@@ -54,7 +55,9 @@ def name_parameters(optimizer: torch.optim.Optimizer,
                              + "; ".join(unnamed))
     names: dict[torch.Tensor, str] = {}
     for param in params:
-        if param.requires_grad and param not in names:
+        # A fully_shard unit's shards come out of backward already averaged (reduce-scattered), and
+        # each rank's holds other rows: they are stepped as they are, never reduced again.
+        if param.requires_grad and param not in names and not getattr(param, "_hvdlite_fully_sharded", False):
             names[param] = f"grad.{given[param]}"
     return names
 

@@ -45,7 +45,7 @@ class _BackgroundAverage(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        from .async_ops import grouped_allreduce_
+        from .collectives.async_ops import grouped_allreduce_
 
         try:
             grouped_allreduce_(self._tensors, op=Average, name=self._request, process_set=self._process_set)
@@ -120,7 +120,7 @@ class LocalSGD:
         """Average the parameters (and with ``average_state`` the optimizer state) across the set, now
         (after landing an overlapped average in flight): call it at the end of training to leave every
         rank with the same model."""
-        from .async_ops import grouped_allreduce_
+        from .collectives.async_ops import grouped_allreduce_
 
         self.finish()
         tensors = [param.data for param in self._names]

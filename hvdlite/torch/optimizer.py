@@ -142,16 +142,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     after it (only with ``op=Average``). Sparse gradients are allgathered, or with
     ``sparse_as_dense`` reduced dense and handed back sparse.
 
-    ``local_sgd_period=K`` (local SGD): after
-    ``local_sgd_warmup_steps`` synchronous steps, each rank steps on its own gradients and every K
-    steps the parameters (with ``local_sgd_average_state``, also the optimizer's state) are averaged;
-    with ``local_sgd_overlap`` each average runs during the next K steps and lands one period late;
-    ``optimizer.average_parameters()`` averages now (after the last step, say).
+    ``local_sgd_period=K`` (local SGD): after ``local_sgd_warmup_steps`` synchronous steps, each rank
+    steps on its own gradients and every K steps the parameters (with ``local_sgd_average_state``, also
+    the optimizer's state) are averaged; with ``local_sgd_overlap`` each average runs during the next K
+    steps and lands one period late; ``optimizer.average_parameters()`` averages now.
 
-    ``compression=Compression.powersgd(rank=r, start_step=s)``:
-    after ``s`` plain steps, weight matrices are averaged as rank-r approximations with error
-    feedback, all in ``synchronize()``; the state is ``optimizer._hvdlite_reducer.powersgd.state``.
-    ``op=Adasum``: each rank steps; the parameter changes are combined.
+    ``compression=Compression.powersgd(rank=r, start_step=s)``: after ``s`` plain steps, weight matrices
+    are averaged as rank-r approximations with error feedback, all in ``synchronize()``; the state is
+    ``optimizer._hvdlite_reducer.powersgd.state``. ``op=Adasum``: each rank steps; the parameter
+    changes are combined. Shards of a :func:`fully_shard` module are passed through (already averaged).
 
     ``shard_optimizer_state=True`` (ZeRO-1/2): each rank keeps the
     optimizer state for 1/N of the parameters; gradients are reduce-scattered, the shards stepped and
@@ -161,6 +160,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     passes = check_passes(backward_passes_per_step)
     scales = predivide_scales(op, gradient_predivide_factor)
     names = name_parameters(optimizer, named_parameters)  # argument errors first, as Horovod: even before init()
+    _check_fully_sharded(optimizer, op, shard_optimizer_state, local_sgd_period, compression)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
                                                "DistributedOptimizer's gradients")
     if resolve_op(op) is ReduceOp.ADASUM:  # each rank steps; the parameter changes are combined (torch/adasum.py)
@@ -174,6 +174,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     grouping = groups if groups is not None else (num_groups or None)
     return _unsharded(optimizer, names, member, passes, (op, scales, gradient_predivide_factor), compression,
                       grouping, sparse_as_dense, process_set, local_sgd)
+
+
+def _check_fully_sharded(optimizer: torch.optim.Optimizer, op: Any, shard_optimizer_state: bool,
+                         local_sgd_period: int | None, compression: Any) -> None:
+    """A fully sharded module's shards are already averaged: DistributedOptimizer passes them through
+    (no double reduction), but options that change how gradients are combined cannot apply to them."""
+    options = {"op=Adasum": resolve_op(op) is ReduceOp.ADASUM, "shard_optimizer_state": shard_optimizer_state,
+               "local_sgd_period": local_sgd_period is not None, "compression": compression is not NoneCompressor}
+    sharded = any(getattr(p, "_hvdlite_fully_sharded", False) for g in optimizer.param_groups for p in g["params"])
+    chosen = [name for name, on in options.items() if on]
+    if sharded and chosen:
+        raise ValueError(f"DistributedOptimizer: {', '.join(chosen)} cannot apply to the parameters of a fully_shard "
+                         "module (their gradients are reduce-scattered by the module itself); use a plain "
+                         "torch.optim optimizer on them")
 
 
 def _unsharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], member: bool, passes: int,

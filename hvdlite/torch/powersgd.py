@@ -16,7 +16,7 @@ import torch
 from ..ops import Average, ReduceOp
 from ..process_sets import ProcessSet
 from ..training.powersgd import P_NAME, Q_NAME, UNCOMPRESSED_NAME, VANILLA_NAME, PowerSGD, check_powersgd_options
-from . import async_ops
+from .collectives import async_ops
 
 # Starts averaging ``tensors`` in place across ranks as one request named ``name``; the returned
 # callable waits for it.

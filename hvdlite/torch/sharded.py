@@ -29,7 +29,7 @@ from .. import errors
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet
 from ..training.options import check_passes
-from . import async_ops
+from .collectives import async_ops
 from .shard_layout import ShardBucket, plan_shard_buckets
 from .step_control import TOO_MANY_PASSES, ZERO_GRAD_RACE, SkippableSynchronize
 

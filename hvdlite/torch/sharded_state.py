@@ -16,7 +16,7 @@ import torch
 
 from .. import objects
 from ..process_sets import ProcessSet
-from . import async_ops
+from .collectives import async_ops
 from .shard_layout import ShardBucket
 from .sharded import ShardedReducer
 

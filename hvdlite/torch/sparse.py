@@ -16,7 +16,7 @@ from ..errors import UnsupportedOperationError
 from ..ops import Average, Collective, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..training.sparse import allreduce_sparse
-from . import async_ops
+from .collectives import async_ops
 
 
 def start_gather(values: torch.Tensor, indices: torch.Tensor, name: str | None,

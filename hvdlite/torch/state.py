@@ -10,7 +10,7 @@ import torch
 
 from .. import basics, objects
 from ..process_sets import ProcessSet, global_process_set
-from . import async_ops
+from .collectives import async_ops
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],

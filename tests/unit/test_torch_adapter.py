@@ -6,10 +6,10 @@ import torch
 
 from hvdlite.core.work import dtypes
 from hvdlite.errors import UnsupportedOperationError
+from hvdlite.torch.collectives.tensors import from_numpy, is_aliased, to_numpy
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.grad_sync import _split_groups, name_parameters
 from hvdlite.torch.sparse import empty_gradient
-from hvdlite.torch.tensors import from_numpy, is_aliased, to_numpy
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -104,7 +104,7 @@ def test_a_missing_sparse_gradient_is_a_sparse_zero_with_no_entries():
 def test_in_place_forms_copy_back_only_when_the_device_array_is_not_the_tensor_itself(monkeypatch):
     # A CPU tensor stands in for a CUDA one: _device_array only reads its pointer, shape and device.
     from hvdlite.gpu import arrays as gpu_arrays
-    from hvdlite.torch import async_ops, tensors
+    from hvdlite.torch.collectives import async_ops, tensors
 
     monkeypatch.setattr(tensors, "current_stream", lambda device: 0x80)
     monkeypatch.setattr(gpu_arrays, "record_ready", lambda stream, device: None)

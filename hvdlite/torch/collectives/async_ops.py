@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import api
-from ..core.work.request import GroupHandle, MappedHandle
-from ..gpu.arrays import DeviceArray
-from ..ops import ReduceOp
-from ..process_sets import ProcessSet, global_process_set
+from ... import api
+from ...core.work.request import GroupHandle, MappedHandle
+from ...gpu.arrays import DeviceArray
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
 from .tensors import from_numpy, is_aliased, to_numpy
 
 Handle = MappedHandle

@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core.runtime import caller_waits
-from ..core.work import dtypes
-from ..errors import UnsupportedOperationError
-from ..gpu import arrays as gpu_arrays
+from ...core.runtime import caller_waits
+from ...core.work import dtypes
+from ...errors import UnsupportedOperationError
+from ...gpu import arrays as gpu_arrays
 
 _TORCH_TO_CORE: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",

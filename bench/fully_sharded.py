@@ -1,0 +1,207 @@
+"""Sharded parameters: hvdlite's fully_shard against torch's FSDP2, DDP and hvdlite's other modes.
+
+Run:  python bench/fully_sharded.py [--np 2] [--reps 5] [--steps 4] [--blocks 24] [--width 2048]
+
+Model: ``--blocks`` residual blocks ``x + relu(Linear(width, width)(x))`` (24 x 2048: 100.7 M
+parameters, fp32), ``torch.optim.Adam``, batch 8 per rank, one thread per rank. Modes:
+
+- ``ddp``         torch ``DistributedDataParallel`` (gloo);
+- ``fsdp2``       torch's ``fully_shard`` on every block, then on the model (gloo, CPU device mesh);
+- ``unsharded``   hvdlite ``DistributedOptimizer`` (gradients allreduced);
+- ``zero``        the same with ``shard_optimizer_state=True`` (ZeRO-1/2);
+- ``fully``       hvdlite ``fully_shard`` on every block, then on the model (prefetch on: the default);
+- ``fully_nopf``  the same with prefetch off (every all-gather waited for where it is needed).
+
+Step times: the sharded modes (``fsdp2``, ``fully``, ``fully_nopf``) run in one job, interleaved rep
+by rep (a rep's value: the slowest rank's mean step), so their ratios compare like with like; the
+replicated modes (``ddp``, ``unsharded``, ``zero``) in a second job (six copies of the model would
+not fit in this machine's memory at np=3). Memory: one job per mode, after the timed steps: the model
+state each rank holds counted tensor by tensor (parameters + gradients + optimizer state, the
+gathered full parameters included if any are held), and each rank's peak RSS (the largest rank's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_training_step import RANK_ENV, init_gloo, time_steps  # noqa: E402
+
+SHARDED, REPLICATED = ("fsdp2", "fully", "fully_nopf"), ("ddp", "unsharded", "zero")
+MODES = SHARDED + REPLICATED
+TAG = "FULLY_SHARDED_RESULT "
+BATCH = 8
+
+
+def build_model(blocks: int, width: int) -> Any:
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.relu(self.linear(x))
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block() for _ in range(blocks)])
+
+
+def wrap(mode: str, model: Any) -> tuple[Any, Any]:
+    """(the module to call, the optimizer) for ``mode``."""
+    import torch
+
+    import hvdlite.torch as hvd
+
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model), torch.optim.Adam(model.parameters(), lr=1e-4)
+    if mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (hvd.size(),))
+        for block in model:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+    if mode in ("fully", "fully_nopf"):
+        for block in model:
+            hvd.fully_shard(block)
+        hvd.fully_shard(model)
+        if mode == "fully_nopf":
+            for block in model:
+                block.set_modules_to_forward_prefetch([])
+                block.set_modules_to_backward_prefetch([])
+        return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4),
+                                         named_parameters=model.named_parameters(),
+                                         shard_optimizer_state=mode == "zero")
+    return model, optimizer
+
+
+def local_tensor(tensor: Any) -> Any:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def state_bytes(model: Any, optimizer: Any) -> int:
+    """Parameters, gradients and optimizer state this rank holds (DTensors: their local shards)."""
+    import torch
+
+    tensors = {}
+    for param in model.parameters():
+        tensors[id(param)] = local_tensor(param)
+        if param.grad is not None:
+            tensors[id(param.grad)] = local_tensor(param.grad)
+    holder = getattr(optimizer, "optim", optimizer)
+    for state in holder.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.dim() > 0:
+                tensors[id(value)] = local_tensor(value)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def make_step(mode: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    import torch
+
+    model = build_model(args.blocks, args.width)
+    forward, optimizer = wrap(mode, model)
+    data = torch.randn(BATCH, args.width, generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        forward(data).square().mean().backward()
+        optimizer.step()
+
+    return step, model, optimizer
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import torch
+    from mpi4py import MPI
+
+    import hvdlite.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    if {"ddp", "fsdp2"} & set(args.modes):
+        init_gloo()
+    steps = {mode: make_step(mode, args) for mode in args.modes}
+    for step, _, _ in steps.values():
+        time_steps(step, args.warmup)
+    per_rep: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    for _ in range(args.reps):
+        for mode, (step, _, _) in steps.items():
+            comm.Barrier()
+            per_rep[mode].append(max(comm.allgather(statistics.fmean(time_steps(step, args.steps)))))
+    state = {mode: max(comm.allgather(state_bytes(model, optimizer))) for mode, (_, model, optimizer) in steps.items()}
+    peak = max(comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    if comm.Get_rank() == 0:
+        print(TAG + json.dumps({"rep_s": per_rep, "state": state, "peak_rss": peak}), flush=True)
+
+
+def launch(args: argparse.Namespace, modes: tuple[str, ...] | list[str], reps: int) -> dict[str, Any]:
+    beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
+    command = [beside, "-np", str(args.np), sys.executable, os.path.abspath(__file__), "--worker", "--modes",
+               ",".join(modes), "--reps", str(reps), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--blocks", str(args.blocks), "--width", str(args.width)]
+    print("$ " + " ".join(command), flush=True)
+    proc = subprocess.run(command, env={**os.environ, **RANK_ENV}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"job failed with exit code {proc.returncode}")
+    return json.loads(re.search(f"{TAG}(.*)$", proc.stdout, re.MULTILINE).group(1))
+
+
+def report(args: argparse.Namespace, timing: dict[str, Any], alone: dict[str, dict[str, Any]]) -> list[str]:
+    params = args.blocks * (args.width * args.width + args.width)
+    unsharded_state = params * 4 * 4  # parameters, gradients, Adam's two moments (fp32)
+    lines = [f"Adam, {args.blocks} x residual Linear({args.width}) ({params / 1e6:.1f} M parameters), batch {BATCH} "
+             f"per rank, np={args.np}, {os.cpu_count()} cores; {args.reps} reps x {args.steps} steps, median "
+             "[min-max] of per-rep means; step ratios against the mode of the same job (fsdp2 or ddp)", "",
+             "| mode | step s | step / baseline | model state MB per rank | state / (unsharded / N) | peak RSS MB |",
+             "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        values = timing[mode]
+        base = statistics.median(timing["fsdp2" if mode in SHARDED else "ddp"])
+        state = alone[mode]["state"][mode]
+        lines.append(f"| {mode} | {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}] | "
+                     f"{statistics.median(values) / base:.2f} | {state / 1e6:.0f} | "
+                     f"{state / (unsharded_state / args.np):.3f} | {alone[mode]['peak_rss'] / 1e6:.0f} |")
+    print("\n" + "\n".join(lines))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=24)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.modes = args.modes.split(",")
+    if args.worker:
+        run_worker(args)
+        return
+    timing = {**launch(args, SHARDED, args.reps)["rep_s"], **launch(args, REPLICATED, args.reps)["rep_s"]}
+    alone = {mode: launch(args, [mode], 1) for mode in MODES}
+    report(args, timing, alone)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Full state dicts of a fully sharded model, and gradient clipping across shards."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ..collectives.async_ops import allreduce_async, synchronize
+from .unit import ShardedParam, ShardedUnit, UnitState
+
+
+def _units_under(module: torch.nn.Module) -> list[ShardedUnit]:
+    return [m._hvdlite_unit for m in module.modules() if getattr(m, "_hvdlite_unit", None) is not None]
+
+
+def _keys_of(module: torch.nn.Module, unit: ShardedUnit) -> list[list[str]]:
+    """Each of the unit's parameters' state-dict keys (a tied parameter has several)."""
+    paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
+    return [[f"{paths[id(owner)]}.{attribute}".lstrip(".") for owner, attribute in param.owners if id(owner) in paths]
+            for param in unit.params]
+
+
+def full_state_dict(module: torch.nn.Module, *, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+    """The model's state dict with every parameter whole, as the unsharded model's ``state_dict()``.
+
+    Gathered one unit at a time into CPU tensors; with ``rank0_only`` (the default) only rank 0 of
+    each unit's process set keeps them (the other ranks get ``{}``), so no rank but that one ever
+    holds more than the largest unit. Every rank must call it. It loads into the plain model.
+    """
+    units = _units_under(module)
+    keep = not rank0_only or all(unit.process_set.rank() == 0 for unit in units)
+    full: dict[str, torch.Tensor] = {}
+    for unit in units:
+        was_sharded = unit.state is not UnitState.UNSHARDED
+        unit.wait_unshard()
+        if keep:
+            for param, keys in zip(unit.params, _keys_of(module, unit), strict=True):
+                for key in keys:
+                    full[key] = param.full.detach().to("cpu", copy=True)
+        if was_sharded:
+            unit.reshard()
+    if not keep:
+        return {}
+    # Buffers (and anything else a module saves) come from the model's own state dict, in its order.
+    ordered = {}
+    for key, value in module.state_dict().items():
+        ordered[key] = full[key] if key in full else value.detach().to("cpu", copy=True)
+    return ordered
+
+
+def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Load a whole model's state dict (a plain model's ``state_dict()``, or :func:`full_state_dict`'s)
+    into the fully sharded ``module``: each rank copies only the rows of its shards.
+
+    Every rank passes the whole dict. For a model larger than memory, load it with
+    ``torch.load(path, mmap=True)``: a rank then reads only the pages of its own rows.
+    """
+    by_key: dict[str, tuple[ShardedUnit, ShardedParam]] = {}
+    for unit in _units_under(module):
+        for param, keys in zip(unit.params, _keys_of(module, unit), strict=True):
+            by_key.update({key: (unit, param) for key in keys})
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if missing or unexpected:
+        raise KeyError(f"load_full_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+    plain = {}
+    for key, value in state_dict.items():
+        if key not in by_key:
+            plain[key] = value
+            continue
+        unit, param = by_key[key]
+        layout = unit.layout.params[unit.params.index(param)]
+        if tuple(value.shape) != tuple(layout.shape):
+            raise ValueError(f"load_full_state_dict: '{key}' has shape {tuple(value.shape)}, the model's parameter "
+                             f"{tuple(layout.shape)}")
+        with torch.no_grad():
+            param.shard.copy_(layout.shard_of(value.to(param.shard.dtype), unit.process_set.rank()))
+    if plain:
+        module.load_state_dict({**module.state_dict(), **plain})
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
+                    process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over a model whose parameters are shards: the returned norm
+    is the whole model's (what the unsharded model's gradients give), and every rank scales its
+    gradients by the same factor. Parameters that are not shards count once (not once per rank)."""
+    params = [p for p in parameters if p.grad is not None]
+    size = process_set.size()
+    norm_type = float(norm_type)
+    local = torch.zeros((), dtype=torch.float64)
+    for param in params:
+        grad = param.grad.detach().to(torch.float64)
+        if math.isinf(norm_type):
+            local = torch.maximum(local, grad.abs().max() if grad.numel() else local)
+            continue
+        share = 1.0 if getattr(param, "_hvdlite_fully_sharded", False) else 1.0 / size
+        local = local + share * grad.abs().pow(norm_type).sum()
+    op = ReduceOp.MAX if math.isinf(norm_type) else ReduceOp.SUM
+    total = synchronize(allreduce_async(local, op=op, name="fully_shard.clip_grad_norm", process_set=process_set))
+    norm = total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for param in params:
+        param.grad.detach().mul_(coefficient.to(param.grad.dtype))
+    return norm.to(torch.float32)
+
+
+__all__ = ["clip_grad_norm_", "full_state_dict", "load_full_state_dict"]

@@ -1,0 +1,38 @@
+"""fully_shard with real ranks: the same parameters as one process on the whole batch, case by case."""
+
+import re
+
+import pytest
+
+from .harness import run_script, shared_script
+
+pytestmark = pytest.mark.multirank
+CASES = ["sgd", "adam", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
+         "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("np", [2, 3])
+def test_fully_sharded_training_matches_one_process(np, case):
+    # One job per size runs every case (each builds its own models); each test checks its own line.
+    result = shared_script("fully_sharded.py", np, ",".join(CASES))
+    for rank in range(np):
+        assert f"ok {case}" in result.lines(rank), result.output
+
+
+def test_memory_per_rank_is_the_unsharded_state_over_n():
+    result = shared_script("fully_sharded.py", 3, ",".join(CASES))
+    held, unsharded = map(int, re.search(r"model state (\d+) bytes per rank, unsharded (\d+)", result.output).groups())
+    assert held <= 1.05 * unsharded / 3, result.output  # the units are too small here to need their allowance
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_ranks_whose_forwards_differ_get_an_error_naming_the_unit_and_the_ranks(np):
+    result = run_script("fully_sharded.py", np, "diverge", timeout=90,
+                        env={"HVDLITE_STALL_CHECK_TIME_SECONDS": "1", "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    others = [0, *range(2, np)]
+    for rank in range(np):
+        caught = [line for line in result.lines(rank) if line.startswith("caught StallError")]
+        assert caught, result.output
+        assert ("tensor 'fully_shard.blocks.1.allgather' (allgather) waited" in caught[0]
+                and f"submitted by rank(s) {others}, missing on rank(s) [1]" in caught[0]), caught[0]

@@ -1,0 +1,50 @@
+"""The shard arithmetic of fully_shard, in-process: every rank's rows, packing and unpacking."""
+
+import pytest
+import torch
+
+from hvdlite.torch.fully_sharded.layout import UnitLayout
+
+SHAPES = [("w", (7, 3)), ("b", (7,)), ("scale", ()), ("tiny", (1, 2)), ("wide", (2, 5, 2))]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 8])
+def test_every_row_is_owned_by_exactly_one_rank_and_shards_have_one_shape(ranks):
+    layout = UnitLayout.plan(SHAPES, ranks)
+    for param in layout.params:
+        owned = [row for rank in range(ranks) for row in param.owned_rows(rank)]
+        assert owned == list(range(param.rows))
+        assert param.shard_shape[1:] == param.shape[1:]
+        assert param.shard_shape[0] * ranks >= param.rows > (param.shard_shape[0] - 1) * ranks
+    assert layout.shard_numel == sum(p.shard_numel for p in layout.params)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_gathering_every_ranks_packed_shards_gives_back_the_full_tensors(ranks):
+    layout = UnitLayout.plan(SHAPES, ranks)
+    fulls = [torch.randn(shape) for _, shape in SHAPES]
+    packed = [layout.pack_shards([p.shard_of(f, rank) for p, f in zip(layout.params, fulls, strict=True)]) for rank in range(ranks)]
+    out = [torch.full(shape, float("nan")) for _, shape in SHAPES]
+    layout.copy_full(torch.cat(packed), out)
+    for got, want in zip(out, fulls, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_each_ranks_block_of_the_packed_gradients_is_its_shard_of_each_gradient(ranks):
+    layout = UnitLayout.plan(SHAPES, ranks)
+    grads = [torch.randn(shape) for _, shape in SHAPES]
+    grads[2] = None  # no gradient this pass: zeros
+    packed = layout.pack_gradients(grads, torch.float32, torch.device("cpu"))
+    assert packed.shape == (ranks * layout.shard_numel,)
+    for rank, block in enumerate(packed.view(ranks, -1)):
+        for param, piece, grad in zip(layout.params, layout.split_shards(block), grads, strict=True):
+            expected = param.shard_of(torch.zeros(param.shape) if grad is None else grad, rank)
+            assert torch.equal(piece, expected), (param.name, rank)
+
+
+def test_padding_rows_are_zero():
+    layout = UnitLayout.plan([("w", (5, 2))], 4)  # 2 rows per rank: rank 2 holds one row, rank 3 none
+    full = torch.ones(5, 2)
+    assert torch.equal(layout.params[0].shard_of(full, 2), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    assert torch.equal(layout.params[0].shard_of(full, 3), torch.zeros(2, 2))
