@@ -12,7 +12,8 @@ previous unit's when its backward starts.
 - After a unit's forward: hook the outputs, so the unit is gathered again before its backward
   starts; then reshard (not the root, which backward needs at once, nor with
   ``reshard_after_forward=False``).
-- After a unit's backward: reduce-scatter its gradients and reshard.
+- After a unit's backward: reduce-scatter its gradients, reshard, and land the previous unit's
+  reduce-scatter (so one unit's reduction overlaps the next unit's backward, and no more are held).
 - At the end of backward (a callback autograd runs once per backward): units whose inputs needed
   no gradient (the first layer) reduce here; every reduce-scatter is waited for, gradients land on
   the shards, and every unit is sharded again.
@@ -116,6 +117,11 @@ class ShardedRoot:
         if unit.ran_with_grad:
             unit.reduce_gradients()
         unit.reshard()
+        # At most two reduce-scatters in flight: each holds a unit-sized input and output, and all of
+        # them together would be a model-sized buffer by the end of backward.
+        for other in self.units:
+            if other is not unit and other.reducing:
+                other.land_gradients()
 
     def finish_backward(self) -> None:
         """Once per backward: reduce what is left, wait for every reduce-scatter, shard everything."""
@@ -124,7 +130,7 @@ class ShardedRoot:
             if unit.ran_with_grad:
                 unit.reduce_gradients()
         for unit in self.units:
-            unit.finish_gradients()
+            unit.end_backward()
             unit.reshard()
 
 

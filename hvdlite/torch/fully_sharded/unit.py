@@ -74,7 +74,8 @@ class ShardedUnit:
         self.forward_prefetch: list[ShardedUnit] | None = None  # explicit lists; None: the recorded order
         self.backward_prefetch: list[ShardedUnit] | None = None
         self._gather: Handle | None = None
-        self._reduces: list[Handle] = []
+        self._reduces: list[Handle] = []  # in flight
+        self._reduced = 0  # reduce-scatters started in this backward
         self.root = None  # the ShardedRoot, set at the first forward
         self.ran_with_grad = False  # this iteration's forward ran with autograd on: its backward reduces
         self._trainable = [p for p in params if p.full.requires_grad]
@@ -134,23 +135,35 @@ class ShardedUnit:
         """Start reduce-scattering the full gradients accumulated so far (zeros where a parameter got
         none), unless gradient sync is off (they keep accumulating) or there is nothing new to send.
 
-        Usually once per backward; a unit whose forward ran twice reduces after each backward pass
+        Usually once per backward (:meth:`end_backward` starts the count again); a unit whose forward ran twice reduces after each backward pass
         through it (each reduce-scatter is named by its count, the same on every rank).
         """
         if not self._trainable or not self.requires_gradient_sync:
             return
         grads = [p.full.grad if p.full.requires_grad else None for p in self.params]
-        if self._reduces and all(g is None for g in grads):
+        if self._reduced and all(g is None for g in grads):
             return
         first = self._trainable[0].shard
         packed = self.layout.pack_gradients(grads, first.dtype, first.device)
         for param in self._trainable:
             param.full.grad = None
-        name = f"fully_shard.{self.name}.reducescatter" + (f".{len(self._reduces)}" if self._reduces else "")
+        name = f"fully_shard.{self.name}.reducescatter" + (f".{self._reduced}" if self._reduced else "")
+        self._reduced += 1
         self._reduces.append(reducescatter_async(packed, name=name, op=ReduceOp.AVERAGE, process_set=self.process_set))
 
-    def finish_gradients(self) -> None:
-        """Wait for the reduce-scatters and add their results to the shards' gradients."""
+    def end_backward(self) -> None:
+        """Land what is in flight and start the next iteration's count."""
+        self.land_gradients()
+        self._reduced = 0
+        self.ran_with_grad = False
+
+    @property
+    def reducing(self) -> bool:
+        """True while a reduce-scatter of this unit's gradients is in flight."""
+        return bool(self._reduces)
+
+    def land_gradients(self) -> None:
+        """Wait for the reduce-scatters in flight and add their results to the shards' gradients."""
         for handle in self._reduces:
             reduced = synchronize(handle)
             for param, piece in zip(self.params, self.layout.split_shards(reduced), strict=True):
@@ -161,7 +174,6 @@ class ShardedUnit:
                 else:
                     param.shard.grad += piece
         self._reduces.clear()
-        self.ran_with_grad = False
 
 
 __all__ = ["ShardedParam", "ShardedUnit", "UnitState"]
