@@ -1,6 +1,6 @@
 """Sharded parameters: hvdlite's fully_shard against torch's FSDP2, DDP and hvdlite's other modes.
 
-Run:  python bench/fully_sharded.py [--np 2] [--reps 5] [--steps 4] [--blocks 24] [--width 2048]
+Run:  python bench/fully_sharded.py [--np 2] [--reps 5] [--steps 4] [--blocks 24] [--width 2048] [--update-readme]
 
 Model: ``--blocks`` residual blocks ``x + relu(Linear(width, width)(x))`` (24 x 2048: 100.7 M
 parameters, fp32), ``torch.optim.Adam``, batch 8 per rank, one thread per rank. Modes:
@@ -192,6 +192,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--update-readme", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.modes = args.modes.split(",")
@@ -200,7 +201,11 @@ def main() -> None:
         return
     timing = {**launch(args, SHARDED, args.reps)["rep_s"], **launch(args, REPLICATED, args.reps)["rep_s"]}
     alone = {mode: launch(args, [mode], 1) for mode in MODES}
-    report(args, timing, alone)
+    lines = report(args, timing, alone)
+    if args.update_readme:
+        from readme import replace_block
+
+        replace_block(f"fully_sharded np={args.np}", "\n".join(lines))
 
 
 if __name__ == "__main__":

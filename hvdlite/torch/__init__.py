@@ -49,7 +49,17 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
-from .fully_sharded import FullyShardedModule, clip_grad_norm_, full_state_dict, fully_shard, load_full_state_dict
+from .fully_sharded import (
+    FullyShardedModule,
+    clip_grad_norm_,
+    full_optimizer_state_dict,
+    full_state_dict,
+    fully_shard,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+    load_sharded_state,
+    save_sharded_state,
+)
 from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
@@ -57,6 +67,7 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     *_common_names, "fully_shard", "FullyShardedModule", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",
+    "full_optimizer_state_dict", "load_full_optimizer_state_dict", "save_sharded_state", "load_sharded_state",
     "SyncBatchNorm", "elastic", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",

@@ -36,3 +36,15 @@ def test_ranks_whose_forwards_differ_get_an_error_naming_the_unit_and_the_ranks(
         assert caught, result.output
         assert ("tensor 'fully_shard.blocks.1.allgather' (allgather) waited" in caught[0]
                 and f"submitted by rank(s) {others}, missing on rank(s) [1]" in caught[0]), caught[0]
+
+
+@pytest.mark.parametrize(("saved_at", "loaded_at"), [(3, 2), (2, 3)])
+def test_a_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved_at, loaded_at):
+    # Each rank writes its rows (and its rows of Adam's state); the other size reads them back and
+    # must gather the very tensors the saving job gathered, then train on.
+    saved = run_script("fully_sharded.py", saved_at, "save_sharded", str(tmp_path), timeout=90)
+    assert saved.output.count("ok save_sharded") == saved_at, saved.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["expected.pt", "layout.json",
+                                                          *[f"rank-{r}.pt" for r in range(saved_at)]]
+    loaded = run_script("fully_sharded.py", loaded_at, "load_sharded", str(tmp_path), timeout=90)
+    assert loaded.output.count("ok load_sharded") == loaded_at, loaded.output

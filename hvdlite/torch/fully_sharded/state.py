@@ -9,15 +9,15 @@ import torch
 
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ..collectives.async_ops import allreduce_async, synchronize
+from ..collectives.async_ops import allgather_async, allreduce_async, synchronize
 from .unit import ShardedParam, ShardedUnit, UnitState
 
 
-def _units_under(module: torch.nn.Module) -> list[ShardedUnit]:
+def units_under(module: torch.nn.Module) -> list[ShardedUnit]:
     return [m._hvdlite_unit for m in module.modules() if getattr(m, "_hvdlite_unit", None) is not None]
 
 
-def _keys_of(module: torch.nn.Module, unit: ShardedUnit) -> list[list[str]]:
+def keys_of(module: torch.nn.Module, unit: ShardedUnit) -> list[list[str]]:
     """Each of the unit's parameters' state-dict keys (a tied parameter has several)."""
     paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
     return [[f"{paths[id(owner)]}.{attribute}".lstrip(".") for owner, attribute in param.owners if id(owner) in paths]
@@ -31,14 +31,14 @@ def full_state_dict(module: torch.nn.Module, *, rank0_only: bool = True) -> dict
     each unit's process set keeps them (the other ranks get ``{}``), so no rank but that one ever
     holds more than the largest unit. Every rank must call it. It loads into the plain model.
     """
-    units = _units_under(module)
+    units = units_under(module)
     keep = not rank0_only or all(unit.process_set.rank() == 0 for unit in units)
     full: dict[str, torch.Tensor] = {}
     for unit in units:
         was_sharded = unit.state is not UnitState.UNSHARDED
         unit.wait_unshard()
         if keep:
-            for param, keys in zip(unit.params, _keys_of(module, unit), strict=True):
+            for param, keys in zip(unit.params, keys_of(module, unit), strict=True):
                 for key in keys:
                     full[key] = param.full.detach().to("cpu", copy=True)
         if was_sharded:
@@ -60,8 +60,8 @@ def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, torch
     ``torch.load(path, mmap=True)``: a rank then reads only the pages of its own rows.
     """
     by_key: dict[str, tuple[ShardedUnit, ShardedParam]] = {}
-    for unit in _units_under(module):
-        for param, keys in zip(unit.params, _keys_of(module, unit), strict=True):
+    for unit in units_under(module):
+        for param, keys in zip(unit.params, keys_of(module, unit), strict=True):
             by_key.update({key: (unit, param) for key in keys})
     expected = set(module.state_dict())
     missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
@@ -81,6 +81,59 @@ def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, torch
             param.shard.copy_(layout.shard_of(value.to(param.shard.dtype), unit.process_set.rank()))
     if plain:
         module.load_state_dict({**module.state_dict(), **plain})
+
+
+def sharded_params(module: torch.nn.Module) -> dict[int, tuple[ShardedUnit, int]]:
+    """id(shard) -> (its unit, its index in the unit), for every shard under ``module``."""
+    return {id(param.shard): (unit, index) for unit in units_under(module) for index, param in enumerate(unit.params)}
+
+
+def _gather_rows(shard: torch.Tensor, unit: ShardedUnit, index: int, name: str) -> torch.Tensor:
+    """The whole tensor of which ``shard`` (shaped like the unit's ``index``-th shard) is this rank's rows."""
+    layout = unit.layout.params[index]
+    gathered = synchronize(allgather_async(shard.detach().contiguous(), name=name, process_set=unit.process_set))
+    return gathered[:layout.rows].reshape(layout.shape).to("cpu", copy=True)
+
+
+def full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                              rank0_only: bool = True) -> dict:
+    """``optimizer.state_dict()`` with every state tensor whole, as the same optimizer over the
+    unsharded model would give it (it loads there). ``optimizer`` steps ``module``'s shards. Every
+    rank must call it; with ``rank0_only`` the others get ``{}``."""
+    sharded = sharded_params(module)
+    state_dict = optimizer.state_dict()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    full_state = {}
+    for index, state in state_dict["state"].items():
+        where = sharded.get(id(params[index]))
+        full_state[index] = {
+            key: _gather_rows(value, *where, f"fully_shard.optimizer.{index}.{key}")
+            if where is not None and torch.is_tensor(value) and value.shape == params[index].shape else value
+            for key, value in state.items()}
+    keep = not rank0_only or all(unit.process_set.rank() == 0 for unit in units_under(module))
+    return {"state": full_state, "param_groups": state_dict["param_groups"]} if keep else {}
+
+
+def load_full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """Load a whole optimizer state dict (a plain optimizer's over the unsharded model, or
+    :func:`full_optimizer_state_dict`'s) into ``optimizer``, which steps ``module``'s shards: each
+    rank keeps its rows of every state tensor. Every rank passes the whole dict."""
+    sharded = sharded_params(module)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    mine = {}
+    for index, state in state_dict["state"].items():
+        where = sharded.get(id(params[int(index)]))
+        if where is None:
+            mine[index] = state
+            continue
+        unit, position = where
+        layout = unit.layout.params[position]
+        # Copies, scalars too: torch's load_state_dict keeps a tensor it needs not convert, and a step
+        # count shared with the optimizer the dict came from would advance twice per step.
+        mine[index] = {key: (layout.shard_of(value, unit.process_set.rank())
+                             if tuple(value.shape) == tuple(layout.shape) else value.clone())
+                       if torch.is_tensor(value) else value for key, value in state.items()}
+    optimizer.load_state_dict({"state": mine, "param_groups": state_dict["param_groups"]})
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
@@ -108,4 +161,5 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     return norm.to(torch.float32)
 
 
-__all__ = ["clip_grad_norm_", "full_state_dict", "load_full_state_dict"]
+__all__ = ["clip_grad_norm_", "full_optimizer_state_dict", "full_state_dict", "load_full_optimizer_state_dict",
+           "load_full_state_dict"]

@@ -1,6 +1,6 @@
 """fully_shard against one process training on the whole batch, case by case, in one job.
 
-Usage: fully_sharded.py CASE[,CASE...]. Each case builds the same model twice: a plain copy trained
+Usage: fully_sharded.py CASE[,CASE...] [DIRECTORY] (save_sharded and load_sharded: the checkpoint's). Each case builds the same model twice: a plain copy trained
 on the whole batch in this process (the reference), and a fully sharded one trained on this rank's
 slice; after several steps every parameter must match the reference to 1e-5. Every rank prints
 'ok <case>'. The model has row counts that no rank count divides (7 and 3 rows), so shards are uneven.
@@ -127,18 +127,39 @@ def evaluation() -> None:
     model.train()
 
 
+def adam_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, whole: bool, steps: int = 2) -> None:
+    for x, y in list(batches())[:steps]:
+        optimizer.zero_grad()
+        (loss_of(model, x, y) if whole else loss_of(model, mine(x), mine(y))).backward()
+        optimizer.step()
+
+
 def checkpoint() -> None:
-    """full_state_dict loads into a plain model; a plain state dict loads into a sharded one built on meta."""
+    """Full state dicts, model and optimizer, both ways: sharded -> plain and plain -> sharded, and
+    training goes on as the plain model's; a plain state dict loads into a sharded model built on meta."""
     reference = build(seed=5)
-    model = shard(copy.deepcopy(build(seed=6)))
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    adam_steps(reference, reference_optimizer, whole=True)
+    model = shard(build(seed=6))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     hvd.load_full_state_dict(model, reference.state_dict())
+    hvd.load_full_optimizer_state_dict(model, optimizer, reference_optimizer.state_dict())
     gathered = hvd.full_state_dict(model)
+    gathered_optimizer = hvd.full_optimizer_state_dict(model, optimizer)
     if hvd.rank() == 0:
         plain = build(seed=7)
         plain.load_state_dict(gathered)
-        assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), reference.state_dict().values(), strict=True))
+        plain_optimizer = torch.optim.Adam(plain.parameters(), lr=0.01)
+        plain_optimizer.load_state_dict(gathered_optimizer)
+        assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), reference.state_dict().values(),
+                                                     strict=True))
+        for index, state in reference_optimizer.state_dict()["state"].items():
+            assert all(torch.equal(plain_optimizer.state_dict()["state"][index][k], v) for k, v in state.items())
     else:
-        assert gathered == {}
+        assert gathered == {} and gathered_optimizer == {}
+    adam_steps(reference, reference_optimizer, whole=True)
+    adam_steps(model, optimizer, whole=False)
+    assert_matches(model, reference, "checkpoint")
     on_meta = shard(build(device="meta"))
     on_meta.to_empty(device="cpu")
     hvd.load_full_state_dict(on_meta, reference.state_dict())
@@ -224,6 +245,31 @@ def refusals() -> None:
     refused("a parameter tied across units", lambda: hvd.fully_shard(tied), "tied across units")
 
 
+def save_sharded() -> None:
+    """Train, write a sharded checkpoint (and, from rank 0, the full state it must give back)."""
+    model = shard(build(seed=8))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    adam_steps(model, optimizer, whole=False)
+    hvd.save_sharded_state(ARGS[0], model, optimizer)
+    full = hvd.full_state_dict(model), hvd.full_optimizer_state_dict(model, optimizer)
+    if hvd.rank() == 0:
+        torch.save(full, f"{ARGS[0]}/expected.pt")
+
+
+def load_sharded() -> None:
+    """Read save_sharded's checkpoint at this job's size: the same parameters and optimizer state."""
+    model = shard(build(seed=9))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    hvd.load_sharded_state(ARGS[0], model, optimizer)
+    expected_model, expected_optimizer = torch.load(f"{ARGS[0]}/expected.pt", weights_only=True)
+    full = hvd.full_state_dict(model, rank0_only=False)
+    assert all(torch.equal(full[k], v) for k, v in expected_model.items()) and list(full) == list(expected_model)
+    state = hvd.full_optimizer_state_dict(model, optimizer, rank0_only=False)["state"]
+    for index, entry in expected_optimizer["state"].items():
+        assert all(torch.equal(state[index][k], v) for k, v in entry.items()), index
+    adam_steps(model, optimizer, whole=False, steps=1)  # and it trains on
+
+
 CASES = {
     "sgd": lambda: train("sgd"),
     "adam": lambda: train("adam", torch.optim.Adam),
@@ -239,11 +285,15 @@ CASES = {
     "memory": memory,
     "diverge": diverge,
     "refusals": refusals,
+    "save_sharded": save_sharded,
+    "load_sharded": load_sharded,
 }
+ARGS: list[str] = []
 
 
 def main() -> None:
     hvd.init()
+    ARGS.extend(sys.argv[2:])
     for case in sys.argv[1].split(","):
         CASES[case]()
         print(f"ok {case}", flush=True)
