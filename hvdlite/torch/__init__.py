@@ -51,6 +51,7 @@ from .differentiable import (
 )
 from .fully_sharded import (
     FullyShardedModule,
+    MixedPrecisionPolicy,
     clip_grad_norm_,
     full_optimizer_state_dict,
     full_state_dict,
@@ -66,7 +67,7 @@ from .state import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    *_common_names, "fully_shard", "FullyShardedModule", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",
+    *_common_names, "fully_shard", "FullyShardedModule", "MixedPrecisionPolicy", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",
     "full_optimizer_state_dict", "load_full_optimizer_state_dict", "save_sharded_state", "load_sharded_state",
     "SyncBatchNorm", "elastic", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "allgather", "allgather_async",

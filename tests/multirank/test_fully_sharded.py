@@ -8,6 +8,7 @@ from .harness import run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
+         "mixed_precision", "mixed_precision_bf16_reduce", "hybrid",
          "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals"]
 
 
@@ -18,6 +19,14 @@ def test_fully_sharded_training_matches_one_process(np, case):
     result = shared_script("fully_sharded.py", np, ",".join(CASES))
     for rank in range(np):
         assert f"ok {case}" in result.lines(rank), result.output
+
+
+@pytest.mark.parametrize("case", ["hybrid", "group_reshard"])
+def test_pairs_of_ranks_at_np_4_train_as_one_process(case):
+    # hybrid: shards within {0, 1} and {2, 3}, each shard averaged across {0, 2} and {1, 3};
+    # group_reshard: reshard_after_forward=2, backward gathers within {0, 1} and {2, 3}.
+    result = shared_script("fully_sharded.py", 4, "hybrid,group_reshard", timeout=120)
+    assert result.output.count(f"ok {case}") == 4, result.output
 
 
 def test_memory_per_rank_is_the_unsharded_state_over_n():

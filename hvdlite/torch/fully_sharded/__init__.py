@@ -1,7 +1,7 @@
 """Sharded parameters (ZeRO-3 / FSDP) for PyTorch: :func:`fully_shard`, as FSDP2 spells it."""
 
 from .checkpoint import load_sharded_state, save_sharded_state
-from .shard import FullyShardedModule, fully_shard
+from .shard import FullyShardedModule, MixedPrecisionPolicy, fully_shard
 from .state import (
     clip_grad_norm_,
     full_optimizer_state_dict,
@@ -10,5 +10,5 @@ from .state import (
     load_full_state_dict,
 )
 
-__all__ = ["FullyShardedModule", "fully_shard", "clip_grad_norm_", "full_state_dict", "load_full_state_dict",
+__all__ = ["FullyShardedModule", "MixedPrecisionPolicy", "fully_shard", "clip_grad_norm_", "full_state_dict", "load_full_state_dict",
            "full_optimizer_state_dict", "load_full_optimizer_state_dict", "save_sharded_state", "load_sharded_state"]

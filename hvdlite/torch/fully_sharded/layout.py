@@ -84,9 +84,9 @@ class UnitLayout:
         """Elements in each rank's packed vector (all shards of the unit, padding included)."""
         return sum(p.shard_numel for p in self.params)
 
-    def pack_shards(self, shards: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
-        """This rank's shards, one after the other, as the all-gather's input."""
-        out = shards[0].new_empty(self.shard_numel) if out is None else out
+    def pack_shards(self, shards: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """This rank's shards, one after the other (cast to ``dtype``), as the all-gather's input."""
+        out = shards[0].new_empty(self.shard_numel, dtype=dtype or shards[0].dtype)
         for layout, shard in zip(self.params, shards, strict=True):
             out[layout.offset:layout.offset + layout.shard_numel].copy_(shard.reshape(-1))
         return out

@@ -29,6 +29,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .unit import ShardedUnit
 
 
+def _cast_floats(tree: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
+
+
 class _PostBackward(torch.autograd.Function):
     """Identity on a unit's inputs; its backward is the unit's post-backward."""
 
@@ -66,6 +70,8 @@ class ShardedRoot:
         unit.wait_unshard()
         for following in self._forward_prefetch(unit):
             following.unshard()
+        if unit.precision.param_dtype is not None and unit.precision.cast_forward_inputs:
+            args, kwargs = _cast_floats((args, kwargs), unit.precision.param_dtype)
         if not torch.is_grad_enabled():
             return args, kwargs
         flat, _ = tree_flatten((args, kwargs))
@@ -75,7 +81,11 @@ class ShardedRoot:
         wrapped = dict(zip(map(id, needing), _PostBackward.apply(unit, *needing), strict=True))
         return tree_map(lambda t: wrapped.get(id(t), t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
 
-    def post_forward(self, unit: ShardedUnit, output: Any) -> None:
+    def post_forward(self, unit: ShardedUnit, output: Any) -> Any:
+        """Hook the outputs for the pre-backward and reshard; returns the outputs (cast to the
+        unit's ``output_dtype`` if it has one)."""
+        if unit.precision.output_dtype is not None:
+            output = _cast_floats(output, unit.precision.output_dtype)
         flat, _ = tree_flatten(output)
         needing = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
         if torch.is_grad_enabled() and needing:
@@ -86,7 +96,8 @@ class ShardedRoot:
                 for each in self.units:
                     each.reshard()
         elif unit.reshard_after_forward:
-            unit.reshard()
+            unit.reshard_for_backward()
+        return output
 
     def _forward_prefetch(self, unit: ShardedUnit) -> list[ShardedUnit]:
         if unit.forward_prefetch is not None:

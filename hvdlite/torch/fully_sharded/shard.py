@@ -6,10 +6,13 @@ from typing import Any
 
 import torch
 
+from ...errors import ProcessSetError
+from ...lifecycle import add_process_set
+from ...objects import allgather_object
 from ...process_sets import ProcessSet, global_process_set
 from .layout import UnitLayout
 from .root import ShardedRoot
-from .unit import ShardedParam, ShardedUnit
+from .unit import MixedPrecisionPolicy, ShardedParam, ShardedUnit, UnitOptions
 
 
 class FullyShardedModule:
@@ -91,17 +94,67 @@ def _own_parameters(module: torch.nn.Module) -> dict[int, tuple[str, list[tuple[
 
 
 def _check_arguments(process_set: ProcessSet, reshard_after_forward: Any, mp_policy: Any, offload: Any) -> None:
-    if not isinstance(reshard_after_forward, bool):
-        raise ValueError(f"fully_shard: reshard_after_forward={reshard_after_forward!r}: only True or False are "
-                         "supported so far (resharding to groups of ranks is not)")
-    if mp_policy is not None or offload is not None:
-        raise ValueError("fully_shard: mp_policy and offload are not supported yet; leave them None")
+    size = process_set.size()
+    if not isinstance(reshard_after_forward, int) or (
+            not isinstance(reshard_after_forward, bool) and not (0 < reshard_after_forward <= size
+                                                                  and size % reshard_after_forward == 0)):
+        raise ValueError(f"fully_shard: reshard_after_forward={reshard_after_forward!r}: True, False, or a number of "
+                         f"ranks that divides the process set's {size}")
+    if offload is not None:
+        raise ValueError("fully_shard: offload is not supported yet; leave it None")
+    if mp_policy is not None:
+        dtypes = {name: getattr(mp_policy, name, "missing") for name in ("param_dtype", "reduce_dtype")}
+        dtypes["output_dtype"] = getattr(mp_policy, "output_dtype", None)
+        bad = {name: value for name, value in dtypes.items()
+               if not (value is None or (isinstance(value, torch.dtype) and value.is_floating_point))}
+        if bad:
+            raise ValueError(f"fully_shard: mp_policy {bad}: param_dtype, reduce_dtype and output_dtype must be "
+                             "floating torch dtypes or None (hvd.MixedPrecisionPolicy, or FSDP2's)")
     if not process_set.included():
         raise ValueError(f"fully_shard: this rank is not in {process_set}")
 
 
+_GROUPS: dict[tuple[int, ...], ProcessSet] = {}  # the reshard groups registered so far, by their ranks
+
+
+def _reshard_group(process_set: ProcessSet, reshard_after_forward: bool | int) -> tuple[bool, ProcessSet | None]:
+    """(reshard after forward at all, the set of G ranks this rank reshards to for backward)."""
+    if isinstance(reshard_after_forward, bool) or reshard_after_forward in (1, process_set.size()):
+        return reshard_after_forward not in (False, 1), None
+    width, ranks = reshard_after_forward, process_set.ranks
+    for start in range(0, len(ranks), width):  # every rank registers every group, in the same order
+        members = tuple(ranks[start:start + width])
+        if members not in _GROUPS:
+            try:
+                _GROUPS[members] = add_process_set(list(members))
+            except ProcessSetError as error:
+                raise ProcessSetError(f"fully_shard(reshard_after_forward={width}) registers a process set per "
+                                      f"group of {width} ranks: {error}") from error
+    mine = process_set.rank() // width * width
+    return True, _GROUPS[tuple(ranks[mine:mine + width])]
+
+
+def _check_replicas(process_set: ProcessSet, replicas: ProcessSet | None) -> None:
+    """Hybrid sharding needs this rank in both sets, and a replica set that crosses the shard set
+    once (its ranks hold the same shards only if they have the same place in sets of one size)."""
+    if replicas is None:
+        return
+    if not replicas.included():
+        raise ValueError(f"fully_shard: this rank is not in replicate_process_set {replicas}")
+    shared = set(replicas.ranks or []) & set(process_set.ranks or [])
+    if len(shared) != 1:
+        raise ValueError(f"fully_shard: replicate_process_set {replicas} and process_set {process_set} share ranks "
+                         f"{sorted(shared)}; they must cross in exactly this rank (shard within a set of ranks, "
+                         "replicate across such sets)")
+    places = allgather_object((process_set.rank(), process_set.size()), name="fully_shard.replicas", process_set=replicas)
+    if len(set(places)) != 1:
+        raise ValueError(f"fully_shard: the ranks of replicate_process_set {replicas} have (rank, size) {places} in "
+                         "their process_set; replicas must hold the same shard: the same place in sets of one size")
+
+
 def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_process_set,
-                reshard_after_forward: bool = True, mp_policy: Any = None, offload: Any = None) -> torch.nn.Module:
+                reshard_after_forward: bool | int = True, mp_policy: Any = None, offload: Any = None,
+                replicate_process_set: ProcessSet | None = None) -> torch.nn.Module:
     """Shard ``module``'s parameters over ``process_set``: one unit, one all-gather, one reduce-scatter.
 
     Call it bottom-up, as FSDP2's ``fully_shard``: on each block, then on the whole model (which
@@ -110,35 +163,57 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     ``module.parameters()`` feeds any element-wise ``torch.optim`` optimizer and its state is
     sharded too; no optimizer wrapper is needed (``hvd.DistributedOptimizer`` leaves shards alone).
     Before the unit's forward and backward its full parameters are gathered; after them they are
-    freed (``reshard_after_forward=False`` keeps them from forward to backward). Gradients are
+    freed (``reshard_after_forward=False`` keeps them from forward to backward; an int G keeps 1/G,
+    sharded within groups of G consecutive ranks of the set, e.g. a host's, so backward gathers there;
+    it registers those groups as process sets, which needs ``init(process_sets="dynamic")``). ``mp_policy``
+    (:class:`MixedPrecisionPolicy`, or FSDP2's) gathers and computes in ``param_dtype`` and
+    reduce-scatters in ``reduce_dtype``; the shards, which the optimizer steps, stay fp32. Gradients are
     reduce-scattered as soon as the unit's backward is done, averaged over the set, into the
-    shards' ``.grad``. Returns ``module``, whose class now also has :class:`FullyShardedModule`'s
+    shards' ``.grad``. With ``replicate_process_set`` (hybrid sharding, FSDP2's HSDP) the shards are
+    also averaged across that set, whose ranks hold the same shards: shard within a host (the
+    all-gathers stay on its shared memory), replicate across hosts (only 1/N of the gradients cross
+    the network). Returns ``module``, whose class now also has :class:`FullyShardedModule`'s
     methods.
     """
     _check_arguments(process_set, reshard_after_forward, mp_policy, offload)
+    _check_replicas(process_set, replicate_process_set)
     if hasattr(module, "_hvdlite_unit"):
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
-    rank, size = process_set.rank(), process_set.size()
     own = list(_own_parameters(module).values())
-    layout = UnitLayout.plan([(name, param.shape) for name, _, param in own], size)
-    params = []
-    for (_name, owners, param), param_layout in zip(own, layout.params, strict=True):
-        with torch.no_grad():
-            shard = torch.nn.Parameter(param_layout.shard_of(param.detach(), rank), requires_grad=param.requires_grad)
-        shard._hvdlite_fully_sharded = True
-        full = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=param.device),
-                                  requires_grad=param.requires_grad)
-        if full.device.type != "meta":
-            full.untyped_storage().resize_(0)
-        sharded = ShardedParam(owners, shard, full)
-        sharded.put_on_owners(shard)
-        params.append(sharded)
-    unit = ShardedUnit(module, params, layout, process_set, reshard_after_forward)
+    layout = UnitLayout.plan([(name, param.shape) for name, _, param in own], process_set.size())
+    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()))
+              for (_name, owners, param), param_layout in zip(own, layout.params, strict=True)]
+    after_forward, group = _reshard_group(process_set, reshard_after_forward)
+    options = UnitOptions(process_set, after_forward, _precision(mp_policy), replicate_process_set, group)
+    unit = ShardedUnit(module, params, layout, options)
     module._hvdlite_unit = unit
     module.__class__ = _sharded_class(type(module))
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True, prepend=True)
     module.register_forward_hook(_post_forward)
     return module
+
+
+def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.Parameter,
+                     rows: torch.Tensor) -> ShardedParam:
+    """Put this rank's ``rows`` of ``param`` on its owners as a new Parameter, and make the (empty)
+    full parameter that forward and backward will gather into."""
+    shard = torch.nn.Parameter(rows, requires_grad=param.requires_grad)
+    shard._hvdlite_fully_sharded = True
+    full = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=param.device),
+                              requires_grad=param.requires_grad)
+    if full.device.type != "meta":
+        full.untyped_storage().resize_(0)
+    sharded = ShardedParam(owners, shard, full)
+    sharded.put_on_owners(shard)
+    return sharded
+
+
+def _precision(mp_policy: Any) -> MixedPrecisionPolicy:
+    """hvdlite's policy from ours or FSDP2's (same attribute names)."""
+    if mp_policy is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(mp_policy.param_dtype, mp_policy.reduce_dtype, getattr(mp_policy, "output_dtype", None),
+                                getattr(mp_policy, "cast_forward_inputs", True))
 
 
 def _pre_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -148,9 +223,9 @@ def _pre_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     return unit.root.pre_forward(unit, args, kwargs)
 
 
-def _post_forward(module: torch.nn.Module, _args: tuple, output: Any) -> None:
+def _post_forward(module: torch.nn.Module, _args: tuple, output: Any) -> Any:
     unit = module._hvdlite_unit
-    unit.root.post_forward(unit, output)
+    return unit.root.post_forward(unit, output)
 
 
-__all__ = ["FullyShardedModule", "fully_shard"]
+__all__ = ["FullyShardedModule", "MixedPrecisionPolicy", "fully_shard"]

@@ -10,7 +10,7 @@ import torch
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..collectives.async_ops import allgather_async, allreduce_async, synchronize
-from .unit import ShardedParam, ShardedUnit, UnitState
+from .unit import ShardedParam, ShardedUnit
 
 
 def units_under(module: torch.nn.Module) -> list[ShardedUnit]:
@@ -35,14 +35,12 @@ def full_state_dict(module: torch.nn.Module, *, rank0_only: bool = True) -> dict
     keep = not rank0_only or all(unit.process_set.rank() == 0 for unit in units)
     full: dict[str, torch.Tensor] = {}
     for unit in units:
-        was_sharded = unit.state is not UnitState.UNSHARDED
-        unit.wait_unshard()
+        if not unit.params:
+            continue
+        copies = unit.gather_copies()
         if keep:
-            for param, keys in zip(unit.params, keys_of(module, unit), strict=True):
-                for key in keys:
-                    full[key] = param.full.detach().to("cpu", copy=True)
-        if was_sharded:
-            unit.reshard()
+            for copy, keys in zip(copies, keys_of(module, unit), strict=True):
+                full.update(dict.fromkeys(keys, copy))
     if not keep:
         return {}
     # Buffers (and anything else a module saves) come from the model's own state dict, in its order.

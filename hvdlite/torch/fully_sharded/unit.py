@@ -18,12 +18,38 @@ import torch
 
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet
-from ..collectives.async_ops import Handle, allgather_async, reducescatter_async, synchronize
+from ..collectives.async_ops import Handle, allgather_async, allreduce_async, reducescatter_async, synchronize
 from .layout import UnitLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """The dtypes of a unit's mixed precision (FSDP2's ``MixedPrecisionPolicy``): full parameters
+    (compute and all-gather) in ``param_dtype``, gradients reduce-scattered in ``reduce_dtype``
+    (default: ``param_dtype``), floating outputs cast to ``output_dtype``, floating inputs cast to
+    ``param_dtype`` if ``cast_forward_inputs``. ``None``: the shards' dtype. Shards stay as built
+    (fp32), so the optimizer steps full-precision parameters."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitOptions:
+    """How one unit shards and communicates (``fully_shard``'s arguments)."""
+
+    process_set: ProcessSet
+    reshard_after_forward: bool = True
+    precision: MixedPrecisionPolicy = MixedPrecisionPolicy()
+    replicate_process_set: ProcessSet | None = None  # hybrid: the shards averaged across these ranks too
+    reshard_group: ProcessSet | None = None  # after forward, keep 1/G of the unit, sharded within these G ranks
 
 
 class UnitState(enum.Enum):
     SHARDED = "sharded"
+    GROUP_SHARDED = "sharded within its group"  # between forward and backward, reshard_after_forward=G
     GATHERING = "gathering"
     UNSHARDED = "unsharded"
 
@@ -36,11 +62,13 @@ class ShardedParam:
     shard: torch.nn.Parameter
     full: torch.nn.Parameter  # storage resized to 0 while the unit is sharded
 
-    def follow_shard(self) -> None:
-        """Make the full parameter anew if the shard moved (``to_empty`` after building on ``meta``,
-        ``.to(device)``): only between iterations, when autograd holds no reference to it."""
-        if self.full.device != self.shard.device or self.full.dtype != self.shard.dtype:
-            self.full = torch.nn.Parameter(torch.empty(self.full.shape, dtype=self.shard.dtype, device=self.shard.device),
+    def follow_shard(self, dtype: torch.dtype | None) -> None:
+        """Make the full parameter anew (in ``dtype``, else the shard's) if the shard moved
+        (``to_empty`` after building on ``meta``, ``.to(device)``) or changed dtype: only between
+        iterations, when autograd holds no reference to it."""
+        dtype = dtype or self.shard.dtype
+        if self.full.device != self.shard.device or self.full.dtype != dtype:
+            self.full = torch.nn.Parameter(torch.empty(self.full.shape, dtype=dtype, device=self.shard.device),
                                            requires_grad=self.full.requires_grad)
 
     def put_on_owners(self, tensor: torch.nn.Parameter) -> None:
@@ -62,12 +90,19 @@ class ShardedUnit:
     """The shards, full parameters and collectives of one ``fully_shard`` call."""
 
     def __init__(self, module: torch.nn.Module, params: list[ShardedParam], layout: UnitLayout,
-                 process_set: ProcessSet, reshard_after_forward: bool) -> None:
+                 options: UnitOptions) -> None:
         self.module = module
         self.params = params
         self.layout = layout
-        self.process_set = process_set
-        self.reshard_after_forward = reshard_after_forward
+        self.process_set = options.process_set
+        self.replicate_process_set = options.replicate_process_set
+        self.precision = options.precision
+        self.reshard_after_forward = options.reshard_after_forward
+        self.reshard_group = options.reshard_group
+        self.group_layout = None if self.reshard_group is None else UnitLayout.plan(
+            [(p.name, p.shape) for p in layout.params], self.reshard_group.size())
+        self._group_rows: torch.Tensor | None = None  # this rank's 1/G of the unit, kept for backward
+        self._gather_layout = layout  # the layout of the all-gather in flight
         self.name = type(module).__name__  # replaced by the module's path once the root is known
         self.state = UnitState.SHARDED
         self.requires_gradient_sync = True
@@ -93,15 +128,22 @@ class ShardedUnit:
     # ---- all-gather ------------------------------------------------------------------------------
     def unshard(self) -> None:
         """Start gathering the full parameters (no-op if gathered or on the way)."""
+        if self.state is UnitState.GROUP_SHARDED:  # backward: gather within the group (a host) only
+            self._gather, self._gather_layout = allgather_async(
+                self._group_rows, name=f"fully_shard.{self.name}.group_allgather",
+                process_set=self.reshard_group), self.group_layout
+            self.state = UnitState.GATHERING
+            return
         if self.state is not UnitState.SHARDED:
             return
         if not self.params:  # a root whose blocks hold every parameter
             self.state = UnitState.UNSHARDED
             return
         with torch.no_grad():
-            packed = self.layout.pack_shards([p.shard.detach() for p in self.params])
+            packed = self.layout.pack_shards([p.shard.detach() for p in self.params], self.precision.param_dtype)
         self._gather = allgather_async(packed, name=f"fully_shard.{self.name}.allgather",
                                        process_set=self.process_set)
+        self._gather_layout = self.layout
         self.state = UnitState.GATHERING
 
     def wait_unshard(self) -> None:
@@ -112,23 +154,53 @@ class ShardedUnit:
             self._gather = None
             with torch.no_grad():
                 for param in self.params:
-                    param.follow_shard()
+                    param.follow_shard(self.precision.param_dtype)
                     _refill(param.full)
                 # through .data: no version bump, so the tensors autograd saved from it stay valid
-                self.layout.copy_full(gathered, [param.full.data for param in self.params])
+                self._gather_layout.copy_full(gathered, [param.full.data for param in self.params])
+            self._group_rows = None
             self.state = UnitState.UNSHARDED
         for param in self.params:
             param.put_on_owners(param.full)
+
+    def gather_copies(self) -> list[torch.Tensor]:
+        """New whole tensors of the unit's parameters, gathered from the shards in their own dtype
+        (not the compute dtype of mixed precision); the unit's state is left as it is."""
+        with torch.no_grad():
+            packed = self.layout.pack_shards([p.shard.detach() for p in self.params])
+        gathered = synchronize(allgather_async(packed, name=f"fully_shard.{self.name}.copies",
+                                               process_set=self.process_set))
+        copies = [torch.empty(layout.shape, dtype=packed.dtype) for layout in self.layout.params]
+        self.layout.copy_full(gathered.cpu(), copies)
+        return copies
 
     def reshard(self) -> None:
         """Put the shards back on the modules and free the full parameters' memory."""
         if self.state is UnitState.GATHERING:
             self.wait_unshard()
         if self.state is UnitState.UNSHARDED:
-            for param in self.params:
-                param.put_on_owners(param.shard)
-                _free(param.full)
-            self.state = UnitState.SHARDED
+            self._put_shards_back()
+        self._group_rows = None
+        self.state = UnitState.SHARDED
+
+    def reshard_for_backward(self) -> None:
+        """After forward: reshard, or with a reshard group keep this rank's 1/G of the full
+        parameters (in the compute dtype), so backward gathers within the group."""
+        if self.reshard_group is None or self.state is not UnitState.UNSHARDED:
+            self.reshard()
+            return
+        rank = self.reshard_group.rank()
+        with torch.no_grad():
+            rows = [layout.shard_of(p.full.detach(), rank) for layout, p in zip(self.group_layout.params, self.params,
+                                                                                   strict=True)]
+            self._group_rows = self.group_layout.pack_shards(rows)
+        self._put_shards_back()
+        self.state = UnitState.GROUP_SHARDED
+
+    def _put_shards_back(self) -> None:
+        for param in self.params:
+            param.put_on_owners(param.shard)
+            _free(param.full)
 
     # ---- reduce-scatter --------------------------------------------------------------------------
     def reduce_gradients(self) -> None:
@@ -143,8 +215,9 @@ class ShardedUnit:
         grads = [p.full.grad if p.full.requires_grad else None for p in self.params]
         if self._reduced and all(g is None for g in grads):
             return
-        first = self._trainable[0].shard
-        packed = self.layout.pack_gradients(grads, first.dtype, first.device)
+        first = self._trainable[0]
+        dtype = self.precision.reduce_dtype or first.full.dtype  # FSDP2's default: the compute dtype
+        packed = self.layout.pack_gradients(grads, dtype, first.shard.device)
         for param in self._trainable:
             param.full.grad = None
         name = f"fully_shard.{self.name}.reducescatter" + (f".{self._reduced}" if self._reduced else "")
@@ -164,11 +237,15 @@ class ShardedUnit:
 
     def land_gradients(self) -> None:
         """Wait for the reduce-scatters in flight and add their results to the shards' gradients."""
-        for handle in self._reduces:
+        for count, handle in enumerate(self._reduces):
             reduced = synchronize(handle)
+            if self.replicate_process_set is not None:  # hybrid: average the shard across the replicas
+                reduced = synchronize(allreduce_async(reduced, name=f"fully_shard.{self.name}.replicas.{count}",
+                                                      op=ReduceOp.AVERAGE, process_set=self.replicate_process_set))
             for param, piece in zip(self.params, self.layout.split_shards(reduced), strict=True):
                 if not param.shard.requires_grad:
                     continue
+                piece = piece.to(param.shard.dtype)  # reduced in reduce_dtype, kept as the shard's (fp32)
                 if param.shard.grad is None:
                     param.shard.grad = piece
                 else:
@@ -176,4 +253,4 @@ class ShardedUnit:
         self._reduces.clear()
 
 
-__all__ = ["ShardedParam", "ShardedUnit", "UnitState"]
+__all__ = ["MixedPrecisionPolicy", "ShardedParam", "ShardedUnit", "UnitOptions", "UnitState"]

@@ -15,6 +15,7 @@ import hvdlite.torch as hvd
 
 torch.set_num_threads(1)
 STEPS, BATCH = 4, 6
+TOLERANCE_BF16 = 1e-5
 
 
 def build(seed: int = 0, width: int = 7, blocks: int = 3, device: str = "cpu") -> torch.nn.Module:
@@ -43,7 +44,7 @@ def mine(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.mse_loss(model(x), y)
+    return torch.nn.functional.mse_loss(model(x).float(), y)  # .float(): mixed precision's bf16 outputs
 
 
 def assert_matches(sharded: torch.nn.Module, reference: torch.nn.Module, case: str, tolerance: float = 1e-5) -> None:
@@ -90,6 +91,75 @@ def train(case: str, optimizer_class=torch.optim.SGD, accumulate: int = 1, no_sy
 
 def mine_of(tensor: torch.Tensor, rank: int) -> torch.Tensor:
     return tensor[rank * BATCH:(rank + 1) * BATCH]
+
+
+def mixed_precision(case: str, reduce_dtype: torch.dtype | None) -> None:
+    """bf16 compute, fp32 shards. The reference does by hand what the policy promises: each rank's
+    slice through a bf16 copy of the fp32 weights, the gradients averaged in ``reduce_dtype`` (in
+    float32 and rounded once, as hvdlite reduces 16-bit floats), the fp32 weights stepped."""
+    low_dtype = torch.bfloat16
+    reference = build()
+    model = shard(copy.deepcopy(reference), mp_policy=hvd.MixedPrecisionPolicy(low_dtype, reduce_dtype))
+    seen = []
+    model[0].register_forward_pre_hook(lambda module, args: seen.append((module[0].weight.dtype, args[0].dtype)))
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x, y in batches():
+        reference_optimizer.zero_grad()  # (a deep copy would carry the last step's gradients)
+        grads = []
+        for rank in range(hvd.size()):
+            low = copy.deepcopy(reference).to(low_dtype)
+            loss_of(low, mine_of(x, rank).to(low_dtype), mine_of(y, rank)).backward()
+            grads.append([p.grad.float() for p in low.parameters()])
+        for index, param in enumerate(reference.parameters()):
+            average = sum(g[index] for g in grads) / hvd.size()
+            param.grad = average.to(reduce_dtype or low_dtype).float()
+        reference_optimizer.step()
+        optimizer.zero_grad()
+        loss_of(model, mine(x), mine(y)).backward()
+        optimizer.step()
+    assert seen[0] == (low_dtype, low_dtype), seen[0]  # gathered and computed in bf16, inputs cast
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    # bf16 rounding: an ulp of difference in a float32 sum (the ranks' order) can round a gradient
+    # or a weight's bf16 copy the other way, which moves a weight by ~lr * 2^-8 * |gradient|.
+    assert_matches(model, reference, case, tolerance=TOLERANCE_BF16)
+
+
+def hybrid() -> None:
+    """Shard within sets of 2 ranks (1 at an odd size), replicate across them: the same training.
+    (At np=2 that is one set of two and no replica but itself; np=4 is the real 2 x 2 case.)"""
+    width = 2 if hvd.size() % 2 == 0 else 1
+    added = []
+
+    def process_set(ranks: list[int]):
+        if len(ranks) == hvd.size():
+            return hvd.global_process_set
+        added.append(hvd.add_process_set(ranks))
+        return added[-1]
+
+    shard_sets = [process_set(list(range(k, k + width))) for k in range(0, hvd.size(), width)]
+    replica_sets = [process_set(list(range(j, hvd.size(), width))) for j in range(width)]
+    mine_shard = next(s for s in shard_sets if s.included())
+    mine_replica = next(s for s in replica_sets if s.included())
+    train("hybrid", torch.optim.Adam, process_set=mine_shard, replicate_process_set=mine_replica)
+    if 1 < width < hvd.size():
+        refused("replicas that are not one per shard set", lambda: hvd.fully_shard(
+            build(), process_set=mine_shard, replicate_process_set=hvd.global_process_set), "must cross in exactly")
+    for each in added:
+        hvd.remove_process_set(each)
+
+
+def group_reshard() -> None:
+    """reshard_after_forward=2 at np=4: between forward and backward each rank keeps 1/2 of a unit
+    (sharded within {0, 1} or {2, 3}), backward gathers within the pair; the same training."""
+    train("group_reshard", torch.optim.Adam, reshard_after_forward=2)
+    model = shard(build(), reshard_after_forward=2)
+    out = model(torch.ones(2, 7))
+    unit = model[0]._hvdlite_unit
+    assert unit.state.name == "GROUP_SHARDED" and unit._group_rows.numel() == unit.group_layout.shard_numel
+    assert unit.group_layout.shard_numel * 2 >= unit.layout.shard_numel * hvd.size() // 2
+    out.sum().backward()
+    assert unit.state.name == "SHARDED" and unit._group_rows is None
 
 
 def frozen() -> None:
@@ -231,9 +301,13 @@ def refused(what: str, call, message: str) -> None:
 
 def refusals() -> None:
     """What fully_shard does not do (yet) is refused by name, as is wrapping its shards twice."""
-    refused("an int reshard_after_forward", lambda: hvd.fully_shard(build(), reshard_after_forward=2),
-            "reshard_after_forward=2")
-    refused("mp_policy", lambda: hvd.fully_shard(build(), mp_policy=object()), "mp_policy and offload")
+    refused("a group size that does not divide the ranks", lambda: hvd.fully_shard(
+        build(), reshard_after_forward=hvd.size() + 1), "a number of ranks that divides the process set's")
+    refused("mp_policy without dtypes", lambda: hvd.fully_shard(build(), mp_policy=object()),
+            "mp_policy {'param_dtype': 'missing', 'reduce_dtype': 'missing'}")
+    refused("an integer param_dtype", lambda: hvd.fully_shard(build(), mp_policy=hvd.MixedPrecisionPolicy(torch.int8)),
+            "must be floating torch dtypes")
+    refused("offload", lambda: hvd.fully_shard(build(), offload="cpu"), "offload is not supported yet")
     model = shard(build())
     refused("fully_shard twice", lambda: hvd.fully_shard(model), "already fully sharded")
     refused("shard_optimizer_state", lambda: hvd.DistributedOptimizer(
@@ -279,6 +353,10 @@ CASES = {
     "accumulate_no_sync": lambda: train("accumulate_no_sync", accumulate=2, no_sync=True),
     "clip": lambda: train("clip", clip=0.05),
     "distributed_optimizer": lambda: train("distributed_optimizer", wrap=True),
+    "mixed_precision": lambda: mixed_precision("mixed_precision", torch.float32),
+    "mixed_precision_bf16_reduce": lambda: mixed_precision("mixed_precision_bf16_reduce", None),
+    "hybrid": hybrid,
+    "group_reshard": group_reshard,
     "frozen": frozen,
     "evaluation": evaluation,
     "checkpoint": checkpoint,
@@ -292,7 +370,7 @@ ARGS: list[str] = []
 
 
 def main() -> None:
-    hvd.init()
+    hvd.init(process_sets="dynamic")  # the hybrid case adds its sets
     ARGS.extend(sys.argv[2:])
     for case in sys.argv[1].split(","):
         CASES[case]()
