@@ -48,3 +48,15 @@ def test_padding_rows_are_zero():
     full = torch.ones(5, 2)
     assert torch.equal(layout.params[0].shard_of(full, 2), torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     assert torch.equal(layout.params[0].shard_of(full, 3), torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(("saved_at", "loaded_at"), [(3, 2), (2, 3), (4, 3), (1, 4), (5, 1)])
+def test_rows_saved_at_one_world_size_are_the_shards_of_another(saved_at, loaded_at):
+    from hvdlite.torch.fully_sharded.checkpoint import read_rows
+
+    full = torch.randn(7, 3)
+    saved = UnitLayout.plan([("w", (7, 3))], saved_at).params[0]
+    files = [{"params": {"w": saved.shard_of(full, r)[:len(saved.owned_rows(r))]}} for r in range(saved_at)]
+    loaded = UnitLayout.plan([("w", (7, 3))], loaded_at).params[0]
+    for rank in range(loaded_at):
+        assert torch.equal(read_rows(files, ["params", "w"], loaded, rank, saved_at), loaded.shard_of(full, rank))

@@ -70,7 +70,7 @@ def _optimizer_rows(module: torch.nn.Module, optimizer: torch.optim.Optimizer, r
     return {"state": state, "param_groups": state_dict["param_groups"]}
 
 
-def _read_rows(files: list[dict], path: list, layout: ParamLayout, rank: int, old_size: int) -> torch.Tensor:
+def read_rows(files: list[dict], path: list, layout: ParamLayout, rank: int, old_size: int) -> torch.Tensor:
     """This rank's shard under ``layout`` (the new world size), cut from the old ranks' rows."""
     old = ParamLayout(layout.name, layout.shape, old_size, 0)
     wanted = layout.owned_rows(rank)
@@ -106,7 +106,7 @@ def load_sharded_state(directory: str | os.PathLike, module: torch.nn.Module,
                                  f"{layout_file['shapes'].get(keys[0])} in {directory}")
             by_key[keys[0]] = (param, layout)
             with torch.no_grad():
-                param.shard.copy_(_read_rows(files, ["params", keys[0]], layout, rank, old_size))
+                param.shard.copy_(read_rows(files, ["params", keys[0]], layout, rank, old_size))
     if files[0]["other"]:
         module.load_state_dict({**module.state_dict(), **files[0]["other"]})
     if optimizer is not None:
@@ -122,7 +122,7 @@ def _load_optimizer(files: list[dict], module: torch.nn.Module, optimizer: torch
     for index, entry in saved["state"].items():
         where = sharded.get(id(params[index]))
         layout = where[0].layout.params[where[1]] if where else None
-        state[index] = {key: _read_rows(files, ["optimizer", "state", index, key], layout, rank, old_size)
+        state[index] = {key: read_rows(files, ["optimizer", "state", index, key], layout, rank, old_size)
                         if layout is not None and torch.is_tensor(value) and value.dim() > 0 else value
                         for key, value in entry.items()}
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
