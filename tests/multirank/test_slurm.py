@@ -31,7 +31,7 @@ if _WHY_NOT:
 TRANSPORT = ["--network-interface", IFACE, "-x", "UCX_TLS=tcp,self"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: the time-limit test runs last of all (tests/conftest.py)
 def cluster(tmp_path_factory):
     hosts = make_two_hosts(tmp_path_factory.mktemp("hosts"))
     try:
@@ -44,7 +44,7 @@ def cluster(tmp_path_factory):
     hosts.close()
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def time_limited_job(cluster, tmp_path_factory):
     """A job of 4 ranks with a one-minute limit, submitted before the file's first test.
 
@@ -52,7 +52,7 @@ def time_limited_job(cluster, tmp_path_factory):
     (about every 30 s), so the job ends 60 to 90 s after it started. Its ranks idle (an allreduce
     every 0.1 s) on 2 of each node's 4 CPUs (two a node: by default Slurm puts 3 of 4 on the first),
     so the other tests' jobs (at most 2 tasks a node) run beside it, and the test that checks how it
-    ended, the file's last, waits little.
+    ended runs last of the whole session (tests/conftest.py), so it waits little or not at all.
     """
     return _submit_running_job(cluster, tmp_path_factory.mktemp("time-limit"), ["--time=1", "--ntasks-per-node=2"])
 
@@ -233,6 +233,6 @@ def test_an_elastic_job_leaves_a_node_slurm_drains_and_finishes_on_the_other(clu
 
 
 def test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason(cluster, time_limited_job):
-    # The last test of the file: the job was submitted before the first (time_limited_job).
+    # The last test of the session (tests/conftest.py): the job was submitted before the file's first.
     job, marker, out = time_limited_job
     _assert_ended_by_slurm(cluster, job, marker, out, within=150, reason="DUE TO TIME LIMIT")
