@@ -38,7 +38,10 @@ def _hosts_job(tmp_path, mode: str, slots: int, target: int, flags: list[str], n
 
 
 def _finished_at(result, size: int) -> list[str]:
-    return [line for line in result.output.splitlines() if "ok elastic hosts" in line and line.endswith(f" {size}")]
+    # Not line by line: MPICH's mpiexec labels a spawned rank's lines with its index in the spawn
+    # ("[0]"), and once joined the end of launched rank 0's line to a spawned rank's next line
+    # ("[0]: ok elastic hosts 0 3resets [] sizes [2, 3]").
+    return re.findall(rf"ok elastic hosts \d+ {size}(?!\d)", result.output)
 
 
 def test_the_job_grows_into_a_slot_the_discovery_script_adds(tmp_path):
