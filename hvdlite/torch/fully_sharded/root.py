@@ -95,8 +95,10 @@ class ShardedRoot:
             if not (torch.is_grad_enabled() and needing):  # no backward follows: shard everything now
                 for each in self.units:
                     each.reshard()
-        elif unit.reshard_after_forward:
+        elif unit.reshard_after_forward and torch.is_grad_enabled():
             unit.reshard_for_backward()
+        elif unit.reshard_after_forward:
+            unit.reshard()  # evaluation: no backward will want the 1/G a reshard group keeps
         return output
 
     def _forward_prefetch(self, unit: ShardedUnit) -> list[ShardedUnit]:
