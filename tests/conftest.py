@@ -11,7 +11,7 @@ for the first): where the suite's time goes.
 Two pytest-xdist workers (``-n 2 --dist loadgroup``, in pyproject's addopts), each taking whole
 groups: a multi-rank file is a group (its shared jobs run once, on one worker), the files that use
 the network-namespace hosts are one group (they use the same namespaces), the unit tests are one.
-Measured on 2 cores: 18:50 against about 20 minutes serial. Two jobs at a time oversubscribe the
+Measured on 2 cores: 18:31 against about 20 minutes serial. Two jobs at a time oversubscribe the
 cores, so no test bounds a time tighter than its generous margin, and tests that look at machine-wide
 state (MPICH's files in /dev/shm) tell their job's from a running neighbour's. The Slurm test that
 waits out a job's time limit (Slurm ends a job 60 to 90 s after it started) runs last of its
