@@ -207,8 +207,9 @@ class ShardedUnit:
         """Start reduce-scattering the full gradients accumulated so far (zeros where a parameter got
         none), unless gradient sync is off (they keep accumulating) or there is nothing new to send.
 
-        Usually once per backward (:meth:`end_backward` starts the count again); a unit whose forward ran twice reduces after each backward pass
-        through it (each reduce-scatter is named by its count, the same on every rank).
+        Usually once per backward (:meth:`end_backward` starts the count again); a unit whose forward
+        ran twice reduces after each backward pass through it (each reduce-scatter is named by its
+        count, the same on every rank).
         """
         if not self._trainable or not self.requires_gradient_sync:
             return
