@@ -119,8 +119,10 @@ _GROUPS: dict[tuple[int, ...], ProcessSet] = {}  # the reshard groups registered
 
 def _reshard_group(process_set: ProcessSet, reshard_after_forward: bool | int) -> tuple[bool, ProcessSet | None]:
     """(reshard after forward at all, the set of G ranks this rank reshards to for backward)."""
-    if isinstance(reshard_after_forward, bool) or reshard_after_forward in (1, process_set.size()):
-        return reshard_after_forward not in (False, 1), None
+    if isinstance(reshard_after_forward, bool):  # (before the int test: True == 1 in Python)
+        return reshard_after_forward, None
+    if reshard_after_forward in (1, process_set.size()):  # keep all of it; or 1/N, as True does
+        return reshard_after_forward == process_set.size(), None
     width, ranks = reshard_after_forward, process_set.ranks
     for start in range(0, len(ranks), width):  # every rank registers every group, in the same order
         members = tuple(ranks[start:start + width])

@@ -79,7 +79,11 @@ def train(case: str, optimizer_class=torch.optim.SGD, accumulate: int = 1, no_sy
                      torch.cat([mine_of(y, r)[cut] for r in range(hvd.size())])) / accumulate).backward()
             if no_sync:
                 model.set_requires_gradient_sync(part == accumulate - 1)
-            (loss_of(model, mine(x)[cut], mine(y)[cut]) / accumulate).backward()
+            loss = loss_of(model, mine(x)[cut], mine(y)[cut]) / accumulate
+            # between forward and backward a block holds its shards only, unless told to keep more
+            kept = {True: "SHARDED", False: "UNSHARDED"}.get(options.get("reshard_after_forward", True), "GROUP_SHARDED")
+            assert model[0]._hvdlite_unit.state.name == kept, (case, model[0]._hvdlite_unit.state)
+            loss.backward()
         if clip is not None:
             expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), clip)
             norm = hvd.clip_grad_norm_(model.parameters(), clip)
