@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import statistics
-import subprocess
 import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from jobs import launch_worker  # noqa: E402
 from torch_training_step import RANK_ENV, init_gloo, time_steps  # noqa: E402
 
 SHARDED, REPLICATED = ("fsdp2", "fully", "fully_nopf"), ("ddp", "unsharded", "zero")
@@ -152,16 +151,9 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, modes: tuple[str, ...] | list[str], reps: int) -> dict[str, Any]:
-    beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
-    command = [beside, "-np", str(args.np), sys.executable, os.path.abspath(__file__), "--worker", "--modes",
-               ",".join(modes), "--reps", str(reps), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--blocks", str(args.blocks), "--width", str(args.width)]
-    print("$ " + " ".join(command), flush=True)
-    proc = subprocess.run(command, env={**os.environ, **RANK_ENV}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"job failed with exit code {proc.returncode}")
-    return json.loads(re.search(f"{TAG}(.*)$", proc.stdout, re.MULTILINE).group(1))
+    return launch_worker(__file__, args.np, ["--modes", ",".join(modes), "--reps", str(reps), "--steps", str(args.steps),
+                          "--warmup", str(args.warmup), "--blocks", str(args.blocks), "--width", str(args.width)],
+                         TAG, RANK_ENV)
 
 
 def report(args: argparse.Namespace, timing: dict[str, Any], alone: dict[str, dict[str, Any]]) -> list[str]:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import statistics
-import subprocess
 import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from jobs import launch_worker  # noqa: E402
 from torch_training_step import NUM_CLASSES, RANK_ENV, WIDTH, build_model, init_gloo, time_steps  # noqa: E402
 
 MODES = ("unsharded", "sharded", "zero")
@@ -97,15 +96,8 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, modes: list[str], reps: int) -> dict[str, Any]:
-    beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
-    command = [beside, "-np", str(args.np), sys.executable, os.path.abspath(__file__), "--worker", "--modes",
-               ",".join(modes), "--reps", str(reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    print("$ " + " ".join(command), flush=True)
-    proc = subprocess.run(command, env={**os.environ, **RANK_ENV}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"job failed with exit code {proc.returncode}")
-    return json.loads(re.search(f"{TAG}(.*)$", proc.stdout, re.MULTILINE).group(1))
+    return launch_worker(__file__, args.np, ["--modes", ",".join(modes), "--reps", str(reps), "--steps", str(args.steps),
+                          "--warmup", str(args.warmup)], TAG, RANK_ENV)
 
 
 def report(args: argparse.Namespace, timing: dict[str, Any], alone: dict[str, dict[str, Any]]) -> list[str]:

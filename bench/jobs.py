@@ -1,0 +1,23 @@
+"""Launching a bench script's worker job and reading back its one tagged JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+
+def launch_worker(script: str, np: int, worker_args: list[str], tag: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``hvdliterun -np NP python SCRIPT --worker WORKER_ARGS`` and return the JSON rank 0 printed
+    after ``tag``; exit with the job's output if it failed."""
+    beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
+    command = [beside, "-np", str(np), sys.executable, os.path.abspath(script), "--worker", *worker_args]
+    print("$ " + " ".join(command), flush=True)
+    proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"job failed with exit code {proc.returncode}")
+    return json.loads(re.search(f"{tag}(.*)$", proc.stdout, re.MULTILINE).group(1))
