@@ -6,7 +6,7 @@ process), about a minute and a half on 2 cores.
 
 ``HVDLITE_TEST_CPU_LOG=path`` appends, per test, its wall seconds and the CPU seconds of the
 processes it started and waited for (the ranks of its jobs; a job shared by several tests counts
-for the first): where the suite's time goes.
+for the first), then its xdist worker and the time it ended: where the suite's time goes.
 
 Two pytest-xdist workers (``-n 2 --dist loadgroup``, in pyproject's addopts), each taking whole
 groups: a multi-rank file is a group (its shared jobs run once, on one worker), the files that use
@@ -69,4 +69,5 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         with open(log, "a") as out:
-            out.write(f"{time.monotonic() - started:.2f} {cpu:.2f} {item.nodeid}\n")
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
+            out.write(f"{time.monotonic() - started:.2f} {cpu:.2f} {item.nodeid} {worker} {time.time():.1f}\n")
