@@ -20,6 +20,7 @@ import torch
 from .. import basics, objects
 from ..elastic import ObjectState, State, run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .fully_sharded.elastic import ShardedModelHandler, ShardedOptimizerHandler, is_fully_sharded
 from .state import broadcast_optimizer_state, broadcast_parameters
 
 
@@ -101,6 +102,11 @@ class _OptimizerHandler(_Handler):
 
 
 def _handler_for(value: Any) -> _Handler | None:
+    if is_fully_sharded(value) or (isinstance(value, torch.optim.Optimizer) and any(
+            getattr(p, "_hvdlite_fully_sharded", False) for g in value.param_groups for p in g["params"])):
+        raise ValueError("TorchState: a fully sharded model and its optimizer are elastic state only as "
+                         "TorchState(model=..., optimizer=...), given when the state is made: each rank holds "
+                         "different shards, so they are committed and re-sharded together, not broadcast")
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if isinstance(value, torch.optim.Optimizer):
@@ -113,17 +119,31 @@ def _handler_for(value: Any) -> _Handler | None:
     return None
 
 
+def _sharded_handlers(model: Any, optimizer: Any) -> dict[str, Any]:
+    """The handlers of a fully sharded model and its optimizer (none for a replicated model)."""
+    if not is_fully_sharded(model):
+        return {}
+    handlers = {"model": ShardedModelHandler(model, optimizer)}
+    if optimizer is not None:
+        handlers["optimizer"] = ShardedOptimizerHandler(optimizer)
+    return handlers
+
+
 class TorchState(ObjectState):
     """State of a PyTorch training process: ``model``, ``optimizer`` and any keyword attributes.
 
     Models, optimizers, LR schedulers and ElasticSamplers (as any keyword) are saved through their
-    ``state_dict``; other attributes are deep-copied and broadcast as Python objects.
+    ``state_dict``; other attributes are deep-copied and broadcast as Python objects. A model that
+    ``fully_shard`` sharded (given as ``model``, with the ``optimizer`` that steps its shards) is
+    committed as shards, each rank's also kept by the next rank, and re-sharded for the new world
+    when the job shrinks or grows (:mod:`hvdlite.torch.fully_sharded.elastic`).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **kwargs: Any) -> None:
         kwargs.update(model=model, optimizer=optimizer)
-        handlers = {name: _handler_for(value) for name, value in kwargs.items()}
+        handlers = _sharded_handlers(model, optimizer)
+        handlers.update({name: _handler_for(value) for name, value in kwargs.items() if name not in handlers})
         self._handlers = {name: handler for name, handler in handlers.items() if handler is not None}
         for name, handler in self._handlers.items():
             object.__setattr__(self, name, handler.value)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from .harness import run_script, shared_script
+from .harness import SCRIPTS, run_job, run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
@@ -57,3 +57,15 @@ def test_a_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved_at, lo
                                                           *[f"rank-{r}.pt" for r in range(saved_at)]]
     loaded = run_script("fully_sharded.py", loaded_at, "load_sharded", str(tmp_path), timeout=90)
     assert loaded.output.count("ok load_sharded") == loaded_at, loaded.output
+
+
+@pytest.mark.parametrize(("np", "victim"), [(3, 2), (3, 0), (2, 1)])
+def test_survivors_of_a_killed_rank_rebuild_its_shards_and_train_on_like_one_process(np, victim):
+    # Rank 0 dying is the hardest case: the new rank 0 (which syncs the rest) held none of its rows.
+    result = run_job(["--min-np", str(np - 1), "python", str(SCRIPTS / "fully_sharded_elastic.py"), str(victim)],
+                     np=np, timeout=240)
+    assert result.returncode == 0, result.output
+    assert f"the job went on without rank(s) [{victim}] and finished" in result.output, result.output
+    for rank in range(np - 1):
+        lines = result.lines(rank)
+        assert "ok fully sharded elastic" in lines and f"new rank {rank} size {np - 1}" in lines, result.output

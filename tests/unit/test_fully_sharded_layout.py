@@ -1,8 +1,11 @@
-"""The shard arithmetic of fully_shard, in-process: every rank's rows, packing and unpacking."""
+"""The shard arithmetic of fully_shard, in-process: every rank's rows, packing and unpacking, and
+which survivor holds each committed rank's rows after a death."""
 
 import pytest
 import torch
 
+from hvdlite.errors import HvdliteError
+from hvdlite.torch.fully_sharded.elastic import _providers
 from hvdlite.torch.fully_sharded.layout import UnitLayout
 
 SHAPES = [("w", (7, 3)), ("b", (7,)), ("scale", ()), ("tiny", (1, 2)), ("wide", (2, 5, 2))]
@@ -60,3 +63,17 @@ def test_rows_saved_at_one_world_size_are_the_shards_of_another(saved_at, loaded
     loaded = UnitLayout.plan([("w", (7, 3))], loaded_at).params[0]
     for rank in range(loaded_at):
         assert torch.equal(read_rows(files, ["params", "w"], loaded, rank, saved_at), loaded.shard_of(full, rank))
+
+
+def test_each_committed_ranks_rows_come_from_itself_else_from_the_next_rank():
+    # Old world of 4; old ranks 1 and 3 died: the survivors are now ranks 0 (old 0) and 1 (old 2).
+    assert _providers([(0, 4), (2, 4)], 4) == {0: (0, True), 1: (1, False), 2: (1, True), 3: (0, False)}
+    # A joining rank (no commit) holds nothing.
+    assert _providers([(1, 2), None, (0, 2)], 2) == {0: (2, True), 1: (0, True)}
+
+
+def test_rows_whose_two_copies_both_died_are_named_as_lost():
+    with pytest.raises(HvdliteError, match=r"rank\(s\) \[1, 2\] of the last commit's 4 are lost"):
+        _providers([(0, 4)], 4)  # old 1's copy lived on old 2, old 2's on old 3
+    with pytest.raises(HvdliteError, match=r"rank\(s\) \[0\] of the last commit's 1 are lost"):
+        _providers([None], 1)

@@ -197,6 +197,21 @@ class ShardedUnit:
         self._put_shards_back()
         self.state = UnitState.GROUP_SHARDED
 
+    def abandon(self, layout: UnitLayout | None = None) -> None:
+        """After a peer's death: forget the collectives in flight (their world is gone), hold the
+        shards again, drop gradients, and take ``layout`` (the world's size changed) if given."""
+        self._gather, self._group_rows = None, None
+        self._reduces.clear()
+        self._reduced, self.ran_with_grad = 0, False
+        self._put_shards_back()
+        self.state = UnitState.SHARDED
+        for param in self.params:
+            param.full.grad = param.shard.grad = None
+        if layout is not None:
+            self.layout = self._gather_layout = layout
+        if self.root is not None:
+            self.root.backward_queued = False
+
     def _put_shards_back(self) -> None:
         for param in self.params:
             param.put_on_owners(param.shard)
