@@ -8,10 +8,12 @@ process), about a minute and a half on 2 cores.
 processes it started and waited for (the ranks of its jobs; a job shared by several tests counts
 for the first), then its xdist worker and the time it ended: where the suite's time goes.
 
-Two pytest-xdist workers (``-n 2 --dist loadgroup``, in pyproject's addopts), each taking whole
-groups: a multi-rank file is a group (its shared jobs run once, on one worker), the files that use
-the network-namespace hosts are one group (they use the same namespaces), the unit tests are one.
-Measured on 2 cores: 18:31 against about 20 minutes serial. Two jobs at a time oversubscribe the
+Two pytest-xdist workers (``-n 2 --dist loadgroup --no-loadscope-reorder``, in pyproject's addopts),
+each taking whole groups: a multi-rank file is a group (its shared jobs run once, on one worker), the
+files that use the network-namespace hosts are one group (they use the same namespaces), the unit
+tests are one. Groups go out in the order this file sorts them (longest first; xdist would otherwise
+order them by their number of tests). Measured on 2 cores: 17:22, both workers ending within a
+second of each other, against about 20 minutes serial. Two jobs at a time oversubscribe the
 cores, so no test bounds a time tighter than its generous margin, and tests that look at machine-wide
 state (MPICH's files in /dev/shm) tell their job's from a running neighbour's. The Slurm test that
 waits out a job's time limit (Slurm ends a job 60 to 90 s after it started) runs last of its
@@ -29,10 +31,10 @@ from pathlib import Path
 import pytest
 
 LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason"
-# The longest groups first (wall seconds beside another group, measured 2026-11-27: torch 266,
-# tensorflow 259, process_sets 237, adasum 198, the namespace files 159, jax 158, elastic 125,
-# fully_sharded 105, collectives 94, spark 85, the unit tests about 90), so that neither worker is left with a long file
-# while the other has finished: the rest follow in file order.
+# The longest groups first (wall seconds beside another group, measured 2026-11-27: torch 243,
+# tensorflow 229, adasum 197, the namespace files 182, process_sets 174, jax 152, fully_sharded 113,
+# elastic 107, collectives 74, spark 50, the unit tests about 45), so that neither worker is left with
+# a long file while the other has finished: the rest follow in file order.
 LONGEST_FIRST = ["test_torch", "test_tensorflow", "test_process_sets", "test_adasum", "netns", "test_jax",
                  "test_elastic", "test_fully_sharded", "test_collectives", "test_spark", "unit"]
 

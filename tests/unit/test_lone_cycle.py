@@ -53,8 +53,10 @@ def test_a_lone_small_allreduce_rides_with_the_vector_and_every_rank_reduces_it(
             for result in results:
                 assert result.dtype == np.dtype(dtype) and result.shape == (5,)
                 np.testing.assert_array_equal(result, expected)
-        # the first step was new to the cache (a coordinator round, then MPI's transfer); the rest rode along
-        assert (world.transfers, world.carried) == (1, 3)
+        # The first step was new to the cache (a coordinator round, then MPI's transfer); the rest rode
+        # along. Rank 0 may carry its tensor in a cycle before a peer submitted (a busy machine), and
+        # again in the next: at least once per later step, never another transfer.
+        assert world.transfers == 1 and world.carried >= 3, (world.transfers, world.carried)
     finally:
         stop_engines(ranks)
 

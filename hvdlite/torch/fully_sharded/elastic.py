@@ -26,8 +26,7 @@ from ... import basics
 from ...errors import HvdliteError
 from ...objects import allgather_object, broadcast_object
 from ...ops import ReduceOp
-from ..collectives.async_ops import alltoall_async, reducescatter_async, synchronize
-from ..state import broadcast_parameters
+from ..collectives.async_ops import alltoall_async, broadcast_async_, reducescatter_async, synchronize
 from .layout import ParamLayout, UnitLayout
 from .state import units_under
 from .unit import ShardedUnit
@@ -179,8 +178,11 @@ class ShardedModelHandler:
         places = allgather_object(mine, name="fully_shard.elastic.places")
         if places != [(rank, basics.size()) for rank in range(basics.size())]:
             self._reshard(places)
-        broadcast_parameters(self._replicated_tensors({id(p.shard) for u in self._units for p in u.params}),
-                             root_rank=0)
+        replicated = self._replicated_tensors({id(p.shard) for u in self._units for p in u.params})
+        handles = [broadcast_async_(tensor.data, 0, name=f"fully_shard.elastic.replicated.{name}")
+                   for name, tensor in replicated]
+        for handle in handles:
+            synchronize(handle)
         self.save()
 
     def _reshard(self, places: list[tuple[int, int] | None]) -> None:
