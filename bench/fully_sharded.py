@@ -10,7 +10,9 @@ parameters, fp32), ``torch.optim.Adam``, batch 8 per rank, one thread per rank. 
 - ``unsharded``   hvdlite ``DistributedOptimizer`` (gradients allreduced);
 - ``zero``        the same with ``shard_optimizer_state=True`` (ZeRO-1/2);
 - ``fully``       hvdlite ``fully_shard`` on every block, then on the model (prefetch on: the default);
-- ``fully_nopf``  the same with prefetch off (every all-gather waited for where it is needed).
+- ``fully_nopf``  the same with prefetch off (every all-gather waited for where it is needed);
+- ``hybrid``      ``fully_shard`` within each host's ranks, shards averaged across hosts
+  (``replicate_process_set``; FSDP2's HSDP): run by ``bench/fully_sharded_two_hosts.py``.
 
 Step times: the sharded modes (``fsdp2``, ``fully``, ``fully_nopf``) run in one job, interleaved rep
 by rep (a rep's value: the slowest rank's mean step), so their ratios compare like with like; the
@@ -74,10 +76,11 @@ def wrap(mode: str, model: Any) -> tuple[Any, Any]:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model, torch.optim.Adam(model.parameters(), lr=1e-4)
-    if mode in ("fully", "fully_nopf"):
+    if mode in ("fully", "fully_nopf", "hybrid"):
+        sets = host_sets() if mode == "hybrid" else {}
         for block in model:
-            hvd.fully_shard(block)
-        hvd.fully_shard(model)
+            hvd.fully_shard(block, **sets)
+        hvd.fully_shard(model, **sets)
         if mode == "fully_nopf":
             for block in model:
                 block.set_modules_to_forward_prefetch([])
@@ -87,6 +90,27 @@ def wrap(mode: str, model: Any) -> tuple[Any, Any]:
                                          named_parameters=model.named_parameters(),
                                          shard_optimizer_state=mode == "zero")
     return model, optimizer
+
+
+def link_bytes(interface: str) -> int:
+    """Bytes this host has sent through ``interface`` (0 without one): the traffic between hosts."""
+    if not interface:
+        return 0
+    with open(f"/sys/class/net/{interface}/statistics/tx_bytes") as counter:
+        return int(counter.read())
+
+
+def host_sets() -> dict[str, Any]:
+    """Hybrid sharding's two sets for this rank: its host's ranks (shard), and the ranks with its
+    local rank on every host (replicate). Registered on every rank in one order."""
+    import hvdlite.torch as hvd
+
+    places = hvd.allgather_object((hvd.cross_rank(), hvd.local_rank()))
+    hosts = sorted({host for host, _ in places})
+    locals_ = sorted({local for _, local in places})
+    by_host = {h: hvd.add_process_set([r for r, (host, _) in enumerate(places) if host == h]) for h in hosts}
+    by_local = {i: hvd.add_process_set([r for r, (_, local) in enumerate(places) if local == i]) for i in locals_}
+    return {"process_set": by_host[hvd.cross_rank()], "replicate_process_set": by_local[hvd.local_rank()]}
 
 
 def local_tensor(tensor: Any) -> Any:
@@ -132,7 +156,7 @@ def run_worker(args: argparse.Namespace) -> None:
     import hvdlite.torch as hvd
 
     torch.set_num_threads(1)
-    hvd.init()
+    hvd.init(process_sets="dynamic" if "hybrid" in args.modes else None)
     comm = MPI.COMM_WORLD
     if {"ddp", "fsdp2"} & set(args.modes):
         init_gloo()
@@ -140,14 +164,19 @@ def run_worker(args: argparse.Namespace) -> None:
     for step, _, _ in steps.values():
         time_steps(step, args.warmup)
     per_rep: dict[str, list[float]] = {mode: [] for mode in args.modes}
+    link: dict[str, list[float]] = {mode: [] for mode in args.modes}
     for _ in range(args.reps):
         for mode, (step, _, _) in steps.items():
             comm.Barrier()
+            sent = link_bytes(args.count_link)
             per_rep[mode].append(max(comm.allgather(statistics.fmean(time_steps(step, args.steps)))))
+            sent = link_bytes(args.count_link) - sent
+            # Every rank of a host reads its one interface: count each host once (its local rank 0).
+            link[mode].append(sum(comm.allgather(sent if hvd.local_rank() == 0 else 0)) / args.steps)
     state = {mode: max(comm.allgather(state_bytes(model, optimizer))) for mode, (_, model, optimizer) in steps.items()}
     peak = max(comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
     if comm.Get_rank() == 0:
-        print(TAG + json.dumps({"rep_s": per_rep, "state": state, "peak_rss": peak}), flush=True)
+        print(TAG + json.dumps({"rep_s": per_rep, "state": state, "peak_rss": peak, "link_bytes": link}), flush=True)
 
 
 def launch(args: argparse.Namespace, modes: tuple[str, ...] | list[str], reps: int) -> dict[str, Any]:
@@ -186,6 +215,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--update-readme", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count-link", default="", help=argparse.SUPPRESS)  # the worker: an interface to count
     args = parser.parse_args()
     args.modes = args.modes.split(",")
     if args.worker:

@@ -10,11 +10,14 @@ import sys
 from typing import Any
 
 
-def launch_worker(script: str, np: int, worker_args: list[str], tag: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``hvdliterun -np NP python SCRIPT --worker WORKER_ARGS`` and return the JSON rank 0 printed
-    after ``tag``; exit with the job's output if it failed."""
+def launch_worker(script: str, np: int, worker_args: list[str], tag: str, env: dict[str, str],
+                  prefix: list[str] | None = None, launcher_args: list[str] | None = None) -> dict[str, Any]:
+    """Run ``PREFIX hvdliterun -np NP LAUNCHER_ARGS python SCRIPT --worker WORKER_ARGS`` and return the
+    JSON rank 0 printed after ``tag``; exit with the job's output if it failed. ``prefix``: where
+    hvdliterun runs (a network-namespace host); ``launcher_args``: e.g. its ``-H`` hosts."""
     beside = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
-    command = [beside, "-np", str(np), sys.executable, os.path.abspath(script), "--worker", *worker_args]
+    command = [*(prefix or []), beside, "-np", str(np), *(launcher_args or []), sys.executable,
+               os.path.abspath(script), "--worker", *worker_args]
     print("$ " + " ".join(command), flush=True)
     proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
     if proc.returncode != 0:
