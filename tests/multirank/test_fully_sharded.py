@@ -7,7 +7,7 @@ import pytest
 from .harness import SCRIPTS, run_job, run_script, shared_script
 
 pytestmark = pytest.mark.multirank
-CASES = ["sgd", "adam", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
+CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
          "mixed_precision", "mixed_precision_bf16_reduce", "hybrid",
          "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals"]
 

@@ -100,8 +100,8 @@ def _check_arguments(process_set: ProcessSet, reshard_after_forward: Any, mp_pol
                                                                   and size % reshard_after_forward == 0)):
         raise ValueError(f"fully_shard: reshard_after_forward={reshard_after_forward!r}: True, False, or a number of "
                          f"ranks that divides the process set's {size}")
-    if offload is not None:
-        raise ValueError("fully_shard: offload is not supported yet; leave it None")
+    if not (offload is None or offload == "cpu" or type(offload).__name__ == "CPUOffloadPolicy"):
+        raise ValueError(f"fully_shard: offload={offload!r}: None, 'cpu', or FSDP2's CPUOffloadPolicy()")
     if mp_policy is not None:
         dtypes = {name: getattr(mp_policy, name, "missing") for name in ("param_dtype", "reduce_dtype")}
         dtypes["output_dtype"] = getattr(mp_policy, "output_dtype", None)
@@ -174,8 +174,10 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     shards' ``.grad``. With ``replicate_process_set`` (hybrid sharding, FSDP2's HSDP) the shards are
     also averaged across that set, whose ranks hold the same shards: shard within a host (the
     all-gathers stay on its shared memory), replicate across hosts (only 1/N of the gradients cross
-    the network). Returns ``module``, whose class now also has :class:`FullyShardedModule`'s
-    methods.
+    the network). ``offload="cpu"`` (or FSDP2's ``CPUOffloadPolicy()``) keeps the shards, their
+    gradients and the optimizer's state in host memory and computes on the GPU the parameters were
+    on (the current CUDA device for a model built on the CPU or ``meta``; without CUDA it changes
+    nothing). Returns ``module``, whose class now also has :class:`FullyShardedModule`'s methods.
     """
     _check_arguments(process_set, reshard_after_forward, mp_policy, offload)
     _check_replicas(process_set, replicate_process_set)
@@ -183,7 +185,8 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
     own = list(_own_parameters(module).values())
     layout = UnitLayout.plan([(name, param.shape) for name, _, param in own], process_set.size())
-    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()))
+    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()),
+                               _compute_device(param) if offload is not None else None)
               for (_name, owners, param), param_layout in zip(own, layout.params, strict=True)]
     after_forward, group = _reshard_group(process_set, reshard_after_forward)
     options = UnitOptions(process_set, after_forward, _precision(mp_policy), replicate_process_set, group)
@@ -195,17 +198,28 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     return module
 
 
+def _compute_device(param: torch.nn.Parameter) -> torch.device | None:
+    """Where an offloaded unit computes: the parameter's accelerator, or the current CUDA device for
+    a parameter built on the CPU or ``meta``; None (compute where the shard is) without CUDA."""
+    if param.device.type not in ("cpu", "meta"):
+        return param.device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+
 def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.Parameter,
-                     rows: torch.Tensor) -> ShardedParam:
+                     rows: torch.Tensor, compute_device: torch.device | None = None) -> ShardedParam:
     """Put this rank's ``rows`` of ``param`` on its owners as a new Parameter, and make the (empty)
-    full parameter that forward and backward will gather into."""
+    full parameter that forward and backward will gather into. With a ``compute_device`` (offload)
+    the shard lives in host memory and the full parameter on that device."""
+    if compute_device is not None and rows.device.type != "meta":
+        rows = rows.to("cpu")
     shard = torch.nn.Parameter(rows, requires_grad=param.requires_grad)
     shard._hvdlite_fully_sharded = True
-    full = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=param.device),
+    full = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=compute_device or param.device),
                               requires_grad=param.requires_grad)
     if full.device.type != "meta":
         full.untyped_storage().resize_(0)
-    sharded = ShardedParam(owners, shard, full)
+    sharded = ShardedParam(owners, shard, full, compute_device)
     sharded.put_on_owners(shard)
     return sharded
 

@@ -61,14 +61,16 @@ class ShardedParam:
     owners: list[tuple[torch.nn.Module, str]]  # (module, attribute) pairs that hold it (tied: several)
     shard: torch.nn.Parameter
     full: torch.nn.Parameter  # storage resized to 0 while the unit is sharded
+    compute_device: torch.device | None = None  # offload: the full parameter's device (the shard is on the CPU)
 
     def follow_shard(self, dtype: torch.dtype | None) -> None:
         """Make the full parameter anew (in ``dtype``, else the shard's) if the shard moved
         (``to_empty`` after building on ``meta``, ``.to(device)``) or changed dtype: only between
-        iterations, when autograd holds no reference to it."""
+        iterations, when autograd holds no reference to it. Offloaded: it stays on the compute device."""
         dtype = dtype or self.shard.dtype
-        if self.full.device != self.shard.device or self.full.dtype != dtype:
-            self.full = torch.nn.Parameter(torch.empty(self.full.shape, dtype=dtype, device=self.shard.device),
+        device = self.compute_device or self.shard.device
+        if self.full.device != device or self.full.dtype != dtype:
+            self.full = torch.nn.Parameter(torch.empty(self.full.shape, dtype=dtype, device=device),
                                            requires_grad=self.full.requires_grad)
 
     def put_on_owners(self, tensor: torch.nn.Parameter) -> None:
@@ -156,6 +158,7 @@ class ShardedUnit:
                 for param in self.params:
                     param.follow_shard(self.precision.param_dtype)
                     _refill(param.full)
+                gathered = gathered.to(self.params[0].full.device)  # offloaded: one host-to-device copy
                 # through .data: no version bump, so the tensors autograd saved from it stay valid
                 self._gather_layout.copy_full(gathered, [param.full.data for param in self.params])
             self._group_rows = None
@@ -233,7 +236,8 @@ class ShardedUnit:
             return
         first = self._trainable[0]
         dtype = self.precision.reduce_dtype or first.full.dtype  # FSDP2's default: the compute dtype
-        packed = self.layout.pack_gradients(grads, dtype, first.shard.device)
+        # Packed where the gradients are; offloaded, moved to the shards' (host) memory in one copy.
+        packed = self.layout.pack_gradients(grads, dtype, first.full.device).to(first.shard.device)
         for param in self._trainable:
             param.full.grad = None
         name = f"fully_shard.{self.name}.reducescatter" + (f".{self._reduced}" if self._reduced else "")

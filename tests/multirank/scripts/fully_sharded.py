@@ -4,9 +4,11 @@ Usage: fully_sharded.py CASE[,CASE...] [DIRECTORY] (save_sharded and load_sharde
 on the whole batch in this process (the reference), and a fully sharded one trained on this rank's
 slice; after several steps every parameter must match the reference to 1e-5. Every rank prints
 'ok <case>'. The model has row counts that no rank count divides (7 and 3 rows), so shards are uneven.
+FULLY_SHARDED_DEVICE=cuda builds both models and the data on the GPU (tests/gpu).
 """
 
 import copy
+import os
 import sys
 
 import torch
@@ -15,14 +17,15 @@ import hvdlite.torch as hvd
 
 torch.set_num_threads(1)
 STEPS, BATCH = 4, 6
+DEVICE = os.environ.get("FULLY_SHARDED_DEVICE", "cpu")  # tests/gpu runs the cases with "cuda"
 TOLERANCE_BF16 = 1e-5
 
 
-def build(seed: int = 0, width: int = 7, blocks: int = 3, device: str = "cpu") -> torch.nn.Module:
+def build(seed: int = 0, width: int = 7, blocks: int = 3, device: str | None = None) -> torch.nn.Module:
     torch.manual_seed(seed)
     layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, width))
               for _ in range(blocks)]
-    with torch.device(device):
+    with torch.device(device or DEVICE):
         return torch.nn.Sequential(*layers, torch.nn.LayerNorm(width), torch.nn.Linear(width, 3))
 
 
@@ -36,7 +39,7 @@ def batches(width: int = 7):
     generator = torch.Generator().manual_seed(1)
     for _ in range(STEPS):
         x = torch.randn(BATCH * hvd.size(), width, generator=generator)
-        yield x, torch.randn(BATCH * hvd.size(), 3, generator=generator)
+        yield x.to(DEVICE), torch.randn(BATCH * hvd.size(), 3, generator=generator).to(DEVICE)
 
 
 def mine(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,7 +55,7 @@ def assert_matches(sharded: torch.nn.Module, reference: torch.nn.Module, case: s
     expected = reference.state_dict()
     assert list(full) == list(expected), (case, list(full), list(expected))
     for key, value in expected.items():
-        error = (full[key] - value).abs().max().item()
+        error = (full[key] - value.cpu()).abs().max().item()
         assert error <= tolerance, f"{case}: {key} differs from the one-process reference by {error}"
 
 
@@ -90,6 +93,10 @@ def train(case: str, optimizer_class=torch.optim.SGD, accumulate: int = 1, no_sy
             assert abs(norm.item() - expected.item()) <= 1e-5 * max(1.0, expected.item()), (norm, expected)
         reference_optimizer.step()
         optimizer.step()
+    if options.get("offload"):  # shards, gradients and optimizer state in host memory; computed on DEVICE
+        assert all(p.device.type == "cpu" and p.grad.device.type == "cpu" for p in model.parameters()), case
+        assert all(v.device.type == "cpu" for state in optimizer.state.values() for v in state.values()), case
+        assert loss.device == x.device, (loss.device, x.device)
     assert_matches(model, reference, case)
 
 
@@ -190,7 +197,7 @@ def evaluation() -> None:
     """no_grad and eval(): the same outputs as the plain model, every unit sharded afterwards."""
     reference = build()
     model = shard(copy.deepcopy(reference))
-    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     model.eval()
     with torch.no_grad():
         out = model(x)
@@ -311,7 +318,7 @@ def refusals() -> None:
             "mp_policy {'param_dtype': 'missing', 'reduce_dtype': 'missing'}")
     refused("an integer param_dtype", lambda: hvd.fully_shard(build(), mp_policy=hvd.MixedPrecisionPolicy(torch.int8)),
             "must be floating torch dtypes")
-    refused("offload", lambda: hvd.fully_shard(build(), offload="cpu"), "offload is not supported yet")
+    refused("offload to disk", lambda: hvd.fully_shard(build(), offload="disk"), "offload='disk': None, 'cpu'")
     model = shard(build())
     refused("fully_shard twice", lambda: hvd.fully_shard(model), "already fully sharded")
     refused("shard_optimizer_state", lambda: hvd.DistributedOptimizer(
@@ -351,6 +358,7 @@ def load_sharded() -> None:
 CASES = {
     "sgd": lambda: train("sgd"),
     "adam": lambda: train("adam", torch.optim.Adam),
+    "offload": lambda: train("offload", torch.optim.Adam, offload="cpu"),
     "keep_after_forward": lambda: train("keep_after_forward", torch.optim.Adam, reshard_after_forward=False),
     "prefetch_off": lambda: train("prefetch_off", torch.optim.Adam),
     "accumulate": lambda: train("accumulate", accumulate=2),
