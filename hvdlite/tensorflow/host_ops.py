@@ -13,10 +13,12 @@ import tensorflow as tf
 
 from .. import api
 from ..core.runtime import current
+from ..errors import ProcessSetError
 from ..ops import Collective, ReduceOp
 from ..process_sets import ProcessSet
 from ..training.broadcast import broadcast_arrays
 from ..utils.rows import scatter_rows
+from .errors import as_tensorflow_error
 from .tensors import graph_name, in_graph, run_on_host
 
 
@@ -36,8 +38,16 @@ def _place(process_set: ProcessSet | None, collective: Collective,
     Raises the core's clear error now, when the op is built (traced), if this rank cannot take
     part in a collective on ``process_set``: a graph built on a rank outside the set fails at once.
     A graph's names are counted per process set, since only the set's ranks build its collectives.
+    Eagerly the error is also TensorFlow's ``InvalidArgumentError``, as Horovod's op raises. When
+    tracing it stays hvdlite's own: AutoGraph re-creates an error it re-raises from its message
+    alone, which a TensorFlow error type cannot be built from.
     """
-    target = current().communicators.of(process_set, collective, name)
+    try:
+        target = current().communicators.of(process_set, collective, name)
+    except ProcessSetError as error:
+        if in_graph():
+            raise
+        raise as_tensorflow_error(error).with_traceback(error.__traceback__) from None
     return graph_name(name, target.process_set.process_set_id), target.rank, target.size
 
 
