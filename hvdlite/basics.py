@@ -65,6 +65,40 @@ def cuda_built() -> bool:
     return nccl_built() > 0
 
 
+def _sees_a_gpu(framework: str) -> bool:
+    """Whether ``framework`` (imported here) has a CUDA device to put tensors on."""
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    if framework == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    import jax
+
+    return any(device.platform == "gpu" for device in jax.devices())
+
+
+def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """Horovod's ``gpu_available``: True if hvdlite reduces ``ext_base_name``'s GPU tensors here
+    ('tensorflow', 'torch' or 'jax'): its GPU plane is installed (``hvdlite[gpu]``, see
+    :func:`cuda_built`) and the framework sees a CUDA device. Horovod answers from how it was
+    compiled; hvdlite from this machine, so a test that skips its GPU cases on False skips them where
+    they cannot run. ``verbose`` prints why not."""
+    if ext_base_name not in ("tensorflow", "torch", "jax"):
+        reason = f"hvdlite has no {ext_base_name!r} adapter (it has 'tensorflow', 'torch' and 'jax')"
+    elif not cuda_built():
+        reason = "hvdlite's GPU plane is not installed (pip install 'hvdlite[gpu]')"
+    elif not _sees_a_gpu(ext_base_name):
+        reason = f"{ext_base_name} sees no CUDA device"
+    else:
+        return True
+    if verbose:
+        print(f"hvdlite: GPU not available for {ext_base_name}: {reason}", flush=True)
+    return False
+
+
 def rocm_built() -> bool:
     """hvdlite has no ROCm plane."""
     return False
@@ -92,5 +126,5 @@ def gloo_built() -> bool:
 __all__ = [
     "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
     "mpi_enabled", "mpi_built", "nccl_built", "gloo_enabled", "gloo_built", "is_initialized",
-    "mpi_threads_supported", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
+    "mpi_threads_supported", "cuda_built", "gpu_available", "rocm_built", "ddl_built", "ccl_built",
 ]

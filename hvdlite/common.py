@@ -13,6 +13,7 @@ from .basics import (
     ddl_built,
     gloo_built,
     gloo_enabled,
+    gpu_available,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -52,6 +53,6 @@ __all__ = [
     "Adasum", "Min", "Max", "Product", "HvdliteError", "NotInitializedError", "ConfigError",
     "TensorMismatchError", "DuplicateNameError", "UnsupportedOperationError", "StallError",
     "HvdliteShutdownError", "HorovodInternalError", "HostsUpdatedInterrupt", "CommTimeoutError", "ProcessSetError", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set", "cuda_built", "rocm_built", "ddl_built",
+    "global_process_set", "add_process_set", "remove_process_set", "cuda_built", "gpu_available", "rocm_built", "ddl_built",
     "ccl_built",
 ]

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-from collections.abc import Mapping
+import os
+import sys
+from collections.abc import Iterator, Mapping
 
 from hvdlite.gpu import stack
 
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("JAX", "jax"))
 
 
+@contextlib.contextmanager
+def _quiet_native_output() -> Iterator[None]:
+    """Send what native code writes to stdout and stderr nowhere meanwhile: TensorFlow's C++ start-up
+    log (written to file descriptor 2 before any Python-side setting applies) would come before the report."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
 def _adapter_usable(framework: str) -> bool:
     if importlib.util.find_spec(framework) is None:
         return False
     try:
-        importlib.import_module(f"hvdlite.{framework}")
+        with _quiet_native_output():
+            importlib.import_module(f"hvdlite.{framework}")
     except ImportError:
         return False
     return True

@@ -144,3 +144,18 @@ def test_autograph_leaves_hvdlites_functions_as_written():
     converted = [f for f in public if callable(f) and not isinstance(f, type) and not is_allowlisted(f)]
     assert not converted, converted
     assert is_allowlisted(graph_name) and is_allowlisted(run_on_host)
+
+
+def test_gpu_available_answers_for_this_machine_and_says_why_not(capsys):
+    import hvdlite.basics
+    import hvdlite.tensorflow as hvd_tf
+    import hvdlite.torch as hvd_torch
+
+    assert hvd_tf.gpu_available is hvd_torch.gpu_available is hvdlite.basics.gpu_available
+    sees = bool(tf.config.list_physical_devices("GPU")) and hvd_tf.cuda_built()
+    assert hvd_tf.gpu_available("tensorflow", verbose=True) is sees
+    assert hvd_tf.gpu_available("mxnet", verbose=True) is False
+    printed = capsys.readouterr().out
+    assert "GPU not available for mxnet: hvdlite has no 'mxnet' adapter" in printed, printed
+    if not sees:
+        assert "GPU not available for tensorflow: " in printed, printed
