@@ -73,13 +73,21 @@ def _gather(tensors: list[tf.Tensor], name: str | None, single: bool, process_se
 
 def _allreduce_sparse(slices: tf.IndexedSlices, name: str | None, op: ReduceOp, prescale: float,
                       postscale: float, process_set: ProcessSet, what: str | None = None) -> tf.IndexedSlices:
-    """Every rank's rows of ``slices``, concatenated (rows with equal indices are not summed)."""
+    """Every rank's rows of ``slices``, concatenated (rows with equal indices are not summed).
+
+    Average divides the gathered values by the set's size as Horovod does, with TensorFlow's true
+    division: integer values come back as floats (int8, uint8 as float32; int32, int64 as float64),
+    so rows that sum later (``unsorted_segment_sum``) lose nothing to per-row truncation.
+    """
     def gather(values: tf.Tensor, indices: tf.Tensor, name: str | None) -> Any:
         gathered = _gather([values, indices], name, False, process_set)
         return lambda: tuple(gathered)
 
-    values, indices = allreduce_sparse(slices.values, slices.indices, name, op, prescale, postscale, gather, _scale,
-                                       what, process_set.size())()
+    average = op is ReduceOp.AVERAGE  # (other ops are checked by allreduce_sparse)
+    values, indices = allreduce_sparse(slices.values, slices.indices, name, ReduceOp.SUM if average else op, prescale,
+                                       postscale, gather, _scale, what, process_set.size())()
+    if average:
+        values = tf.math.truediv(values, tf.cast(process_set.size(), values.dtype))
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 

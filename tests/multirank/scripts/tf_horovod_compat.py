@@ -174,9 +174,10 @@ def case_mixed_dense_and_sparse(rank, size):
         got = [_dense_of(t) for t in run()]
         for index, (g, w) in enumerate(zip(got, want, strict=True)):
             assert np.allclose(g, w), (compiled, index, g, w)
-    # Integer IndexedSlices with Average, alone and in a group, eagerly and in a graph: values scaled as
-    # the core scales integers (in float64, truncated toward zero), in their own dtype.
-    for dtype, sign in ((tf.uint8, 1), (tf.int8, -1)):
+    # Integer IndexedSlices with Average, alone and in a group, eagerly and in a graph: as Horovod, the
+    # gathered values divided by the size with TensorFlow's true division, so they come back as floats.
+    for dtype, sign, float_type in ((tf.uint8, 1, tf.float32), (tf.int8, -1, tf.float32), (tf.int32, -1, tf.float64),
+                                    (tf.int64, 1, tf.float64)):
         def alone(dtype=dtype, sign=sign):
             return hvd.allreduce(_int_slices(dtype, sign * (2 * rank + 1), rank, size), op=hvd.Average)
 
@@ -185,10 +186,26 @@ def case_mixed_dense_and_sparse(rank, size):
                                                                                  size)], op=hvd.Average)[1]
         for run in (alone, grouped, tf.function(alone), tf.function(grouped)):
             result = run()
-            assert result.values.dtype == dtype, result.values.dtype
-            want = [int(sign * (2 * r + 1) / size) for r in range(size)]
-            assert result.values.numpy()[:, 0].tolist() == want, (dtype, run, result.values)
+            assert result.values.dtype == float_type, (dtype, result.values.dtype)
+            want = [sign * (2 * r + 1) / size for r in range(size)]
+            assert np.allclose(result.values.numpy()[:, 0], want, rtol=1e-6), (dtype, run, result.values)
+    _horovods_mixed_average(rank, size)
     print("ok mixed_dense_and_sparse", flush=True)
+
+
+def _horovods_mixed_average(rank, size):
+    """Horovod's test_horovod_grouped_allreduce_mixed_indexed_slices_average_cpu, for the integer types:
+    every rank's two rows [x, x] at indices [rank, rank + 1] and x itself, averaged in one group; rows
+    with one index summed (unsorted_segment_sum) and cast back equal the reference exactly."""
+    for dtype in (tf.uint8, tf.int8, tf.int32, tf.int64):
+        low, high = (0, 2) if dtype == tf.uint8 else (-1, 2) if dtype == tf.int8 else (-100, 100)
+        x = tf.constant(np.random.default_rng(7).integers(low, high, [17, 3]), dtype)
+        slices = tf.IndexedSlices(tf.stack([x] * 2), tf.constant([rank, rank + 1]))
+        sparse, dense = hvd.grouped_allreduce([slices, x], op=hvd.Average)
+        summed = tf.math.unsorted_segment_sum(sparse.values, sparse.indices, size + 1)
+        reference = [x / size if i in (0, size) else x * 2 / size for i in range(size + 1)]
+        assert np.array_equal(tf.cast(summed, dtype).numpy(), tf.cast(tf.stack(reference), dtype).numpy()), dtype
+        assert np.array_equal(dense.numpy(), x.numpy()), dtype
 
 
 def _int_slices(dtype, value, rank, size):
