@@ -55,10 +55,18 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
     return keras_distributed_optimizer(optimizer, *args, **kwargs)
 
 
+def PartialDistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
+    """DistributedOptimizer keeping ``local_layers``' gradients local: see
+    hvdlite.tensorflow.keras.PartialDistributedOptimizer."""
+    from .optimizer import PartialDistributedOptimizer as keras_partial_optimizer
+
+    return keras_partial_optimizer(optimizer, *args, **kwargs)
+
+
 __all__ = [
     *_common_names, "rank_op", "size_op", "process_set_included_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "Compression",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "PartialDistributedOptimizer", "Compression",
     "Compressor", "broadcast_object_fn", "SyncBatchNormalization", "elastic",
 ]

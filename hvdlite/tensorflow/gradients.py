@@ -7,7 +7,7 @@ one call per gradient would negotiate each alone. Shared by the tape and the Ker
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -50,7 +50,7 @@ def check_groups(num_groups: int, groups: Any) -> None:
         raise ValueError(f"groups should be a non-negative integer or a list of list of tf.Variable, got {chosen!r}")
 
 
-def _source_key(source: Any) -> Any:
+def source_key(source: Any) -> Any:
     """A hashable identity for a variable (tf.Variable's ref(); a Keras 3 variable by its object)."""
     return source.ref() if hasattr(source, "ref") else id(source)
 
@@ -83,23 +83,16 @@ class DistributedGradientTape:
 
     def register_local_source(self, source: Any) -> None:
         """Keep ``source``'s gradient local: no collective for it (Horovod's API)."""
-        self._local_sources.add(_source_key(source))
+        self._local_sources.add(source_key(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         """The tape's gradients of ``target`` for ``sources``, reduced across ranks (same structure)."""
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat, flat_sources = tf.nest.flatten(grads), tf.nest.flatten(sources)
-        local = [_source_key(s) in self._local_sources for s in flat_sources]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = reduce_gradients([flat[i] for i in shared], self._op, **self._options)
-        results = list(flat)
-        for i, value in zip(shared, reduced, strict=True):
-            results[i] = value
-        if self.scale_local_gradients and any(local):
-            size = self.process_set.size() or 1
-            results = [_divided(g, size) if is_local and g is not None else g
-                       for g, is_local in zip(results, local, strict=True)]
+        local = [source_key(s) in self._local_sources for s in flat_sources]
+        results = reduce_except_local(flat, local, lambda shared: reduce_gradients(shared, self._op, **self._options),
+                                      self.process_set.size() or 1, self.scale_local_gradients)
         return tf.nest.pack_sequence_as(grads, results)
 
     def __enter__(self) -> DistributedGradientTape:
@@ -111,6 +104,20 @@ class DistributedGradientTape:
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._tape, attribute)
+
+
+def reduce_except_local(grads: Sequence[Any], local: Sequence[bool], reduce: Callable[[list[Any]], list[Any]],
+                        size: int, scale_local: bool) -> list[Any]:
+    """``grads`` with the shared ones reduced by ``reduce`` and the ``local`` ones kept, divided by
+    ``size`` with ``scale_local`` (Horovod's ``scale_local_gradients``)."""
+    shared = [i for i, is_local in enumerate(local) if not is_local]
+    results = list(grads)
+    for i, value in zip(shared, reduce([grads[i] for i in shared]), strict=True):
+        results[i] = value
+    if scale_local and any(local):
+        results = [_divided(g, size) if is_local and g is not None else g for g, is_local in zip(results, local,
+                                                                                                   strict=True)]
+    return results
 
 
 def scaled_gradients(grads: Sequence[Any], factor: float) -> list[Any]:
@@ -154,4 +161,5 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
     return tape
 
 
-__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "predivide_scales", "reduce_gradients"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "predivide_scales", "reduce_except_local",
+           "reduce_gradients", "source_key"]

@@ -31,9 +31,10 @@ from ..training.local_sgd import LocalSGDSchedule
 from ..training.options import check_passes, predivide_scales
 from . import adasum, host_ops
 from . import local_sgd as local_sgd_module
-from .gradients import check_groups, reduce_gradients, scaled_gradients
+from .gradients import check_groups, reduce_except_local, reduce_gradients, scaled_gradients, source_key
 
 _MARK = "_hvdlite_distributed"
+_LOCAL = "_hvdlite_local_variables"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,7 @@ def _loss_scaler_around(optimizer: keras.optimizers.Optimizer) -> Any:
 def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging | adasum.AdasumDeltas,
                              local: local_sgd_module.KerasLocalSGD | None) -> None:
     clip = optimizer._clip_gradients  # bound method of the class; the instance attribute shadows it
+    local_variables = getattr(optimizer, _LOCAL)
 
     def clip_gradients(grads: list[Any]) -> list[Any]:
         scaler = _loss_scaler_around(optimizer)
@@ -95,9 +97,45 @@ def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _
                 "the other way round: hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))")
         if local is not None:  # local SGD: gradients are averaged in the warm-up only
             return clip(local.reduce_in_warmup(list(grads), averaging.reduce))
+        if local_variables.keys:  # registered local variables keep their gradients (Horovod's register_local_var)
+            flags = [source_key(v) in local_variables.keys for v in local_variables.applying]
+            return clip(reduce_except_local(list(grads), flags, averaging.reduce,
+                                            averaging.process_set.size() or 1, local_variables.scale))
         return clip(averaging.reduce(list(grads)))
 
     optimizer._clip_gradients = clip_gradients
+
+
+@dataclasses.dataclass
+class _LocalVariables:
+    """The variables whose gradients an optimizer keeps local, and the ones it is updating now
+    (``_clip_gradients`` gets gradients only: which variable each is for is known one call up)."""
+
+    scale: bool  # divide the local gradients by the set's size, as Horovod's scale_local_gradients
+    keys: set[Any] = dataclasses.field(default_factory=set)
+    applying: list[Any] = dataclasses.field(default_factory=list)
+
+
+def _track_local_variables(returned: keras.optimizers.Optimizer, target: keras.optimizers.Optimizer,
+                           scale_local_gradients: bool, refusal: str | None) -> None:
+    """Give ``returned`` Horovod's ``register_local_var(var)``; ``refusal``: why it cannot have one."""
+    local = _LocalVariables(scale_local_gradients)
+    setattr(target, _LOCAL, local)
+    apply = target._backend_apply_gradients
+
+    def backend_apply_gradients(grads: list[Any], trainable_variables: list[Any]) -> Any:
+        local.applying = list(trainable_variables)
+        return apply(grads, trainable_variables)
+
+    def register_local_var(var: Any) -> None:
+        """Keep ``var``'s gradient local: no collective for it (Horovod's API)."""
+        if refusal is not None:
+            raise ValueError(f"register_local_var: {refusal}")
+        if not local.keys:
+            target._backend_apply_gradients = backend_apply_gradients
+        local.keys.add(source_key(var))
+
+    returned.register_local_var = register_local_var
 
 
 def _accumulate(optimizer: keras.optimizers.Optimizer, passes: int) -> None:
@@ -126,8 +164,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``model.compile`` would have wrapped it. ``backward_passes_per_step=N`` accumulates N micro-steps locally (Keras's
     ``gradient_accumulation_steps``) and communicates once per update; the accumulated gradients
     are summed, as in Horovod, unless ``average_aggregated_gradients``. ``name``,
-    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` (no variable is local here) are
-    accepted for Horovod compatibility; ``num_groups``/``groups`` are checked as Horovod checks them,
+    ``device_dense`` and ``device_sparse`` are accepted for Horovod compatibility. The optimizer gains
+    Horovod's ``register_local_var(var)``: such a variable's gradient stays local (divided by the set's
+    size with ``scale_local_gradients``, as Horovod does); ``num_groups``/``groups`` are checked as Horovod checks them,
     and the whole gradient list is one group, which the core fuses. ``local_sgd_period=K``: after
     ``local_sgd_warmup_steps`` synchronous updates, local updates with the variables averaged every
     K. ``op=Adasum``: each rank steps on its own gradients and the variables' changes are combined
@@ -151,11 +190,37 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         averaging = adasum.install(target, process_set, averaging.postscale)
     local = None if local_sgd_period is None else local_sgd_module.install(
         target, LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps), local_sgd_average_state, process_set)
+    refusal = ("op=Adasum combines the variables' changes, not gradients" if resolved is ReduceOp.ADASUM else
+               "local SGD averages the variables themselves" if local is not None else None)
+    _track_local_variables(optimizer, target, scale_local_gradients, refusal)
     _average_before_clipping(target, averaging, local)
     setattr(optimizer, _MARK, averaging)
     if target is not optimizer:
         setattr(target, _MARK, averaging)
     return optimizer
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,  # noqa: N802
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: type[Compressor] = NoneCompressor, sparse_as_dense: bool = False,
+                                backward_passes_per_step: int = 1, op: ReduceOp = Average,
+                                gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                                groups: Any = None, process_set: ProcessSet = global_process_set,
+                                scale_local_gradients: bool = True, local_layers: Any = None) -> keras.optimizers.Optimizer:
+    """Horovod's ``PartialDistributedOptimizer``: :func:`DistributedOptimizer`, with the trainable
+    weights of ``local_layers`` (a Keras layer or a list of them) kept local: their gradients are not
+    averaged (divided by the set's size with ``scale_local_gradients``), the rest are."""
+    layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, keras.layers.Layer) \
+        else list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    distributed = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                       gradient_predivide_factor, op, backward_passes_per_step,
+                                       average_aggregated_gradients, groups=groups, process_set=process_set,
+                                       scale_local_gradients=scale_local_gradients)
+    for variable in (v for layer in layers for v in layer.trainable_weights):
+        distributed.register_local_var(variable)
+    return distributed
 
 
 def _check_wrappable(optimizer: Any) -> None:

@@ -92,6 +92,12 @@ def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(
         assert "ok tf sync batch norm" in result.lines(rank), result.output
 
 
+def test_partial_distributed_optimizer_keeps_the_local_layers_gradients_local():
+    result = run_script("keras_partial.py", 2, timeout=180)
+    for rank in range(2):
+        assert "ok keras partial" in result.lines(rank), result.output
+
+
 KERAS_LOCAL_SGD_RUNS = {2: "adam:fit", 3: "sgd:eager,adam:fit"}  # one job per size
 
 

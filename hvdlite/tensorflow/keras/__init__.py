@@ -19,7 +19,7 @@ from ...ops import ReduceOp
 from .. import collectives
 from ..compression import Compression
 from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
-from ..optimizer import DistributedOptimizer
+from ..optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import callbacks, elastic
 from .state import broadcast_global_variables, load_model
 
@@ -48,6 +48,6 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = Non
 
 
 __all__ = [
-    *_common_names, "DistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
+    *_common_names, "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
     "broadcast", "reducescatter", "callbacks", "elastic", "Compression",
 ]
