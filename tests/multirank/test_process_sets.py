@@ -81,7 +81,7 @@ def test_stalls_mismatches_and_the_timeline_name_the_set_and_ranks_of_the_job(tm
         assert any(line == "mismatch: Mismatched shape for allreduce of tensor 'ps.shape': rank 0: (1,), "
                    "rank 2: (3,) in process set 1 [0, 2]" for line in result.lines(rank)), result.output
     rows = next(line for line in result.lines(0) if line.startswith("timeline rows:"))
-    assert "'process set 1: ps.late'" in rows, rows
+    assert "'process set 1: allreduce.ps.late'" in rows, rows
 
 
 JAX_IN_AND_OUT_OF_JIT = ["allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",

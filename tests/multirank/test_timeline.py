@@ -22,14 +22,15 @@ def test_timeline_records_each_tensor_from_submission_to_completion(tmp_path, np
                      np=np, timeout=60)
     assert result.returncode == 0 and result.lines(0) == ["done"], result.output
     recorded = rows(json.loads(first.read_text()))
-    assert set(recorded) == {"first", "pair.0", "pair.1", "bcast"}  # nothing after stop_timeline()
+    # Horovod's row names, <op>.<tensor name>; nothing after stop_timeline()
+    assert set(recorded) == {"allreduce.first", "allreduce.pair.0", "allreduce.pair.1", "broadcast.bcast"}
     for name, events in recorded.items():
         spans = [(e["ph"], e.get("name")) for e in events if e["ph"] in "BE"]
-        op = "BROADCAST" if name == "bcast" else "ALLREDUCE"
+        op = name.split(".")[0].upper()
         assert spans == [("B", f"NEGOTIATE_{op}"), ("E", None), ("B", op), ("E", None)], (name, spans)
-    ready = [e["name"] for e in recorded["first"] if e["ph"] == "i"]
+    ready = [e["name"] for e in recorded["allreduce.first"] if e["ph"] == "i"]
     assert sorted(ready) == [f"rank {r} ready" for r in range(np)]  # rank 0 saw every rank become ready
-    fused = [next(e for e in recorded[n] if e.get("name") == "ALLREDUCE")["args"]["fused_with"] for n in ("pair.0", "pair.1")]
+    fused = [next(e for e in recorded[n] if e.get("name") == "ALLREDUCE")["args"]["fused_with"] for n in ("allreduce.pair.0", "allreduce.pair.1")]
     assert fused == [1, 1]
     restarted = json.loads(second.read_text())
-    assert set(rows(restarted)) == {"second"} and any(e.get("name") == "CYCLE" for e in restarted)
+    assert set(rows(restarted)) == {"allgather.second"} and any(e.get("name") == "CYCLE_START" for e in restarted)

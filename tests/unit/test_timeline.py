@@ -49,13 +49,13 @@ def test_engine_records_negotiation_readiness_and_fusion(tmp_path):
         stop_engines(engines)
     trace = events(path)
     rows = {e["args"]["name"]: e["tid"] for e in trace if e.get("name") == "thread_name"}
-    assert set(rows) == {"small.0", "small.1", "big"}
+    assert set(rows) == {"allreduce.small.0", "allreduce.small.1", "allreduce.big"}  # Horovod's <op>.<name>
     for name, row in rows.items():
         mine = [e for e in trace if e.get("tid") == row and e["ph"] != "M"]
         phases = [(e["ph"], e.get("name", "")) for e in mine]
         assert phases[0] == ("B", "NEGOTIATE_ALLREDUCE") and phases[-1][0] == "E", phases
         assert {p[1] for p in phases if p[0] == "i"} == {"rank 0 ready", "rank 1 ready"}, phases
         op = next(e for e in mine if e["ph"] == "B" and e["name"] == "ALLREDUCE")
-        assert op["args"]["fused_with"] == (0 if name == "big" else 1)
+        assert op["args"]["fused_with"] == (0 if name == "allreduce.big" else 1)
         spans = [e["ts"] for e in mine if e["ph"] in "BE"]  # negotiate begin/end, then execute begin/end
         assert len(spans) == 4 and spans == sorted(spans), phases

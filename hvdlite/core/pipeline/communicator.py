@@ -25,7 +25,7 @@ from .complete import complete
 from .execute import Executor
 from .negotiate import Agreement, Negotiator
 from .queue import RequestQueue
-from .timeline import Timeline
+from .timeline import Timeline, row_name
 
 log = logging.getLogger("hvdlite")
 
@@ -65,13 +65,16 @@ class Pipeline:
             return self._cycle_lone(arrived)
         if timeline is not None:
             for request in arrived:
-                timeline.begin(request.meta.name, "NEGOTIATE_" + request.meta.collective.name, request.submitted_at)
+                timeline.begin(row_name(request.meta), "NEGOTIATE_" + request.meta.collective.name,
+                               request.submitted_at)
         agreement = self.negotiator.agree(queue.pending, flush=queue.closed or queue.joins > 0, shutdown=queue.closed)
         if agreement.params is not None:
             self._apply(agreement.params)
         if timeline is not None:
-            timeline.negotiated([r.meta.name for r in agreement.responses if r.meta.name in queue.pending],
-                                self.negotiator.decided_ready, time.monotonic())
+            decided = [r.meta for r in agreement.responses if r.meta.name in queue.pending]
+            ready = self.negotiator.decided_ready
+            timeline.negotiated([row_name(m) for m in decided],
+                                {row_name(m): ready[m.name] for m in decided if m.name in ready}, time.monotonic())
         self._execute(agreement, timeline)
         if self._tuner is not None and self._reduced_bytes:
             proposal = self._tuner.record(self._reduced_bytes, time.monotonic(), self._reduced_names)
@@ -157,7 +160,7 @@ class Pipeline:
         for response in item.responses:
             if response.meta.name in self.queue.pending:
                 args = {"bytes": response.wire_nbytes, "fused_with": len(item.responses) - 1}
-                timeline.begin(response.meta.name, response.meta.collective.name, start, args)
+                timeline.begin(row_name(response.meta), response.meta.collective.name, start, args)
 
     def _finished(self, item: WorkItem, outcome: Outcome, timeline: Timeline | None) -> None:
         # By identity, from the front: items finish in the order they started, except an error

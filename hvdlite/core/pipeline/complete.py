@@ -6,7 +6,7 @@ import time
 
 from ..planes.base import Outcome
 from .queue import RequestQueue
-from .timeline import Timeline
+from .timeline import Timeline, row_name
 
 
 def complete(queue: RequestQueue, outcome: Outcome, timeline: Timeline | None) -> None:
@@ -16,7 +16,7 @@ def complete(queue: RequestQueue, outcome: Outcome, timeline: Timeline | None) -
     """
     for request, result, error in queue.release(outcome):
         if timeline is not None:
-            timeline.end(request.meta.name, time.monotonic(), {"error": str(error)} if error else None)
+            timeline.end(row_name(request.meta), time.monotonic(), {"error": str(error)} if error else None)
         if error is not None:
             request.handle.set_error(error)
         else:

@@ -1,12 +1,13 @@
 """The timeline: a Chrome trace-event JSON file of what happened to every tensor, on rank 0.
 
-Open it in Perfetto (ui.perfetto.dev) or chrome://tracing. Each tensor name is one row. A row
-shows ``NEGOTIATE_<OP>`` from the moment the tensor was submitted until every rank agreed to run
+Open it in Perfetto (ui.perfetto.dev) or chrome://tracing. Each tensor is one row, named as Horovod
+names it, ``<op>.<name>`` (``allreduce.loss``; a generated name, ``allreduce.noname.3``, carries
+its op already), so tools written for Horovod's timelines read it. A row shows ``NEGOTIATE_<OP>`` from the moment the tensor was submitted until every rank agreed to run
 it, with an instant event per rank when the coordinator learned that rank was ready (only rounds
 that went through the coordinator know this; requests answered by the response cache are agreed
 in one bit-vector all-reduce, so all ranks are ready together), then ``<OP>`` while it was
-executed, with the size and the number of tensors fused with it. ``mark_cycles`` adds an instant
-event per engine cycle that did work. A process set that includes rank 0 records into the same
+executed, with the size and the number of tensors fused with it (hvdlite's detail beside Horovod's
+events). ``mark_cycles`` adds a ``CYCLE_START`` instant event per engine cycle that did work. A process set that includes rank 0 records into the same
 file through :meth:`Timeline.scoped`: its rows are named ``process set <id>: <tensor>`` and its
 ready events name ranks of the job (as in Horovod, sets without rank 0 are not recorded).
 
@@ -24,7 +25,14 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..work.request import RequestMeta
     from ..work.scope import Scope
+
+
+def row_name(meta: RequestMeta) -> str:
+    """Horovod's row for a tensor: ``<op>.<name>``; a generated name starts with its op already."""
+    op = meta.collective.name.lower()
+    return meta.name if meta.name.startswith(op + ".") else f"{op}.{meta.name}"
 
 
 class Timeline:
@@ -99,7 +107,7 @@ class Timeline:
             self.end(name, when)
 
     def cycle(self, when: float) -> None:
-        self._emit({"name": "CYCLE", "ph": "i", "s": "p", "ts": self._ts(when), "pid": self._rank, "tid": 0})
+        self._emit({"name": "CYCLE_START", "ph": "i", "s": "p", "ts": self._ts(when), "pid": self._rank, "tid": 0})
 
     # ---- writing ---------------------------------------------------------------------------------
     def flush(self) -> None:
