@@ -85,7 +85,7 @@ def draw(trace: list[dict], phases: list[tuple[str, float, float]], out: str) ->
     # The gradient requests (buckets, after the first step) reduced in the window, in the order their
     # allreduce started: backward order, last layer first.
     first_reduced = {name: min((b for a, b, e in tensors[name] if a == "ALLREDUCE" and start <= b <= stop),
-                               default=None) for name in tensors if name.startswith("grad.")}
+                               default=None) for name in tensors if name.startswith("allreduce.grad.")}
     order = sorted((name for name, when in first_reduced.items() if when is not None), key=first_reduced.get)
     fig, (top, ax) = plt.subplots(2, 1, figsize=(12, 7.5), dpi=110, sharex=True,
                                   gridspec_kw={"height_ratios": [1, 7]})
