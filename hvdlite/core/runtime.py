@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import CommTimeoutError, HvdliteError, NotInitializedError
+from ..errors import CommTimeoutError, HvdliteError, NotInitializedError, ProcessSetError
 from ..process_sets import ProcessSet
 from ..settings.config import Config, environ, load_config
 from ..utils import buffers, failure
@@ -137,8 +137,12 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     communicators = Communicators(base, engine, make_engine, dynamic)
     _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators,
                        hosts=hosts, process_ids=ids, book=joined[1] if joined else book)
-    for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
-        communicators.add(process_set, dynamic=False)
+    try:
+        for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
+            communicators.add(process_set, dynamic=False)
+    except ProcessSetError:
+        shutdown()  # every rank refused the same set (the checks follow one exchange): none stays initialized
+        raise
     if config.timeline:
         start_timeline(config.timeline, config.timeline_mark_cycles)
     _runtime.exception_hook = _exception_hook(config, topology)

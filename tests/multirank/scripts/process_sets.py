@@ -98,6 +98,14 @@ def from_comm(rank, size):
 
     halves = MPI.COMM_WORLD.Split(rank % 2, rank)
     pair = MPI.COMM_WORLD.Split(0 if rank < 2 else MPI.UNDEFINED, rank)  # COMM_NULL outside ranks 0 and 1
+    # Two sets with the same ranks, as communicators and/or rank lists (clones too), are refused at init
+    # with a ValueError on every rank, and leave hvdlite uninitialized.
+    for duplicates in ([hvd.ProcessSet(halves), hvd.ProcessSet(range(0, size, 2))],  # the even half twice
+                       [hvd.ProcessSet(pair), hvd.ProcessSet(pair.Dup() if rank < 2 else pair)],
+                       [hvd.ProcessSet([0, 1]), hvd.ProcessSet([1, 0])],
+                       [hvd.ProcessSet(MPI.COMM_WORLD.Dup())]):
+        expect(ValueError, "exists already", lambda duplicates=duplicates: hvd.init(process_sets=duplicates))
+        assert not hvd.is_initialized()
     mine, first_two = hvd.ProcessSet(halves), hvd.ProcessSet(pair)
     hvd.init(process_sets=[mine, first_two])
     parity = [r for r in range(size) if r % 2 == rank % 2]
