@@ -27,7 +27,10 @@ if not any(getattr(rule, "_prefix", None) == "hvdlite" for rule in _autograph_co
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
-from . import elastic  # hvd.elastic, as in Horovod
+from . import (
+    elastic,  # hvd.elastic, as in Horovod
+    legacy,
+)
 from .collectives import (
     allgather,
     allreduce,
@@ -43,13 +46,18 @@ from .collectives import (
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
 from .gradients import DistributedGradientTape, PartialDistributedGradientTape
+from .legacy import BroadcastGlobalVariablesHook
 from .sync_batch_norm import SyncBatchNormalization
 from .topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .variables import broadcast_, broadcast_global_variables, broadcast_variables
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
-    """Make a Keras 3 optimizer average gradients across ranks: see hvdlite.tensorflow.keras.DistributedOptimizer."""
+    """Make an optimizer average gradients across ranks: a Keras 3 optimizer (see
+    hvdlite.tensorflow.keras.DistributedOptimizer), or a ``tf.compat.v1.train.Optimizer`` for TF1
+    graphs, wrapped as Horovod wraps it (Horovod's argument order for each)."""
+    if isinstance(optimizer, legacy.LegacyOptimizer):
+        return legacy.distributed_legacy_optimizer(optimizer, *args, **kwargs)
     from .optimizer import DistributedOptimizer as keras_distributed_optimizer
 
     return keras_distributed_optimizer(optimizer, *args, **kwargs)
@@ -67,6 +75,7 @@ __all__ = [
     *_common_names, "rank_op", "size_op", "process_set_included_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "PartialDistributedOptimizer", "Compression",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "PartialDistributedOptimizer",
+    "BroadcastGlobalVariablesHook", "Compression",
     "Compressor", "broadcast_object_fn", "SyncBatchNormalization", "elastic",
 ]

@@ -16,7 +16,8 @@ tensors through host memory.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,20 @@ def _previous_collective(graph: tf.Graph) -> list[tf.Operation]:
     if previous is None or previous._get_control_flow_context() is not graph._get_control_flow_context():
         return []
     return [previous]
+
+
+@contextlib.contextmanager
+def separate_chain(graph: tf.Graph) -> Iterator[None]:
+    """Collectives built inside form a chain of their own in a TF1 ``graph``: they depend on no
+    collective built before, and none built later depends on them. For ops that a session runs on
+    their own (a hook's broadcast at session start, built after the training step): chained to the
+    step, running them would run the step; the step chained to them would broadcast every step."""
+    before = getattr(graph, "_hvdlite_last_collective", None)
+    graph._hvdlite_last_collective = None
+    try:
+        yield
+    finally:
+        graph._hvdlite_last_collective = before
 
 
 def run_on_host(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],

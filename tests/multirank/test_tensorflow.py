@@ -92,6 +92,13 @@ def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(
         assert "ok tf sync batch norm" in result.lines(rank), result.output
 
 
+@pytest.mark.parametrize(("np", "mode"), [(2, "global"), (3, "sets")])
+def test_tf1_graph_trains_with_the_distributed_v1_optimizer_and_the_broadcast_hook(np, mode):
+    result = run_script("tf1_training.py", np, mode, timeout=180)
+    for rank in range(np):
+        assert f"ok tf1 training {mode}" in result.lines(rank), result.output
+
+
 def test_partial_distributed_optimizer_keeps_the_local_layers_gradients_local():
     result = run_script("keras_partial.py", 2, timeout=180)
     for rank in range(2):
