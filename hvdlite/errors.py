@@ -11,8 +11,9 @@ class HvdliteError(RuntimeError):
     __init__ = Exception.__init__
 
 
-class NotInitializedError(HvdliteError):
-    """An hvdlite function was called before ``init()`` (or after ``shutdown()``)."""
+class NotInitializedError(HvdliteError, ValueError):
+    """An hvdlite function was called before ``init()`` (or after ``shutdown()``). Also a
+    ``ValueError``, the type Horovod raises for it ("Horovod has not been initialized")."""
 
 
 class ConfigError(HvdliteError, ValueError):

@@ -33,3 +33,5 @@ def test_valid_arguments_still_need_init():
     _, optimizer = _optimizer()
     with pytest.raises(hvd.NotInitializedError):
         hvd.DistributedOptimizer(optimizer)
+    with pytest.raises(ValueError, match="init"):  # Horovod's type for it
+        hvd.rank()
