@@ -216,12 +216,28 @@ def stop_without_communicating(runtime: Runtime, error: Exception) -> None:
     _runtime = None
 
 
+_BEFORE_SHUTDOWN: list[Callable[[], None]] = []
+
+
+def before_shutdown(callback: Callable[[], None]) -> None:
+    """Call ``callback`` first in every :func:`shutdown` (an adapter's work still queued: JAX runs a
+    jitted step's collectives after the Python call returned, so a script's last step may not have
+    submitted them yet when it ends and atexit shuts hvdlite down)."""
+    if callback not in _BEFORE_SHUTDOWN:
+        _BEFORE_SHUTDOWN.append(callback)
+
+
 def shutdown() -> None:
     """Stop the engine on every rank (all ranks must call it; atexit does) and free resources."""
     global _runtime
     runtime = _runtime
     if runtime is None:
         return
+    for callback in _BEFORE_SHUTDOWN:
+        try:
+            callback()
+        except Exception as error:  # noqa: BLE001 - its own error was reported where it happened; shut down anyway
+            log.warning("before shutting down: %s", error)
     runtime.communicators.close()  # the process sets' engines first, in the same order on every rank
     runtime.engine.shutdown()  # waits for every rank; a dead peer ends the job through MPI instead
     _close_timeline(runtime.communicators)
