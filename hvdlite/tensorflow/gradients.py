@@ -148,18 +148,24 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    process_set: ProcessSet = global_process_set, local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> DistributedGradientTape:
     """A DistributedGradientTape that keeps the gradients of ``local_layers``' trainable weights local."""
+    variables = local_layer_variables(local_layers)  # checked before the tape is made
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for variable in variables:
+        tape.register_local_source(variable)
+    return tape
+
+
+def local_layer_variables(local_layers: Any) -> list[Any]:
+    """The trainable weights of Horovod's ``local_layers`` argument (None, a Keras layer, or a list of them)."""
     import keras
 
     layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, keras.layers.Layer) \
         else list(local_layers)
     if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
         raise ValueError("All local layers must be of keras.layers.Layer type.")
-    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
-    for variable in (v for layer in layers for v in layer.trainable_weights):
-        tape.register_local_source(variable)
-    return tape
+    return [variable for layer in layers for variable in layer.trainable_weights]
 
 
-__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "predivide_scales", "reduce_except_local",
-           "reduce_gradients", "source_key"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "local_layer_variables", "predivide_scales",
+           "reduce_except_local", "reduce_gradients", "source_key"]

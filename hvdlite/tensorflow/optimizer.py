@@ -31,7 +31,14 @@ from ..training.local_sgd import LocalSGDSchedule
 from ..training.options import check_passes, predivide_scales
 from . import adasum, host_ops
 from . import local_sgd as local_sgd_module
-from .gradients import check_groups, reduce_except_local, reduce_gradients, scaled_gradients, source_key
+from .gradients import (
+    check_groups,
+    local_layer_variables,
+    reduce_except_local,
+    reduce_gradients,
+    scaled_gradients,
+    source_key,
+)
 
 _MARK = "_hvdlite_distributed"
 _LOCAL = "_hvdlite_local_variables"
@@ -210,15 +217,12 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
     """Horovod's ``PartialDistributedOptimizer``: :func:`DistributedOptimizer`, with the trainable
     weights of ``local_layers`` (a Keras layer or a list of them) kept local: their gradients are not
     averaged (divided by the set's size with ``scale_local_gradients``), the rest are."""
-    layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, keras.layers.Layer) \
-        else list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    variables = local_layer_variables(local_layers)  # checked before the optimizer is changed
     distributed = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                        gradient_predivide_factor, op, backward_passes_per_step,
                                        average_aggregated_gradients, groups=groups, process_set=process_set,
                                        scale_local_gradients=scale_local_gradients)
-    for variable in (v for layer in layers for v in layer.trainable_weights):
+    for variable in variables:
         distributed.register_local_var(variable)
     return distributed
 

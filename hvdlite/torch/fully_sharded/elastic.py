@@ -86,10 +86,13 @@ class ShardedModelHandler:
         self._commit: _Commit | None = None
         self.save()
 
+    def _shard_ids(self) -> set[int]:
+        return {id(param.shard) for unit in self._units for param in unit.params}
+
     def _check_optimizer(self) -> None:
         if self.optimizer is None:
             return
-        shards = {id(p.shard) for unit in self._units for p in unit.params}
+        shards = self._shard_ids()
         others = [i for i, p in enumerate(p for g in self.optimizer.param_groups for p in g["params"])
                   if id(p) not in shards]
         if others:
@@ -114,8 +117,7 @@ class ShardedModelHandler:
                         own.append(value.detach().clone())
                     else:
                         scalars[(u, i, key)] = copy.deepcopy(value)
-        shards = {id(p.shard) for unit in self._units for p in unit.params}
-        replicated = {name: t.detach().clone() for name, t in self._replicated_tensors(shards)}
+        replicated = {name: t.detach().clone() for name, t in self._replicated_tensors(self._shard_ids())}
         self._commit = _Commit(basics.rank(), basics.size(), entries, own, self._exchange(entries, own), scalars,
                                replicated)
 
@@ -178,7 +180,7 @@ class ShardedModelHandler:
         places = allgather_object(mine, name="fully_shard.elastic.places")
         if places != [(rank, basics.size()) for rank in range(basics.size())]:
             self._reshard(places)
-        replicated = self._replicated_tensors({id(p.shard) for u in self._units for p in u.params})
+        replicated = self._replicated_tensors(self._shard_ids())
         handles = [broadcast_async_(tensor.data, 0, name=f"fully_shard.elastic.replicated.{name}")
                    for name, tensor in replicated]
         for handle in handles:
