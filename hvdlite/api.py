@@ -112,6 +112,14 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``tensor`` across the ranks of ``process_set`` and return the result (a new array)."""
+    if name is not None and tensor.__class__ is np.ndarray:  # the small-op path (hvdlite.core.pipeline.lone)
+        runtime = current()
+        engine = (runtime.engine if process_set is None
+                  else runtime.communicators.of(process_set, Collective.ALLREDUCE, name).engine)
+        result = engine.lone_allreduce(tensor, (name, tensor.dtype, tensor.shape, op, average, prescale_factor,
+                                                postscale_factor))
+        if result is not None:
+            return result
     return synchronize(blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                                         process_set=process_set)))
 

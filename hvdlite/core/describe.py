@@ -10,8 +10,7 @@ import numpy as np
 
 from ..gpu.arrays import DeviceArray
 from ..ops import Collective, ReduceOp
-from .work import dtypes
-from .work.request import RequestMeta
+from .work.request import RequestMeta, checked_reduction
 
 
 def device_of(array: np.ndarray | DeviceArray) -> str:
@@ -22,10 +21,7 @@ def device_of(array: np.ndarray | DeviceArray) -> str:
 def describe_reduction(collective: Collective, array: np.ndarray | DeviceArray, name: str, op: ReduceOp,
                        prescale: float, postscale: float) -> RequestMeta:
     """The checked description of a reduction (raises on a bad dtype, op or scale factor)."""
-    dtype = dtypes.dtype_name(array, name)
-    dtypes.check_reduction(dtype, op, prescale, postscale, name)
-    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
-                       device=device_of(array))
+    return checked_reduction(collective, array, name, op, prescale, postscale, device_of(array))
 
 
 class Descriptions:

@@ -28,6 +28,7 @@ from ..utils import interrupts, priority
 from ..utils.polling import WaitTimeout
 from .pipeline.communicator import Pipeline
 from .pipeline.execute import Executor
+from .pipeline.lone import EngineParts
 from .pipeline.timeline import Timeline
 from .transport.base import ControlChannel
 from .work.params import Params
@@ -68,6 +69,10 @@ class Engine:
         # One pass through the pipeline's stages: (made progress, every rank shut down). Bound once:
         # it runs on every blocking call.
         self._cycle = self._pipeline.cycle
+        self._pipeline.lone.lend(EngineParts(self._driving, self._drivers, self._sigint, self._fail, self._drive))
+        # The small-op path (hvdlite.core.pipeline.lone): a blocking small allreduce run at once on the
+        # caller's thread, or None when it must take the regular path.
+        self.lone_allreduce = self._pipeline.lone.allreduce
 
     # ---- user-thread side -------------------------------------------------------------------
     def start(self) -> None:
@@ -201,22 +206,27 @@ class Engine:
                 self._pipeline.close()  # every rank is here: collective teardown cannot hang
                 return None
             return progressed
-        except errors.DeviceError as exc:  # this rank's GPU plane failed: peers cannot go on, end the job
+        except BaseException as exc:
+            self._fail(exc)
+        return None
+
+    def _fail(self, exc: BaseException) -> None:
+        """A cycle failed with ``exc``: fail every queued request with what it means, or end the job."""
+        if isinstance(exc, errors.DeviceError):  # this rank's GPU plane failed: peers cannot go on, end the job
             log.error("hvdlite GPU data plane failed on rank %d: %s", self.rank, exc)
             self._queue.fail_all(exc)
             self._abort(1)
-        except errors.HvdliteError as exc:  # fatal, and already agreed by every rank
+        elif isinstance(exc, errors.HvdliteError):  # fatal, and already agreed by every rank
             log.error("%s", exc)
             self._queue.fail_all(exc)
-        except WaitTimeout as exc:  # a peer behind a dead link, or one that stopped: say which
+        elif isinstance(exc, WaitTimeout):  # a peer behind a dead link, or one that stopped: say which
             error = self._timeout_error(exc)
             log.error("%s", error)
             self._queue.fail_all(error)
-        except BaseException as exc:  # a bug: peers would wait forever for this rank, so end the job
-            log.exception("hvdlite engine failed on rank %d; aborting the job", self.rank)
+        else:  # a bug: peers would wait forever for this rank, so end the job
+            log.error("hvdlite engine failed on rank %d; aborting the job", self.rank, exc_info=exc)
             self._queue.fail_all(errors.HvdliteShutdownError(f"hvdlite engine failed on rank {self.rank}: {exc!r}"))
             self._abort(1)
-        return None
 
     def _timeout_error(self, exc: WaitTimeout) -> errors.CommTimeoutError:
         """Probe every peer, then describe the timeout with the ranks that did not answer."""

@@ -101,17 +101,25 @@ def release_cached() -> None:
 _small_types: dict[int, type] = {}  # ctypes array class per small size (a multiple of ALIGNMENT)
 
 
+def small_storage_type(nbytes: int) -> type[ctypes.Array]:
+    """The ctypes array class whose instances hold ``nbytes`` from an ``ALIGNMENT`` boundary on, for
+    ``nbytes`` below ``POOL_MIN_BYTES``. The aligned offset into an instance ``storage`` is
+    ``-ctypes.addressof(storage) % ALIGNMENT``.
+    """
+    size = (nbytes // ALIGNMENT + 2) * ALIGNMENT  # at most 1,025 sizes below POOL_MIN_BYTES
+    kind = _small_types.get(size)
+    if kind is None:
+        kind = _small_types[size] = ctypes.c_ubyte * size
+    return kind
+
+
 def _small_storage(nbytes: int) -> tuple[ctypes.Array, int]:
     """Fresh storage for a small buffer and the offset of its first aligned byte.
 
     A ctypes array, not ``np.empty``: its address costs 0.1 us (``ctypes.addressof``) where an
     ndarray's costs 2 us (``.ctypes.data``), and a blocking allreduce allocates one per call.
     """
-    size = (nbytes // ALIGNMENT + 2) * ALIGNMENT  # at most 1,025 sizes below POOL_MIN_BYTES
-    kind = _small_types.get(size)
-    if kind is None:
-        kind = _small_types[size] = ctypes.c_ubyte * size
-    storage = kind()
+    storage = small_storage_type(nbytes)()
     return storage, -ctypes.addressof(storage) % ALIGNMENT
 
 

@@ -38,24 +38,41 @@ class SigintGuard:
 
     def run(self, fn: Callable[[], T]) -> T:
         """Call ``fn``; a SIGINT arriving meanwhile reaches its handler when ``fn`` returns."""
-        if _thread.get_ident() != self._main:
-            return fn()  # Python runs signal handlers in the main thread only: nothing to hold back here
-        installed = _signal.getsignal(_signal.SIGINT)
-        if installed is not self._handler:
-            if not callable(installed):  # SIG_IGN or SIG_DFL: no Python-level handler would run anyway
-                return fn()
-            self._previous = installed
-            _signal.signal(_signal.SIGINT, self._handler)
-        self._in_cycle = True
+        if not self.hold():
+            return fn()
         try:
             result = fn()
         finally:
             self._in_cycle = False
+        self.deliver()
+        return result
+
+    def hold(self) -> bool:
+        """From now on hold SIGINT back, if this thread can receive it; True if so, and then
+        :meth:`release` must follow (in a ``finally``). For callers that cannot afford :meth:`run`'s frame."""
+        if _thread.get_ident() != self._main:
+            return False  # Python runs signal handlers in the main thread only: nothing to hold back here
+        installed = _signal.getsignal(_signal.SIGINT)
+        if installed is not self._handler:
+            if not callable(installed):  # SIG_IGN or SIG_DFL: no Python-level handler would run anyway
+                return False
+            self._previous = installed
+            _signal.signal(_signal.SIGINT, self._handler)
+        self._in_cycle = True
+        return True
+
+    def release(self) -> None:
+        """Stop holding SIGINT back, and hand a held one to its handler (which may raise here)."""
+        self._in_cycle = False
+        if self._held:
+            self.deliver()
+
+    def deliver(self) -> None:
+        """Hand a SIGINT held during the cycle to the handler it was meant for."""
         if self._held:
             signum, frame = self._held[0]
             self._held.clear()
             self._previous(signum, frame)
-        return result
 
     def uninstall(self) -> None:
         """Put back the handler the guard replaced (from the main thread; elsewhere it cannot be)."""

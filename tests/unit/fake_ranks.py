@@ -29,6 +29,7 @@ class World:
         self._barrier = threading.Barrier(size, timeout=20)
         self._slots: list = [None] * size
         self.rounds = 0  # coordinator rounds (gathers) seen by rank 0
+        self.steady = 0  # small-op calls (a carrier's exchanges) by rank 0
 
     def exchange(self, rank: int, value) -> list:
         self._slots[rank] = value
@@ -61,6 +62,9 @@ class FakeControl:
         stale = b"\xff" * width
         return band([v for v, _ in values]), [memoryview(p if p is not None else stale) for _, p in values]
 
+    def carrier(self, vector_bytes, dtype, shape):
+        return FakeCarrier(self, dtype, shape) if self.world.carry else None
+
     def gather_to_root(self, payload):
         values = self.world.exchange(self.rank, payload)
         if self.rank == 0:
@@ -76,6 +80,22 @@ class FakeControl:
 
     def close(self):
         pass
+
+
+class FakeCarrier:
+    """The small-op path's exchange (hvdlite.core.transport.base.Carrier) over :meth:`FakeControl._band`:
+    the same exchange as band_carrying, so a rank taking either path agrees with the others."""
+
+    def __init__(self, control: FakeControl, dtype, shape) -> None:
+        self.control, self.dtype, self.shape = control, dtype, shape
+
+    def exchange(self, vector, tensor):
+        if self.control.rank == 0:
+            self.control.world.steady += 1
+        reduced, payloads = self.control._band(vector, np.ascontiguousarray(tensor).tobytes())
+        if reduced != vector:
+            return reduced, None
+        return vector, [np.frombuffer(p, self.dtype).reshape(self.shape) for p in payloads]
 
 
 class FakeData:

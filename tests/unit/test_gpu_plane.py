@@ -181,7 +181,7 @@ def _host_reduction(inputs: list[np.ndarray], dtype: str, op: ReduceOp, pre: flo
     result = scaled[0].copy()
     for buffer in scaled[1:]:
         UFUNCS[dtypes.wire_op(dtype, op)](result, buffer, out=result)
-    scale = host._postscaler(dtype, op, post)
+    scale = host.postscaler(dtype, op, post)
     if scale is not None:
         scale(result)
     return result.astype(dtype)

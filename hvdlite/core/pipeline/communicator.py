@@ -23,6 +23,7 @@ from . import fuse
 from .autotune import Autotuner
 from .complete import complete
 from .execute import Executor
+from .lone import LonePath
 from .negotiate import Agreement, Negotiator
 from .queue import RequestQueue
 from .timeline import Timeline, row_name
@@ -47,6 +48,7 @@ class Pipeline:
         self.settling = False  # waiting, after this cycle's transfers, until peers finished theirs
         # Set and cleared from the user's thread (start_timeline / stop_timeline); read once per cycle.
         self.timeline: Timeline | None = None
+        self.lone = LonePath(self, control)  # the small-op path: blocking lone allreduces run by their callers
 
     @property
     def params(self) -> Params:
@@ -105,18 +107,24 @@ class Pipeline:
             agreement, payloads = negotiator.agree(pending, flush=False, shutdown=False), None
         else:
             agreement, payloads = negotiator.agree_lone(vector, pending, payload)
+        if payloads is not None:  # every rank carried its tensor: each reduces it, no transfer
+            (response,) = agreement.responses
+            complete(self.queue, [(response, self.executor.host.reduce_carried(response, request, payloads), None)],
+                     None)
+        else:
+            self.run_agreed(agreement)
+        return bool(agreement.responses or arrived), agreement.shutdown
+
+    def run_agreed(self, agreement: Agreement) -> None:
+        """Apply and run what a lone request's cycle agreed (its own response, or whatever a peer's
+        vector brought: another request, a round, a flush)."""
         if agreement.params is not None:
             self._apply(agreement.params)
         responses = agreement.responses
-        if payloads is not None:  # every rank carried its tensor: each reduces it, no transfer
-            (response,) = responses
-            complete(self.queue, [(response, self.executor.host.reduce_carried(response, request, payloads), None)],
-                     None)
-        elif len(responses) == 1:
+        if len(responses) == 1:
             self._execute_one(responses[0])
         elif responses:
             self._execute(agreement, None)
-        return bool(responses or arrived), agreement.shutdown
 
     def _execute_one(self, response: Response) -> None:
         """Run a cycle's only response to completion (nothing to fuse with or to overlap)."""
@@ -179,5 +187,6 @@ class Pipeline:
 
     def close(self) -> None:
         """Release the executor's and the negotiator's resources (collective: every rank agreed to stop)."""
+        self.lone.close()
         self.executor.close()
         self.negotiator.close()

@@ -69,6 +69,8 @@ class Coordinator:
         self._fail_after = stall_shutdown_seconds
         self._clock = clock
         self._table: dict[str, dict[int, RequestMeta]] = {}
+        # The same dict, never replaced: read on every small-op call (Negotiator.steady_exchange).
+        self.waiting: dict[str, dict[int, RequestMeta]] = self._table
         self._first_seen: dict[str, float] = {}
         self._ready_at: dict[str, dict[int, float]] = {}  # name -> rank -> when that rank submitted it
         # For the timeline: when each rank became ready, for the names decided in the last round.

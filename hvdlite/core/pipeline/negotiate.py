@@ -13,14 +13,16 @@ import dataclasses
 import logging
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from ... import errors
 from ...settings.config import Config
-from ..transport.base import ControlChannel
+from ..transport.base import Carrier, ControlChannel
 from ..work.params import Params
-from ..work.request import Request
+from ..work.request import Request, RequestMeta
 from ..work.response import RankMessage, Response, RoundResult
 from ..work.scope import JOB, Scope
 from .cache import CARRIED, FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleState, Lookup, ResponseCache, decode, encode
@@ -59,6 +61,10 @@ class Negotiator:
         self._lone_vectors: dict[tuple[int, bool], bytes] = {}  # (bit, carried) -> vector
         self._lone_bits: dict[bytes, int] = {}
         self._carries: dict[int, bool] = {}  # payload length -> whether the control channel carries it
+        self._carrying = self.size > 1  # a steady vector says its tensor rides along, where there are peers
+        self._steady_vectors: dict[int, bytes] = {}  # bit -> _vector_of(bit, _carrying)
+        # Rank 0: the names waiting at the coordinator for other ranks (elsewhere, never any).
+        self._waiting_names = self._coordinator.waiting if self._coordinator is not None else {}
 
     def publish(self, params: Params) -> None:
         """On rank 0: every rank switches to ``params`` after the next round (autotune, benchmarks)."""
@@ -92,19 +98,36 @@ class Negotiator:
         found, bit = self._cache.lookup(request.meta)
         if found is not Lookup.HIT:
             return None
-        key = (bit, carried > 0)
-        vector = self._lone_vectors.get(key)
-        if vector is None:
-            state = CycleState(and_flags=CARRIED if carried else 0, hits=frozenset((bit,)))
-            vector = self._lone_vectors[key] = encode(state, self._cache.words)
-            self._lone_bits[vector] = bit
-        return vector
+        return self._vector_of(bit, carried > 0)
+
+    def steady_exchange(self, meta: RequestMeta, carrier: Carrier,
+                        tensor: np.ndarray) -> tuple[bytes, Sequence[np.ndarray] | None] | None:
+        """The cycle of the small-op path (:mod:`.lone`): :meth:`lone_vector`'s vector for ``meta``,
+        carried (where there are peers), exchanged with ``tensor`` by ``carrier``.
+
+        Returns the reduced vector and, when every rank sent this very vector, every rank's tensor
+        (the request ran; the cache's recency is updated as :meth:`agree_lone` does). None, having
+        sent nothing, unless the cache answers ``meta`` and nothing else could need saying: no
+        settings to publish, no name waiting at the coordinator.
+        """
+        # No stall scan here (lone_vector's): it looks at pending requests, and this call is not one yet.
+        if self._to_publish is not None or self._waiting_names:
+            return None
+        by_name = self._cache.by_name
+        cached = by_name.get(meta.name)
+        if cached is None or cached[1] != meta:  # a miss, or another signature: the regular path
+            return None
+        vector = self._steady_vectors.get(cached[0]) or self._steady_vector(cached[0])
+        exchanged = carrier.exchange(vector, tensor)
+        if exchanged[1] is not None:
+            by_name.move_to_end(meta.name)  # most recently used, as ResponseCache.get marks it
+        return exchanged
 
     def carries(self, nbytes: int) -> bool:
         """True if a lone request's ``nbytes`` of tensor can ride with the cycle's vector."""
         answer = self._carries.get(nbytes)
         if answer is None:  # fixed for the channel's life: asked once per size
-            answer = self._carries[nbytes] = self._control.carries(16 + 16 * self._cache.words, nbytes)
+            answer = self._carries[nbytes] = self._control.carries(self.vector_bytes, nbytes)
         return answer
 
     def agree_lone(self, vector: bytes, pending: Mapping[str, Request],
@@ -123,6 +146,28 @@ class Negotiator:
         if reduced == vector:  # every rank sent this very vector: the one cached request, no flags
             return Agreement([self._cache.get(self._lone_bits[vector])], None, False), payloads
         return self._settle(reduced, pending, shutdown=False), None
+
+    def settle_lone(self, reduced: bytes | bytearray, pending: Mapping[str, Request]) -> Agreement:
+        """The agreement when a :meth:`steady_exchange` reduced to ``reduced``, another vector."""
+        return self._settle(reduced, pending, shutdown=False)
+
+    @property
+    def vector_bytes(self) -> int:
+        """The length of every cycle's vector (fixed for the negotiator's life)."""
+        return 16 + 16 * self._cache.words
+
+    def _vector_of(self, bit: int, carried: bool) -> bytes:
+        key = (bit, carried)
+        vector = self._lone_vectors.get(key)
+        if vector is None:
+            state = CycleState(and_flags=CARRIED if carried else 0, hits=frozenset((bit,)))
+            vector = self._lone_vectors[key] = encode(state, self._cache.words)
+            self._lone_bits[vector] = bit
+        return vector
+
+    def _steady_vector(self, bit: int) -> bytes:
+        vector = self._steady_vectors[bit] = self._vector_of(bit, self._carrying)
+        return vector
 
     def _settle(self, reduced: bytes | bytearray, pending: Mapping[str, Request], shutdown: bool) -> Agreement:
         """Read the reduced vector: the cache's hits, then a coordinator round if any rank asked for one."""

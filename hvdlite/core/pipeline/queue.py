@@ -25,11 +25,14 @@ class RequestQueue:
         self._rank = rank
         self._lock = threading.Lock()  # guards what user threads touch: arrivals, names in flight, the flags
         self._incoming: list[Request] = []
-        self._in_flight: set[str] = set()
+        # Names queued or pending: empty exactly when the queue has no work (read, never written,
+        # outside: the small-op path checks it on every call).
+        self.names_in_flight: set[str] = set()
         self.pending: dict[str, Request] = {}  # only the thread running the cycle touches this
         self.joins = 0  # pending JOIN requests: while any, every cycle bypasses the response cache
         self.closed = False  # shutdown was asked: no new requests
         self.fatal: errors.HvdliteError | None = None  # the error that stopped the engine, if one did
+        self.stopped = False  # closed, or fatal: one flag for the small-op path to read
 
     def put(self, requests: list[Request]) -> None:
         """Queue ``requests`` atomically (a group is negotiated together). Raises on bad names."""
@@ -41,24 +44,35 @@ class RequestQueue:
                 raise type(self.fatal)(str(self.fatal))
             if self.closed:
                 raise errors.HvdliteShutdownError("hvdlite is shutting down; no new operations are accepted")
-            if len(requests) == 1 and (name := requests[0].meta.name) not in self._in_flight:
-                self._in_flight.add(name)  # one request, its name free: most calls, with no list of names
+            if len(requests) == 1 and (name := requests[0].meta.name) not in self.names_in_flight:
+                self.names_in_flight.add(name)  # one request, its name free: most calls, with no list of names
                 self._incoming.append(requests[0])
                 return
             names = [r.meta.name for r in requests]
-            clash = clashing_names(names, self._in_flight)
+            clash = clashing_names(names, self.names_in_flight)
             if clash:
                 raise errors.DuplicateNameError(
                     f"tensor name(s) {clash} already in flight on rank {self._rank}; wait for the earlier "
                     "operation or give each operation a unique name")
-            self._in_flight.update(names)
+            self.names_in_flight.update(names)
             self._incoming.extend(requests)
         finally:
             self._lock.release()
 
+    def adopt(self, request: Request) -> bool:
+        """Take ``request`` straight into :attr:`pending`, mid-cycle (a small-op call whose exchange
+        found peers wanting something else; see :mod:`.lone`). False if its name is already in flight."""
+        name = request.meta.name
+        with self._lock:
+            if name in self.names_in_flight:
+                return False
+            self.names_in_flight.add(name)
+        self.pending[name] = request
+        return True
+
     def close(self) -> None:
         with self._lock:
-            self.closed = True
+            self.closed = self.stopped = True
 
     @property
     def has_work(self) -> bool:
@@ -72,7 +86,7 @@ class RequestQueue:
     @property
     def in_flight(self) -> int:
         """How many requests are queued or running (benchmarks check that none are left)."""
-        return len(self._in_flight)
+        return len(self.names_in_flight)
 
     def take_arrived(self) -> list[Request]:
         """Move the requests put since the last call into :attr:`pending`; returns them."""
@@ -101,7 +115,7 @@ class RequestQueue:
         self._lock.acquire()
         try:
             for request, _, _ in done:
-                self._in_flight.discard(request.meta.name)
+                self.names_in_flight.discard(request.meta.name)
                 if request.meta.collective is Collective.JOIN:
                     self.joins -= 1
         finally:
@@ -111,11 +125,11 @@ class RequestQueue:
     def fail_all(self, error: errors.HvdliteError) -> None:
         """Stop: every queued request, and any put later, fails with ``error``."""
         with self._lock:
-            self.fatal = error
+            self.fatal, self.stopped = error, True
             requests = list(self.pending.values()) + self._incoming
             self.pending.clear()
             self.joins = 0
             self._incoming = []
-            self._in_flight.clear()
+            self.names_in_flight.clear()
         for request in requests:
             request.handle.set_error(error)

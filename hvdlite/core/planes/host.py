@@ -28,7 +28,7 @@ from ..transport.base import Transport
 from ..transport.shm import UFUNCS
 from ..work import dtypes
 from ..work.item import WorkItem
-from ..work.request import Request
+from ..work.request import Request, RequestMeta
 from ..work.response import Response
 from ..work.segments import Segments
 from .base import Outcome, succeeded
@@ -74,18 +74,22 @@ class HostPlane:
 
     def carriable(self, request: Request) -> memoryview | None:
         """The bytes of ``request``'s tensor if it is a small allreduce that can ride with the
-        negotiation's vector and be reduced by every rank itself (:meth:`reduce_carried`), else None.
+        negotiation's vector and be reduced by every rank itself (:meth:`reduce_carried`), else None."""
+        if self.size == 1 or not self.can_carry(request.meta, request.tensor):
+            return None
+        return memoryview(np.ascontiguousarray(request.tensor)).cast("B")
+
+    @staticmethod
+    def can_carry(meta: RequestMeta, tensor: object) -> bool:
+        """True if ``meta``'s ``tensor`` is a small allreduce every rank can reduce itself from every
+        rank's copy: a host array already in its wire type, with no scaling before the reduction.
 
         Only what every rank decides alike: the description (identical on every rank once the
         cache answers it) and whether the tensor is an array; the vector says which ranks carry.
         """
-        meta, tensor = request.meta, request.tensor
-        if (self.size == 1 or meta.collective is not Collective.ALLREDUCE or meta.device != "cpu" or meta.prescale != 1.0
-                or meta.op is ReduceOp.ADASUM
-                or not isinstance(tensor, np.ndarray) or tensor.dtype != dtypes.wire_dtype(meta.dtype)
-                or not 0 < tensor.nbytes <= CARRY_MAX_BYTES):
-            return None
-        return memoryview(np.ascontiguousarray(tensor)).cast("B")
+        return (meta.collective is Collective.ALLREDUCE and meta.device == "cpu" and meta.prescale == 1.0
+                and meta.op is not ReduceOp.ADASUM and isinstance(tensor, np.ndarray)
+                and tensor.dtype == dtypes.wire_dtype(meta.dtype) and 0 < tensor.nbytes <= CARRY_MAX_BYTES)
 
     def reduce_carried(self, response: Response, request: Request, payloads: list[memoryview]) -> np.ndarray:
         """Reduce every rank's carried bytes of ``request``'s tensor, in rank order: every rank
@@ -96,7 +100,7 @@ class HostPlane:
         result = aligned_empty(response.count, wire).reshape(meta.shape) if output is None else output
         flat = result.reshape(-1)
         ufunc = UFUNCS[dtypes.wire_op(meta.dtype, meta.op)]
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        scale = self.postscaler(meta.dtype, meta.op, meta.postscale)
         if wire.kind == "f":  # overflow to inf (and inf - inf) is a result, as in MPI, not a warning
             with np.errstate(over="ignore", invalid="ignore"):
                 _reduce_in_order(ufunc, flat, payloads, scale)
@@ -160,7 +164,7 @@ class HostPlane:
         meta = responses[0].meta
         wire = dtypes.wire_dtype(meta.dtype)
         op = dtypes.wire_op(meta.dtype, meta.op)
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        scale = self.postscaler(meta.dtype, meta.op, meta.postscale)
         if len(responses) == 1:
             request = local.get(meta.name)
             tensor = None if request is None else request.tensor
@@ -271,16 +275,22 @@ class HostPlane:
             return request.output
         return buffer.astype(dtypes.SUPPORTED[meta.dtype], copy=False).reshape(meta.shape)
 
-    def _postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
+    def postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
         if op is not ReduceOp.AVERAGE:
             return None if postscale == 1.0 else (lambda piece: scale_in_place(piece, postscale))
         if dtypes.is_floating(dtype):
-            factor = postscale / self.size
+            factor = self.float_postscale(op, postscale)
             return lambda piece: np.multiply(piece, factor, out=piece)
         # integer average truncates toward zero, like a C cast of the float result
         size = self.size
         return lambda piece: np.copyto(piece, np.trunc(piece * postscale / size), casting="unsafe")
+
+    def float_postscale(self, op: ReduceOp, postscale: float) -> float | None:
+        """The one factor :meth:`postscaler` multiplies reduced floats by (None: it leaves them)."""
+        if op is ReduceOp.AVERAGE:
+            return postscale / self.size
+        return None if postscale == 1.0 else postscale
 
     def _allgather(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
@@ -322,7 +332,7 @@ class HostPlane:
             scale_in_place(send, meta.prescale)
         recv = aligned_empty(rows[self.rank] * row, wire)
         self.transport.reduce_scatter(send, recv, [r * row for r in rows], dtypes.wire_op(meta.dtype, meta.op))
-        scale = self._postscaler(meta.dtype, meta.op, meta.postscale)
+        scale = self.postscaler(meta.dtype, meta.op, meta.postscale)
         if scale is not None:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])

@@ -6,7 +6,7 @@ host buffers through a :class:`Transport`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +32,10 @@ class ControlChannel(Protocol):
         Small tensors ride the negotiation this way (see :meth:`hvdlite.core.pipeline.negotiate.Negotiator.agree_lone`).
         """
 
+    def carrier(self, vector_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> Carrier | None:
+        """What runs :meth:`band_carrying` for one tensor of ``dtype`` and ``shape`` beside a vector of
+        ``vector_bytes``, call after call (the small-op path), or None where this channel cannot carry it."""
+
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:
         """Every rank's payload on rank 0 (``None`` elsewhere)."""
 
@@ -43,6 +47,23 @@ class ControlChannel(Protocol):
 
     def close(self) -> None:
         """Release what the channel holds beyond its communicator (collective: at shutdown, on every rank)."""
+
+
+class Carrier(Protocol):
+    """One tensor's :meth:`ControlChannel.band_carrying`, with what each call needs built once
+    (see :mod:`hvdlite.core.pipeline.lone`)."""
+
+    def exchange(self, vector: bytes, tensor: np.ndarray) -> tuple[bytes, Sequence[np.ndarray] | None]:
+        """The AND of every rank's ``vector``, and, if every rank sent this very vector, every rank's
+        ``tensor`` in rank order (arrays valid until this rank's next exchange but one); else None."""
+
+
+class SoleRankCarrier:
+    """The carrier of a one-rank channel: the AND of one vector is itself, and the only tensor is this one."""
+
+    @staticmethod
+    def exchange(vector: bytes, tensor: np.ndarray) -> tuple[bytes, tuple[np.ndarray]]:
+        return vector, (tensor,)
 
 
 class Transport(Protocol):

@@ -36,6 +36,7 @@ from mpi4py import MPI
 from ...ops import ReduceOp
 from ...utils.polling import WaitTimeout, wait_until
 from .adasum import AdasumExchange
+from .base import Carrier, SoleRankCarrier
 from .shm import SharedMemoryAllreduce, SharedMemoryBand
 
 _MPI_OPS = {
@@ -161,6 +162,12 @@ class MpiControlChannel:
     def band_carrying(self, vector: bytes, payload: memoryview) -> tuple[bytes, list[memoryview]]:
         """:meth:`band`, with every rank's ``payload`` handed to every rank (only if :meth:`carries`)."""
         return self._shm.band_carrying(vector, payload)
+
+    def carrier(self, vector_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> Carrier | None:
+        """See :meth:`hvdlite.core.transport.base.ControlChannel.carrier`: shared memory only."""
+        if self.size == 1:
+            return SoleRankCarrier()
+        return None if self._shm is None else self._shm.carrier(vector_bytes, dtype, shape)
 
     def gather_to_root(self, payload: bytes) -> list[bytes] | None:
         sizes = np.zeros(self.size, dtype=np.int64)

@@ -34,6 +34,7 @@ rank needs only its peers' arrival.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -123,8 +124,10 @@ class SharedSegments:
         self._window.Sync()
         self._own_flag[0] = generation
         peers = self._peer_flags
-        if not all(flag[0] >= generation for flag in peers):
-            self._wait_for(lambda: all(flag[0] >= generation for flag in peers))
+        for flag in peers:  # a loop, not all(): no generator frame on the path of every small op
+            if flag[0] < generation:
+                self._wait_for(lambda: all(peer[0] >= generation for peer in peers))
+                break
         self._window.Sync()
 
     def close(self) -> None:
@@ -213,6 +216,7 @@ class SharedMemoryBand:
         self._segments = segments
         self._slots = [[memoryview(slot) for slot in slots] for slots in segments.slots]
         self._next_slot = 0
+        self._carriers: list[SharedMemoryCarrier] = []  # their arrays look into the window: dropped at close
 
     @classmethod
     def create(cls, comm: MPI.Comm, max_bytes: int,
@@ -259,10 +263,57 @@ class SharedMemoryBand:
         """True if a vector and a payload of these lengths fit in a slot."""
         return -(-vector_bytes // _ALIGN) * _ALIGN + payload_bytes <= self._segments.slot_bytes
 
+    def carrier(self, vector_bytes: int, dtype: np.dtype, shape: tuple[int, ...]) -> SharedMemoryCarrier | None:
+        """:meth:`band_carrying` for one tensor of ``dtype`` and ``shape``, with its place in every
+        slot built once (the small-op path); None if it does not fit beside the vector."""
+        count = math.prod(shape)
+        if not self.carries(vector_bytes, count * dtype.itemsize):
+            return None
+        start = -(-vector_bytes // _ALIGN) * _ALIGN
+        places = [[np.frombuffer(slot, dtype, count, start).reshape(shape) for slot in slots] for slots in self._slots]
+        carrier = SharedMemoryCarrier(self, vector_bytes, places)
+        self._carriers.append(carrier)
+        return carrier
+
     def close(self) -> None:
         """Free the shared window (collective: every rank calls it)."""
-        self._slots = []  # the views go before the window they look into
+        for carrier in self._carriers:
+            carrier.release()
+        self._slots, self._carriers = [], []  # the views go before the window they look into
         self._segments.close()
+
+
+class SharedMemoryCarrier:
+    """:meth:`SharedMemoryBand.band_carrying` of one tensor's shape and dtype, with no per-call
+    slicing: the tensor goes straight into its place in this rank's slot, and every rank's copy is
+    handed back as an array over its slot (the same bytes, at the same offsets, as band_carrying's,
+    so a peer using either agrees)."""
+
+    def __init__(self, band: SharedMemoryBand, vector_bytes: int, places: list[list[np.ndarray]]) -> None:
+        self._band = band
+        rank = band._segments.rank
+        self._peers = band._segments.size - 1
+        # Per slot of the band: where this rank's vector goes, where the peers' are, every rank's
+        # tensor, and this rank's.
+        self._views = [(slots[rank][:vector_bytes], [slot[:vector_bytes] for r, slot in enumerate(slots) if r != rank],
+                        places[index], places[index][rank]) for index, slots in enumerate(band._slots)]
+
+    def exchange(self, vector: bytes, tensor: np.ndarray) -> tuple[bytes, list[np.ndarray] | None]:
+        """See :meth:`hvdlite.core.transport.base.Carrier.exchange`."""
+        band = self._band
+        index = band._next_slot
+        band._next_slot = index ^ 1
+        own, theirs, places, mine = self._views[index]
+        own[:] = vector
+        mine[...] = tensor
+        band._segments.barrier()
+        if theirs == [vector] * self._peers:  # every peer's vector compared in one C loop
+            return vector, places
+        return _and(band._slots[index], len(vector)), None
+
+    def release(self) -> None:
+        """Drop the views into the band's window (before it is freed)."""
+        self._views = []
 
 
 def _and(slots: list[memoryview], width: int) -> bytes:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import HvdliteError
 from ...ops import Collective, ReduceOp
+from . import dtypes
 
 
 class RequestMeta(NamedTuple):
@@ -36,6 +37,16 @@ class RequestMeta(NamedTuple):
     @property
     def signature(self) -> tuple[Any, ...]:
         return self
+
+
+def checked_reduction(collective: Collective, array: Any, name: str, op: ReduceOp, prescale: float,
+                      postscale: float, device: str = "cpu") -> RequestMeta:
+    """The description of a reduction of ``array`` on ``device``; raises, naming the tensor, on a
+    dtype, op or scale factor the core cannot reduce."""
+    dtype = dtypes.dtype_name(array, name)
+    dtypes.check_reduction(dtype, op, prescale, postscale, name)
+    return RequestMeta(name, collective, dtype, tuple(array.shape), op, float(prescale), float(postscale),
+                       device=device)
 
 
 class Handle:

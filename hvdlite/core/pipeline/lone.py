@@ -1,0 +1,217 @@
+"""The small-op path: a blocking, named, small allreduce run by its caller in one exchange.
+
+In steady state a blocking small allreduce (a loss, a metric, a step counter) is one cycle with
+one request, which the response cache answers: every rank sends the same vector with its tensor
+beside it (shared memory; see :meth:`~.negotiate.Negotiator.agree_lone`), and each reduces every
+rank's copy itself. :class:`LonePath` runs exactly that on the caller's thread, and nothing else:
+no request, handle or queue entry, no fusion plan, no executor. What a name's calls share (the
+checked description, the tensor's place in the shared slots, the result's storage type, the
+reduction and its scaling) is built once, in a :class:`LoneAllreduce`.
+
+It sends what :meth:`~.communicator.Pipeline._cycle_lone` sends, into the same slots, so a peer
+taking either path (its engine thread's idle cycle, a first call, any request) agrees with it.
+Whenever the steady state does not hold, the regular path runs: before the exchange (a cache
+miss, a timeline, autotune, other work queued, a round or stall scan due) the call takes the
+regular path from the start; after it (a peer sent another vector: another request, a flag, a
+join, a flush) the call becomes an ordinary pending request in this very cycle, and the regular
+cycles finish it. Names checked across ranks, stall inspection, join, process sets and errors
+instead of hangs are therefore the regular path's, unchanged; the engine supplies Ctrl-C deferral
+and failure handling (:meth:`hvdlite.core.engine.Engine.lone_allreduce`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from ... import errors
+from ...ops import Collective, resolve_op
+from ...utils.buffers import ALIGNMENT, small_storage_type
+from ...utils.interrupts import SigintGuard
+from ...utils.overflow import enter as _enter
+from ...utils.overflow import ignoring as _ignoring
+from ...utils.overflow import restore as _restore
+from ..planes.host import HostPlane
+from ..transport.base import Carrier
+from ..transport.shm import UFUNCS
+from ..work import dtypes
+from ..work.request import Handle, Request, RequestMeta, checked_reduction
+
+if TYPE_CHECKING:
+    from .communicator import Pipeline
+
+_ndarray, _addressof, _multiply = np.ndarray, ctypes.addressof, np.multiply
+# (name, dtype, shape, op, average, prescale, postscale): a call's arguments, as the caller passed them.
+LoneKey = tuple
+
+
+class LoneAllreduce:
+    """What every call of one named small allreduce reuses (built by :meth:`LonePath.learn`).
+
+    :attr:`reduce` reduces every rank's tensor in rank order, then scales, into a fresh aligned
+    array: the arithmetic of :meth:`HostPlane.reduce_carried` (the same ufunc, order and factor),
+    so every rank, on either path, gets the same bits. Overflow to inf (and inf - inf) is a
+    result, as in MPI, not a warning. Two ranks' floats, the common case, have methods of their
+    own, chosen once: the small-op path's bytecodes are its cost, and the general method's loop,
+    tests and calls were a sixth of them.
+    """
+
+    __slots__ = ("meta", "carrier", "shape", "dtype", "storage", "ufunc", "scale", "factor", "floating", "reduce")
+
+    def __init__(self, meta: RequestMeta, carrier: Carrier, dtype: np.dtype, ufunc: np.ufunc, host: HostPlane) -> None:
+        self.meta = meta
+        self.carrier = carrier
+        self.shape = meta.shape
+        self.dtype = dtype
+        self.storage = small_storage_type(dtype.itemsize * math.prod(meta.shape))
+        self.ufunc = ufunc
+        self.scale = host.postscaler(meta.dtype, meta.op, meta.postscale)
+        self.floating = dtype.kind == "f"
+        self.factor = host.float_postscale(meta.op, meta.postscale) if self.floating else None
+        self.reduce: Callable[[Sequence[np.ndarray]], np.ndarray] = self._general
+        if self.floating and host.size == 2:
+            self.reduce = self._two_floats if self.factor is None else self._two_floats_scaled
+
+    def _two_floats(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        storage = self.storage()
+        result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
+        token = _enter(_ignoring())
+        try:
+            self.ufunc(tensors[0], tensors[1], out=result)
+        finally:
+            _restore(token)
+        return result
+
+    def _two_floats_scaled(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        storage = self.storage()
+        result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
+        token = _enter(_ignoring())
+        try:
+            self.ufunc(tensors[0], tensors[1], out=result)
+            _multiply(result, self.factor, out=result)  # what HostPlane.postscaler's scale does
+        finally:
+            _restore(token)
+        return result
+
+    def _general(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+        storage = self.storage()
+        result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
+        token = _enter(_ignoring()) if self.floating else None
+        try:
+            if len(tensors) == 1:
+                result[...] = tensors[0]
+            else:
+                ufunc = self.ufunc
+                ufunc(tensors[0], tensors[1], out=result)
+                for tensor in tensors[2:]:
+                    ufunc(result, tensor, out=result)
+            if self.scale is not None:
+                self.scale(result)
+        finally:
+            if token is not None:
+                _restore(token)
+        return result
+
+
+class EngineParts(NamedTuple):
+    """What the engine lends the small-op path: a call is a cycle, run as the engine runs its own."""
+
+    cycle_lock: threading.Lock  # held for each cycle by whichever thread runs it
+    drivers: set[int]  # threads running cycles in Engine.drive now
+    sigint: SigintGuard  # holds Ctrl-C back during a cycle
+    fail: Callable[[BaseException], None]  # a failed cycle: fail every pending request, or end the job
+    drive: Callable[[Handle], None]  # runs cycles for a waiting handle (Engine.drive)
+
+
+class LonePath:
+    """One pipeline's small-op path: :meth:`allreduce`."""
+
+    LIMIT = 1024  # entries kept; many names (generated ones never come here) start over
+
+    def __init__(self, pipeline: Pipeline, control: object) -> None:
+        self._pipeline = pipeline
+        self._queue = pipeline.queue
+        self._negotiator = pipeline.negotiator
+        self._host: HostPlane = pipeline.executor.host
+        self._control = control
+        self.entries: dict[LoneKey, LoneAllreduce | bool] = {}  # False: this call cannot take the path
+        self._lent: EngineParts | None = None
+
+    def lend(self, parts: EngineParts) -> None:
+        """What the engine lends this path (see :class:`EngineParts`); before the first call."""
+        self._lent = parts
+        self._cycle_lock, self._drivers, self._sigint = parts.cycle_lock, parts.drivers, parts.sigint
+
+    def learn(self, key: LoneKey, tensor: np.ndarray) -> LoneAllreduce | bool:
+        """The entry for calls with ``key`` on tensors like ``tensor``, built once; False if they
+        cannot take this path (they need a conversion, scaling before the sum, or are too large)."""
+        name, _, _, op, average, prescale, postscale = key
+        try:
+            meta = checked_reduction(Collective.ALLREDUCE, tensor, name, resolve_op(op, average), prescale, postscale)
+        except (errors.HvdliteError, ValueError, TypeError):
+            return False  # the regular path raises it, naming the tensor (not remembered: it fails every time)
+        entry: LoneAllreduce | bool = False
+        if HostPlane.can_carry(meta, tensor) and self._pipeline.tuner is None:  # autotune: rank 0 cycles in full
+            carrier = self._control.carrier(self._negotiator.vector_bytes, tensor.dtype, tensor.shape)
+            if carrier is not None:
+                entry = LoneAllreduce(meta, carrier, tensor.dtype, UFUNCS[dtypes.wire_op(meta.dtype, meta.op)],
+                                      self._host)
+        if len(self.entries) >= self.LIMIT:
+            self.entries.clear()
+        self.entries[key] = entry
+        return entry
+
+    def allreduce(self, tensor: np.ndarray, key: LoneKey) -> np.ndarray | None:
+        """A blocking allreduce of ``tensor`` run now, on the caller's thread; None, having sent
+        nothing, when the call must take the regular path.
+
+        ``key``: (name, dtype, shape, op, average, prescale, postscale) as the caller passed them.
+        Taken only while the engine is idle (no cycle running, no caller driving, nothing queued)
+        and the steady state holds; see the module's docstring.
+        """
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.learn(key, tensor)
+        queue = self._queue
+        if (not entry or self._drivers or queue.names_in_flight or queue.stopped or self._pipeline.timeline is not None
+                or not self._cycle_lock.acquire(False)):
+            return None
+        sigint = self._sigint
+        held = sigint.hold()  # Ctrl-C waits for the end of the cycle, as in Engine.drive
+        try:
+            exchanged = self._negotiator.steady_exchange(entry.meta, entry.carrier, tensor)
+            if exchanged is None:
+                return None
+            if exchanged[1] is not None:  # every rank sent this vector: its tensors came with it
+                return entry.reduce(exchanged[1])
+            request = self._adopt(entry, tensor, exchanged[0])
+        except BaseException as exc:  # handled as a failed cycle: every pending request fails with it
+            self._lent.fail(exc)
+            fatal = queue.fatal
+            raise type(fatal)(str(fatal)) from fatal
+        finally:
+            self._cycle_lock.release()
+            if held:
+                sigint.release()
+        return request.handle.wait()  # a peer wanted something else: wait as for any request
+
+    def _adopt(self, entry: LoneAllreduce, tensor: np.ndarray, reduced: bytes) -> Request:
+        """Make the call a pending request and finish this cycle as a regular one, from ``reduced``."""
+        request = Request(entry.meta, tensor, Handle(entry.meta.name))
+        request.handle.driver = self._lent.drive
+        if not self._queue.adopt(request):  # another thread queued this name meanwhile
+            request.handle.set_error(errors.DuplicateNameError(
+                f"tensor name {entry.meta.name!r} already in flight on rank {self._pipeline.rank}; wait for the "
+                "earlier operation or give each operation a unique name"))
+        self._pipeline.run_agreed(self._negotiator.settle_lone(reduced, self._queue.pending))
+        return request
+
+    def close(self) -> None:
+        """Forget every entry (their arrays look into the control channel's shared memory)."""
+        self.entries.clear()
+
