@@ -13,8 +13,10 @@ import signal
 import sys
 import time
 
+import numpy as np
 import torch
 
+import hvdlite
 import hvdlite.torch as hvd
 
 STEPS, KILL_AT = 8, 3
@@ -52,6 +54,10 @@ def main() -> None:
                 if sys.argv[1] in ("kill", "double"):
                     os.kill(pid, signal.SIGKILL)
                 raise RuntimeError(f"rank {VICTIM} fails in the middle of a step (on purpose)")
+            # A blocking, named, small allreduce first: from the second step on it takes the small-op
+            # path (hvdlite.core.pipeline.lone), so the survivors are inside one when the victim dies.
+            ranks = hvdlite.allreduce(np.ones(1, np.float32), name="ranks.in.step", op=hvdlite.Sum)
+            assert ranks.tolist() == [float(hvd.size())], (ranks, hvd.size())
             optimizer.zero_grad()
             x = torch.full((2, 4), float(hvd.rank() + 1))
             model(x).sum().backward()
