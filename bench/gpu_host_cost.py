@@ -29,6 +29,7 @@ import types
 from typing import Any
 
 import numpy as np
+from bytecodes import bytecodes_per_call
 
 CALLS: collections.Counter = collections.Counter()  # the CUDA and NCCL calls the stand-ins took, by name
 COUNTING = [False]  # counted only in a pass of their own: counting costs time
@@ -148,30 +149,6 @@ def cuda_calls_per_call(fn: Any, calls: int) -> dict[str, float]:
     finally:
         COUNTING[0] = False
     return {name: count / calls for name, count in sorted(CALLS.items())}
-
-
-def bytecodes_per_call(fn: Any, calls: int = 1000) -> float:
-    """Python bytecodes executed per call of ``fn`` (sys.settrace's opcode events).
-
-    Counted in a second traced pass: on Python 3.12 the first pass after ``sys.settrace`` reports
-    no opcode events for code that already ran (measured: 0, then 1583 a call).
-    """
-    count = collections.Counter()
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        frame.f_trace_opcodes = True
-        if event == "opcode":
-            count[0] += 1
-        return tracer
-    for _ in range(2):
-        count.clear()
-        sys.settrace(tracer)
-        try:
-            for _ in range(calls):
-                fn()
-        finally:
-            sys.settrace(None)
-    return count[0] / calls
 
 
 def main() -> None:
