@@ -5,24 +5,27 @@ Run:  hvdliterun -np 2 python bench/small_op_breakdown.py [--bytes 4] [--calls 4
       bench/small_op_breakdown_gpu.py, whose docstring lists its stages)
 
 Each rep times ``--calls`` blocking ``hvdlite.allreduce`` calls on a float32 array of ``--bytes``
-bytes (Sum, one name: the response cache answers every call after the first), and the same number
-of raw mpi4py ``Allreduce`` calls, interleaved rep by rep. A second pass wraps the pipeline's stage
-entry points with timers (``perf_counter_ns``, about 0.2 us a wrapper) and reports, on rank 0,
-the mean microseconds per call spent in each, exclusive of the timed calls inside it (the rows add
-up to the call):
+bytes (Sum, one name: the response cache answers every call after the first, so a call takes the
+small-op path, ``hvdlite/core/pipeline/lone.py``), and the same number of raw mpi4py ``Allreduce``
+calls, interleaved rep by rep. A second pass wraps the stages' entry points with timers
+(``perf_counter_ns``, about 0.2 us a wrapper) and reports, on rank 0, the mean microseconds per call
+spent in each, exclusive of the timed calls inside it (the rows add up to the call):
 
-- submit: ``api.allreduce_async`` (argument checks, the remembered description, the request, queue.put)
-- negotiate: ``Negotiator.agree`` / ``lone_vector`` / ``agree_lone`` (a lone cached request's shorter
-  cycle), less "waiting for peers": the shared-memory AND's barrier (or MPI's ``Iallreduce`` of the
-  vector when shared memory is off), which a small tensor rides along
-- fuse: ``fuse.plan``
-- execute: ``Executor.start`` / ``run`` / ``finish`` and the host plane's ``carriable`` /
-  ``reduce_carried``, less "MPI": the data transport's waits
-- complete: ``complete.complete`` (names released, waiters woken)
-- cycle: ``Engine._turn`` less the stages above: the pipeline's glue between them (the cycle a
-  blocking call runs on its own thread, in ``Engine.submit``, or in its wait)
-- the rest of the call: the handle, ``Engine.drive``'s loop, Ctrl-C deferral, the result.
+The small-op path, where a steady call goes:
 
+- entry: ``LonePath.allreduce`` (the call's remembered entry, the idle checks, the cycle lock, Ctrl-C
+  deferral)
+- negotiate: ``Negotiator.steady_exchange`` (the cache's answer, the vector)
+- exchange: the carrier's ``exchange`` (vector and tensor into this rank's slot, the peers' vectors
+  compared), less "waiting for peers": the shared-memory barrier
+- reduce: the entry's ``reduce`` (every rank's copy summed in rank order into a fresh array)
+
+The regular path, where a call goes when the steady state does not hold (its first call, a peer
+that wanted something else meanwhile): submit (``api.allreduce_async``), its negotiation
+(``agree`` / ``lone_vector`` / ``agree_lone``), fuse, execute (less "execute: MPI", the transport's
+waits), complete, and cycle (``Engine._turn`` less the stages above).
+
+The rest: ``hvdlite.allreduce`` itself, and on the regular path the handle and the drive loop.
 The instrumented pass is slower than the plain one by the wrappers' cost; its split is what matters.
 """
 
@@ -42,6 +45,7 @@ from hvdlite import api
 from hvdlite.core.engine import Engine
 from hvdlite.core.pipeline import communicator, negotiate
 from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.pipeline.lone import LonePath
 from hvdlite.core.planes.host import HostPlane
 from hvdlite.core.runtime import current
 
@@ -68,30 +72,37 @@ def wrap(owner: object, attribute: str, stage: str) -> None:
     setattr(owner, attribute, timed)
 
 
-def instrument_pipeline(submit: str) -> None:
-    """Timers on the stages every allreduce passes, host or device (``submit``: the core submit's label)."""
+def instrument_pipeline(submit: str, prefix: str = "") -> None:
+    """Timers on the stages every allreduce passes, host or device (``submit``: the core submit's
+    label; ``prefix``: before the others')."""
     wrap(api, "allreduce_async", submit)
     for name in ("agree", "lone_vector", "agree_lone"):
-        wrap(negotiate.Negotiator, name, "negotiate")
-    wrap(communicator.fuse, "plan", "fuse")
+        wrap(negotiate.Negotiator, name, prefix + "negotiate")
+    wrap(communicator.fuse, "plan", prefix + "fuse")
     for name in ("start", "run", "finish"):
-        wrap(Executor, name, "execute")
-    wrap(HostPlane, "carriable", "execute")
-    wrap(communicator, "complete", "complete")
-    wrap(Engine, "_turn", "cycle")
+        wrap(Executor, name, prefix + "execute")
+    wrap(HostPlane, "carriable", prefix + "execute")
+    wrap(communicator, "complete", prefix + "complete")
+    wrap(Engine, "_turn", prefix + "cycle")
 
 
 def instrument() -> None:
     """Timers on each stage's entry points, and on the two places a rank waits for its peers."""
-    instrument_pipeline("submit")
-    wrap(HostPlane, "reduce_carried", "execute")
-    transport = current().engine.pipeline.executor.transport
-    wrap(transport, "_wait", "execute: MPI")
-    band = getattr(current().engine.pipeline.negotiator._control, "_shm", None)
+    instrument_pipeline("regular: submit", "regular: ")
+    wrap(HostPlane, "reduce_carried", "regular: execute")
+    pipeline = current().engine.pipeline
+    wrap(pipeline.executor.transport, "_wait", "regular: execute: MPI")
+    wrap(LonePath, "allreduce", "entry")
+    wrap(negotiate.Negotiator, "steady_exchange", "negotiate")
+    for entry in pipeline.lone.entries.values():  # each remembered call's carrier and reduction
+        if entry:
+            wrap(type(entry.carrier), "exchange", "exchange")
+            wrap(entry, "reduce", "reduce")
+    band = getattr(pipeline.negotiator._control, "_shm", None)
     if band is not None:
-        wrap(band._segments, "barrier", "negotiate: waiting for peers")
+        wrap(band._segments, "barrier", "waiting for peers")
     else:
-        wrap(current().engine.pipeline.negotiator._control, "_wait", "negotiate: waiting for peers")
+        wrap(pipeline.negotiator._control, "_wait", "waiting for peers")
 
 
 def main() -> None:
@@ -137,11 +148,13 @@ def report(args: argparse.Namespace, ours: list[float], raw: list[float], total:
     print(f"\ninstrumented pass: {total * 1e6:.1f} us a call (rank 0's split)")
     print("| stage | us a call | share |")
     print("|---|---|---|")
-    for stage in ("submit", "negotiate", "negotiate: waiting for peers", "fuse", "execute", "execute: MPI",
-                  "complete", "cycle"):
+    for stage in ("entry", "negotiate", "exchange", "waiting for peers", "reduce", "regular: submit",
+                  "regular: negotiate", "regular: fuse", "regular: execute", "regular: execute: MPI", "regular: complete",
+                  "regular: cycle"):
         print(f"| {stage} | {per_call.get(stage, 0.0):.1f} | {per_call.get(stage, 0.0) / (total * 1e6):.0%} |")
     rest = total * 1e6 - sum(per_call.values())
-    print(f"| rest (handle, drive loop, Ctrl-C deferral) | {rest:.1f} | {rest / (total * 1e6):.0%} |")
+    print(f"| rest (hvdlite.allreduce; on the regular path the handle and drive loop) | {rest:.1f} | "
+          f"{rest / (total * 1e6):.0%} |")
 
 
 def x_bytes(nbytes: int) -> str:

@@ -18,6 +18,7 @@ from ..process_sets import ProcessSet, global_process_set
 from ..training import gradients as rules
 from .collectives import async_ops
 from .collectives.async_ops import synchronize
+from .collectives.tensors import from_numpy, to_numpy
 
 
 def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float,
@@ -181,6 +182,13 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` across ranks (default Average) and return a new tensor. Differentiable."""
     resolved = resolve_op(op, average)
+    if (name is not None and compression is NoneCompressor and not tensor.is_cuda
+            and not (tensor.requires_grad and torch.is_grad_enabled())):
+        # Nothing to differentiate (a metric, a count): the core's blocking call, which takes the
+        # small-op path once the name is cached, without an autograd Function around it.
+        array = to_numpy(tensor, name)
+        return from_numpy(api.allreduce(array, None, name, resolved, prescale_factor, postscale_factor,
+                                        process_set=process_set), tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, name, resolved, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
