@@ -45,7 +45,6 @@ from hvdlite import api
 from hvdlite.core.engine import Engine
 from hvdlite.core.pipeline import communicator, negotiate
 from hvdlite.core.pipeline.execute import Executor
-from hvdlite.core.pipeline.lone import LonePath
 from hvdlite.core.planes.host import HostPlane
 from hvdlite.core.runtime import current
 
@@ -92,7 +91,7 @@ def instrument() -> None:
     wrap(HostPlane, "reduce_carried", "regular: execute")
     pipeline = current().engine.pipeline
     wrap(pipeline.executor.transport, "_wait", "regular: execute: MPI")
-    wrap(LonePath, "allreduce", "entry")
+    wrap(current().engine, "lone_allreduce", "entry")  # the engine's bound LonePath.allreduce
     wrap(negotiate.Negotiator, "steady_exchange", "negotiate")
     for entry in pipeline.lone.entries.values():  # each remembered call's carrier and reduction
         if entry:

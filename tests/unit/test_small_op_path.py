@@ -282,3 +282,31 @@ def test_calls_that_cannot_ride_along_take_the_regular_path():
         assert world.steady == 0
     finally:
         stop_engines(engines)
+
+
+def test_a_call_finding_the_engine_thread_in_a_cycle_waits_for_it_and_runs_itself():
+    # Handed over, the call would run at the engine thread's low priority, and the next one, finding
+    # the thread still finishing that cycle, would be handed over too (seen at np=3 on two cores:
+    # runs of 10-15 ms calls). It waits for the cycle lock instead, and runs on its own thread.
+    world, engines = start_engines(1, carry=True, stall_check=False)
+    (engine,) = engines
+    held, go = threading.Event(), threading.Event()
+
+    def engine_thread_cycle():
+        with engine._driving:  # as the engine thread holds it for a cycle
+            held.set()
+            go.wait(20)
+
+    try:
+        x = np.ones(2)
+        _regular(engine, "x", x, ReduceOp.SUM)
+        cycle = threading.Thread(target=engine_thread_cycle)
+        cycle.start()
+        held.wait(20)
+        threading.Timer(0.2, go.set).start()
+        result = engine.lone_allreduce(x, _key("x", x, ReduceOp.SUM))
+        cycle.join(20)
+        assert result is not None and result.tolist() == [1.0, 1.0]
+    finally:
+        go.set()
+        stop_engines(engines)

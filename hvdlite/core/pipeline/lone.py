@@ -178,8 +178,9 @@ class LonePath:
         if entry is None:
             entry = self.learn(key, tensor)
         queue = self._queue
-        if (not entry or self._drivers or queue.names_in_flight or queue.stopped or self._pipeline.timeline is not None
-                or not self._cycle_lock.acquire(False)):
+        if not entry or self._drivers or queue.names_in_flight or queue.stopped or self._pipeline.timeline is not None:
+            return None
+        if not self._cycle_lock.acquire(False) and not self._after_engine_cycle():
             return None
         sigint = self._sigint
         held = sigint.hold()  # Ctrl-C waits for the end of the cycle, as in Engine.drive
@@ -199,6 +200,22 @@ class LonePath:
             if held:
                 sigint.release()
         return request.handle.wait()  # a peer wanted something else: wait as for any request
+
+    def _after_engine_cycle(self) -> bool:
+        """The engine thread is running a cycle (an idle one, or the one that delivered this thread's
+        previous result and still holds the lock): wait for it to end, then hold the lock; False if
+        the path is closed by then.
+
+        Not handed over: the engine thread runs at a low priority, so a call it runs waits for a
+        core behind every busy thread, and the next call, finding it still finishing, would be
+        handed over too. Measured at np=3 on two cores: runs of calls at 10-15 ms each instead of 35 us.
+        """
+        self._cycle_lock.acquire()
+        queue = self._queue
+        if self._drivers or queue.names_in_flight or queue.stopped:
+            self._cycle_lock.release()
+            return False
+        return True
 
     def _adopt(self, entry: LoneAllreduce, tensor: np.ndarray, reduced: bytes) -> Request:
         """Make the call a pending request and finish this cycle as a regular one, from ``reduced``."""
