@@ -95,7 +95,7 @@ def instrument() -> None:
     wrap(negotiate.Negotiator, "steady_exchange", "negotiate")
     for entry in pipeline.lone.entries.values():  # each remembered call's carrier and reduction
         if entry:
-            wrap(type(entry.carrier), "exchange", "exchange")
+            wrap(entry.carrier, "exchange", "exchange")
             wrap(entry, "reduce", "reduce")
     band = getattr(pipeline.negotiator._control, "_shm", None)
     if band is not None:
