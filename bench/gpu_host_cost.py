@@ -114,22 +114,34 @@ def install_stand_ins() -> None:
 
 
 def device_allreduce(hvd: Any) -> Any:
-    """One blocking in-place 4 B allreduce of a device array, as ``hvdlite.torch.allreduce_`` submits it."""
+    """One blocking in-place 4 B allreduce of a device array, as ``hvdlite.torch.allreduce_`` submits
+    it: the small-op path first (``api.small_allreduce_in_place``), the regular path if it declines."""
     from hvdlite import api
     from hvdlite.core.runtime import caller_waits
     from hvdlite.core.work.request import MappedHandle
     from hvdlite.gpu.arrays import DeviceArray
+    from hvdlite.process_sets import global_process_set
 
     float32, owner = np.dtype(np.float32), object()
 
     def stream(device: int) -> int:
         return 0x80
 
-    def start() -> MappedHandle:
-        array = DeviceArray.of_framework(0x1000, (1,), float32, 0, owner, stream(0), stream,
-                                         record=not caller_waits())
-        return MappedHandle(api.allreduce_async(array, None, "small", hvd.Sum, output=array), lambda result: owner)
-    return lambda: api.synchronize(api.blocking(start))
+    def small() -> bool:  # hvdlite.torch's own_device_array: a blocking call's tensor, no ready event
+        device = DeviceArray.of_blocking_call(0x1000, (1,), float32, 0, owner, stream(0), stream)
+        return api.small_allreduce_in_place(device, None, "small", hvd.Sum, 1.0, 1.0, global_process_set)
+
+    def start() -> MappedHandle:  # hvdlite.torch's to_numpy, then allreduce_async_
+        device = DeviceArray.of_framework(0x1000, (1,), float32, 0, owner, stream(0), stream,
+                                          record=not caller_waits())
+        return MappedHandle(api.allreduce_async(device, None, "small", hvd.Sum, output=device,
+                                                process_set=global_process_set), lambda result: owner)
+
+    def call() -> Any:
+        if small():
+            return owner
+        return api.synchronize(api.blocking(start))
+    return call
 
 
 def per_call(fn: Any, calls: int) -> float:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .core import runtime as runtime_state
 from .core.arguments import (
     allgather_pairs,
     alltoall_meta,
@@ -31,8 +32,9 @@ from .core.work.naming import group_member_names
 from .core.work.request import GroupHandle, Handle, MappedHandle, Request, RequestMeta
 from .core.work.segments import Segments
 from .errors import UnsupportedOperationError
+from .gpu.arrays import DeviceArray
 from .ops import Collective, ReduceOp, resolve_op
-from .process_sets import ProcessSet
+from .process_sets import ProcessSet, global_process_set
 
 _T = TypeVar("_T")
 
@@ -113,7 +115,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``tensor`` across the ranks of ``process_set`` and return the result (a new array)."""
     if name is not None and tensor.__class__ is np.ndarray:  # the small-op path (hvdlite.core.pipeline.lone)
-        runtime = current()
+        runtime = runtime_state._runtime or current()  # current() raises the error when not initialized
         engine = (runtime.engine if process_set is None
                   else runtime.communicators.of(process_set, Collective.ALLREDUCE, name).engine)
         result = engine.lone_allreduce(tensor, (name, tensor.dtype, tensor.shape, op, average, prescale_factor,
@@ -122,6 +124,22 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
             return result
     return synchronize(blocking(lambda: allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                                         process_set=process_set)))
+
+
+def small_allreduce_in_place(array: DeviceArray, average: bool | None, name: str | None, op: ReduceOp | None,
+                             prescale_factor: float, postscale_factor: float,
+                             process_set: ProcessSet | None = None) -> bool:
+    """For adapters, inside :func:`blocking`: reduce ``array``, a device array on its caller's
+    stream, in place through the small-op path (``hvdlite.core.pipeline.lone``) and return True;
+    False, having sent nothing, where the call must take the regular path (``allreduce_async`` with
+    ``output=array``)."""
+    if name is None or array.ready is not None or array.stream is None:  # not on its stream: the regular path
+        return False
+    runtime = runtime_state._runtime or current()  # current() raises the error when not initialized
+    engine = (runtime.engine if process_set is None or process_set is global_process_set
+              else runtime.communicators.of(process_set, Collective.ALLREDUCE, name).engine)
+    key = (name, array.dtype, array.shape, op, average, prescale_factor, postscale_factor, array.device)
+    return engine.lone_allreduce(array, key) is not None
 
 
 def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, prescale_factor: float = 1.0,

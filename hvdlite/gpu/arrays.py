@@ -67,6 +67,16 @@ class DeviceArray:
         array.current_stream, array.stream = current_stream, stream
         return array
 
+    @classmethod
+    def of_blocking_call(cls, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device_id: int, owner: Any,
+                         stream: int, current_stream: Callable[[int], int] | None) -> DeviceArray:
+        """:meth:`of_framework` with ``record=False``, for a blocking call's tensor (:attr:`on_its_stream`),
+        without the questions: the small-op path builds one per call."""
+        array = cls.__new__(cls)
+        array.ptr, array.shape, array.dtype, array.device_id, array.owner = ptr, shape, dtype, device_id, owner
+        array.ready, array.current_stream, array.stream = None, current_stream, stream
+        return array
+
     @property
     def on_its_stream(self) -> bool:
         """True for a blocking call's tensor: complete on :attr:`stream` for as long as the call runs

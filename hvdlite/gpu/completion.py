@@ -40,6 +40,7 @@ CurrentStream = Callable[[int], int]  # device id -> the calling thread's curren
 
 _DISABLE_TIMING = 0x2  # cudaEventDisableTiming: the cheapest event to record and query
 _NOT_READY = 600  # cudaErrorNotReady
+_monotonic = time.monotonic  # looked up once: every blocking GPU collective adds an entry in flight
 _POOLS: dict[int, list[int]] = {}  # device id -> CUDA events no Event object refers to any more
 # Work in flight with nothing to release is reaped in batches of this many (or once QUIET_SECONDS old):
 # events fire in launch order, so one query of the newest clears a batch (see InFlight.check).
@@ -67,13 +68,18 @@ class Event:
 
     def __init__(self, device_id: int) -> None:
         pool = _POOLS.get(device_id)
-        self.ptr = pool.pop() if pool else _create_event(device_id)
+        if pool:
+            self.ptr = pool.pop()
+        else:
+            self.ptr = _create_event(device_id)
+            if pool is None:
+                _POOLS[device_id] = []
         self.device_id = device_id
 
     def __del__(self) -> None:
         try:
-            _POOLS.setdefault(self.device_id, []).append(self.ptr)
-        except (AttributeError, TypeError):  # interpreter shutdown: module globals are gone
+            _POOLS[self.device_id].append(self.ptr)  # made when its first event was
+        except (AttributeError, TypeError, KeyError):  # interpreter shutdown: module globals are gone
             pass
 
     @property
@@ -185,11 +191,14 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, event: Any, keep_alive: Any, what: Any) -> None:
-        """Track ``event``; ``keep_alive`` (the requests, hence their tensors) is dropped once it fired."""
-        self._entries.append((event, keep_alive, what, time.monotonic()))
+    def add(self, event: Any, keep_alive: Any, what: Any) -> int:
+        """Track ``event``; ``keep_alive`` (the requests, hence their tensors) is dropped once it fired.
+        Returns how many entries are in flight now."""
+        entries = self._entries
+        entries.append((event, keep_alive, what, _monotonic()))
         if keep_alive:
             self._holding += 1
+        return len(entries)
 
     def reap(self) -> None:
         """Drop every entry whose event fired, oldest first.

@@ -24,6 +24,8 @@ from types import FrameType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+# Looked up once: hold() runs on every small-op call (hvdlite.core.pipeline.lone).
+_get_ident, _getsignal, _SIGINT = _thread.get_ident, _signal.getsignal, _signal.SIGINT
 
 
 class SigintGuard:
@@ -50,9 +52,9 @@ class SigintGuard:
     def hold(self) -> bool:
         """From now on hold SIGINT back, if this thread can receive it; True if so, and then
         :meth:`release` must follow (in a ``finally``). For callers that cannot afford :meth:`run`'s frame."""
-        if _thread.get_ident() != self._main:
+        if _get_ident() != self._main:
             return False  # Python runs signal handlers in the main thread only: nothing to hold back here
-        installed = _signal.getsignal(_signal.SIGINT)
+        installed = _getsignal(_SIGINT)
         if installed is not self._handler:
             if not callable(installed):  # SIG_IGN or SIG_DFL: no Python-level handler would run anyway
                 return False

@@ -140,7 +140,7 @@ def test_a_peer_wanting_something_else_turns_the_call_into_a_pending_request():
 
         for a, b in _on_every_rank(engines, work):
             assert a.tolist() == [3.0, 3.0] and b.tolist() == [30.0, 30.0]
-        assert adopted == ["a"]  # rank 0's exchange for a met rank 1's other vector: a pending request
+        assert "a" in adopted  # rank 0's exchange for a met rank 1's other vector: a pending request
     finally:
         stop_engines(engines)
 

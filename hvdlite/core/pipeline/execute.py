@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from ... import errors
 from ..planes.base import DataPlane, Outcome, failed, succeeded
-from ..planes.device import ChoosePlane, DevicePlane
+from ..planes.device import ChoosePlane, ChosenPlane, DevicePlane
 from ..planes.host import HostPlane
 from ..transport.base import Transport
 from ..work.item import WorkItem
@@ -35,6 +35,11 @@ class Executor:
     @property
     def transport(self) -> Transport:
         return self.host.transport
+
+    @property
+    def gpu_plane(self) -> ChosenPlane | None:
+        """The GPU plane the job chose on its first device item; None before it (or without a GPU)."""
+        return self._planes[1].chosen
 
     def plane_for(self, item: WorkItem) -> DataPlane:
         """The first plane enabled for ``item``. Planes choose by where the tensors live, so the

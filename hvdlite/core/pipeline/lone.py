@@ -25,11 +25,12 @@ import ctypes
 import math
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
 from ... import errors
+from ...gpu.arrays import DeviceArray
 from ...ops import Collective, resolve_op
 from ...utils.buffers import ALIGNMENT, small_storage_type
 from ...utils.interrupts import SigintGuard
@@ -37,10 +38,11 @@ from ...utils.overflow import enter as _enter
 from ...utils.overflow import ignoring as _ignoring
 from ...utils.overflow import restore as _restore
 from ..planes.host import HostPlane
-from ..transport.base import Carrier
+from ..transport.base import Carrier, SoleRankCarrier, VectorCarrier
 from ..transport.shm import UFUNCS
 from ..work import dtypes
 from ..work.request import Handle, Request, RequestMeta, checked_reduction
+from ..work.response import Response
 
 if TYPE_CHECKING:
     from .communicator import Pipeline
@@ -53,7 +55,7 @@ LoneKey = tuple
 class LoneAllreduce:
     """What every call of one named small allreduce reuses (built by :meth:`LonePath.learn`).
 
-    :attr:`reduce` reduces every rank's tensor in rank order, then scales, into a fresh aligned
+    :attr:`finish` reduces every rank's tensor in rank order, then scales, into a fresh aligned
     array: the arithmetic of :meth:`HostPlane.reduce_carried` (the same ufunc, order and factor),
     so every rank, on either path, gets the same bits. Overflow to inf (and inf - inf) is a
     result, as in MPI, not a warning. Two ranks' floats, the common case, have methods of their
@@ -61,11 +63,15 @@ class LoneAllreduce:
     tests and calls were a sixth of them.
     """
 
-    __slots__ = ("meta", "carrier", "shape", "dtype", "storage", "ufunc", "scale", "factor", "floating", "reduce")
+    __slots__ = ("meta", "carrier", "carried", "vectors", "shape", "dtype", "storage", "ufunc", "scale", "factor",
+                 "floating", "finish")
+    in_place = False  # the result is a fresh array
 
     def __init__(self, meta: RequestMeta, carrier: Carrier, dtype: np.dtype, ufunc: np.ufunc, host: HostPlane) -> None:
         self.meta = meta
         self.carrier = carrier
+        self.carried = host.size > 1  # one rank has no peer to carry to (lone_vector's choice too)
+        self.vectors: dict[int, bytes] = {}
         self.shape = meta.shape
         self.dtype = dtype
         self.storage = small_storage_type(dtype.itemsize * math.prod(meta.shape))
@@ -73,11 +79,12 @@ class LoneAllreduce:
         self.scale = host.postscaler(meta.dtype, meta.op, meta.postscale)
         self.floating = dtype.kind == "f"
         self.factor = host.float_postscale(meta.op, meta.postscale) if self.floating else None
-        self.reduce: Callable[[Sequence[np.ndarray]], np.ndarray] = self._general
+        # (every rank's tensor, this rank's) -> the result
+        self.finish: Callable[[Sequence[np.ndarray], np.ndarray], np.ndarray] = self._general
         if self.floating and host.size == 2:
-            self.reduce = self._two_floats if self.factor is None else self._two_floats_scaled
+            self.finish = self._two_floats if self.factor is None else self._two_floats_scaled
 
-    def _two_floats(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+    def _two_floats(self, tensors: Sequence[np.ndarray], tensor: np.ndarray) -> np.ndarray:
         storage = self.storage()
         result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
         token = _enter(_ignoring())
@@ -87,7 +94,7 @@ class LoneAllreduce:
             _restore(token)
         return result
 
-    def _two_floats_scaled(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+    def _two_floats_scaled(self, tensors: Sequence[np.ndarray], tensor: np.ndarray) -> np.ndarray:
         storage = self.storage()
         result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
         token = _enter(_ignoring())
@@ -98,7 +105,7 @@ class LoneAllreduce:
             _restore(token)
         return result
 
-    def _general(self, tensors: Sequence[np.ndarray]) -> np.ndarray:
+    def _general(self, tensors: Sequence[np.ndarray], tensor: np.ndarray) -> np.ndarray:
         storage = self.storage()
         result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
         token = _enter(_ignoring()) if self.floating else None
@@ -116,6 +123,36 @@ class LoneAllreduce:
             if token is not None:
                 _restore(token)
         return result
+
+
+class LoneDeviceAllreduce:
+    """What every call of one named small allreduce of a device tensor, in place, reuses: the vector
+    alone is exchanged (device memory cannot ride along), and NCCL reduces the tensor on its
+    caller's stream, as the regular path does for the same call (``NcclPlane._on_callers_stream``)."""
+
+    __slots__ = ("meta", "carrier", "carried", "vectors", "finish", "_plane", "_launch", "_responses")
+    in_place = True
+
+    def __init__(self, meta: RequestMeta, carrier: Carrier, plane: LonePlane, launch: tuple) -> None:
+        self.meta = meta
+        self.carrier = carrier
+        self.carried = False  # as lone_vector says it for a device tensor
+        self.vectors: dict[int, bytes] = {}
+        self._plane, self._launch, self._responses = plane, launch, (Response(meta),)
+        self.finish = self._launched
+
+    def _launched(self, received: Sequence, array: DeviceArray) -> DeviceArray:
+        self._plane.lone_launch(array.ptr, array.ptr, self._launch, array.stream, self._responses)
+        return array
+
+
+class LonePlane(Protocol):
+    """What a GPU plane offers the small-op path (:class:`~hvdlite.core.planes.nccl.NcclPlane` does)."""
+
+    def lone_launch_plan(self, meta: RequestMeta) -> tuple | None: ...
+
+    def lone_launch(self, send: int, recv: int, launch: tuple, stream: int,
+                    responses: tuple[Response, ...]) -> None: ...
 
 
 class EngineParts(NamedTuple):
@@ -139,7 +176,7 @@ class LonePath:
         self._negotiator = pipeline.negotiator
         self._host: HostPlane = pipeline.executor.host
         self._control = control
-        self.entries: dict[LoneKey, LoneAllreduce | bool] = {}  # False: this call cannot take the path
+        self.entries: dict[LoneKey, LoneAllreduce | LoneDeviceAllreduce | bool] = {}  # False: it cannot take the path
         self._lent: EngineParts | None = None
 
     def lend(self, parts: EngineParts) -> None:
@@ -147,30 +184,48 @@ class LonePath:
         self._lent = parts
         self._cycle_lock, self._drivers, self._sigint = parts.cycle_lock, parts.drivers, parts.sigint
 
-    def learn(self, key: LoneKey, tensor: np.ndarray) -> LoneAllreduce | bool:
+    def learn(self, key: LoneKey, tensor: np.ndarray | DeviceArray) -> LoneAllreduce | LoneDeviceAllreduce | bool:
         """The entry for calls with ``key`` on tensors like ``tensor``, built once; False if they
         cannot take this path (they need a conversion, scaling before the sum, or are too large)."""
-        name, _, _, op, average, prescale, postscale = key
+        name, _, _, op, average, prescale, postscale = key[:7]
+        device = tensor.device if tensor.__class__ is DeviceArray else "cpu"
         try:
-            meta = checked_reduction(Collective.ALLREDUCE, tensor, name, resolve_op(op, average), prescale, postscale)
+            meta = checked_reduction(Collective.ALLREDUCE, tensor, name, resolve_op(op, average), prescale, postscale,
+                                     device)
         except (errors.HvdliteError, ValueError, TypeError):
             return False  # the regular path raises it, naming the tensor (not remembered: it fails every time)
-        entry: LoneAllreduce | bool = False
-        if HostPlane.can_carry(meta, tensor) and self._pipeline.tuner is None:  # autotune: rank 0 cycles in full
-            carrier = self._control.carrier(self._negotiator.vector_bytes, tensor.dtype, tensor.shape)
-            if carrier is not None:
-                entry = LoneAllreduce(meta, carrier, tensor.dtype, UFUNCS[dtypes.wire_op(meta.dtype, meta.op)],
-                                      self._host)
+        if self._pipeline.tuner is not None:  # autotune: rank 0 cycles in full
+            entry: LoneAllreduce | LoneDeviceAllreduce | bool = False
+        elif device == "cpu":
+            entry = self._host_entry(meta, tensor)
+        else:
+            plane = self._pipeline.executor.gpu_plane
+            if plane is None:  # the job chooses its GPU plane on its first device item: ask again after it
+                return False
+            launch = plane.lone_launch_plan(meta) if hasattr(plane, "lone_launch_plan") else None
+            # The vector alone (device memory cannot ride along); with no peer, not even that.
+            carrier = SoleRankCarrier() if self._pipeline.size == 1 else VectorCarrier(self._control.band)
+            entry = LoneDeviceAllreduce(meta, carrier, plane, launch) if launch else False
         if len(self.entries) >= self.LIMIT:
             self.entries.clear()
         self.entries[key] = entry
         return entry
 
-    def allreduce(self, tensor: np.ndarray, key: LoneKey) -> np.ndarray | None:
-        """A blocking allreduce of ``tensor`` run now, on the caller's thread; None, having sent
-        nothing, when the call must take the regular path.
+    def _host_entry(self, meta: RequestMeta, tensor: np.ndarray) -> LoneAllreduce | bool:
+        if not HostPlane.can_carry(meta, tensor):
+            return False
+        carrier = self._control.carrier(self._negotiator.vector_bytes, tensor.dtype, tensor.shape)
+        if carrier is None:
+            return False
+        return LoneAllreduce(meta, carrier, tensor.dtype, UFUNCS[dtypes.wire_op(meta.dtype, meta.op)], self._host)
 
-        ``key``: (name, dtype, shape, op, average, prescale, postscale) as the caller passed them.
+    def allreduce(self, tensor: np.ndarray | DeviceArray, key: LoneKey) -> np.ndarray | DeviceArray | None:
+        """A blocking allreduce of ``tensor`` run now, on the caller's thread; None, having sent
+        nothing, when the call must take the regular path. A host tensor's result is a new array;
+        a device tensor (on its caller's stream) is reduced in place and returned.
+
+        ``key``: (name, dtype, shape, op, average, prescale, postscale) as the caller passed them,
+        then the device for a device tensor.
         Taken only while the engine is idle (no cycle running, no caller driving, nothing queued)
         and the steady state holds; see the module's docstring.
         """
@@ -185,11 +240,11 @@ class LonePath:
         sigint = self._sigint
         held = sigint.hold()  # Ctrl-C waits for the end of the cycle, as in Engine.drive
         try:
-            exchanged = self._negotiator.steady_exchange(entry.meta, entry.carrier, tensor)
+            exchanged = self._negotiator.steady_exchange(entry, tensor)
             if exchanged is None:
                 return None
-            if exchanged[1] is not None:  # every rank sent this vector: its tensors came with it
-                return entry.reduce(exchanged[1])
+            if exchanged[1] is not None:  # every rank sent this vector (host tensors came with it)
+                return entry.finish(exchanged[1], tensor)
             request = self._adopt(entry, tensor, exchanged[0])
         except BaseException as exc:  # handled as a failed cycle: every pending request fails with it
             self._lent.fail(exc)
@@ -217,9 +272,10 @@ class LonePath:
             return False
         return True
 
-    def _adopt(self, entry: LoneAllreduce, tensor: np.ndarray, reduced: bytes) -> Request:
+    def _adopt(self, entry: LoneAllreduce | LoneDeviceAllreduce, tensor: np.ndarray | DeviceArray,
+               reduced: bytes) -> Request:
         """Make the call a pending request and finish this cycle as a regular one, from ``reduced``."""
-        request = Request(entry.meta, tensor, Handle(entry.meta.name))
+        request = Request(entry.meta, tensor, Handle(entry.meta.name), tensor if entry.in_place else None)
         request.handle.driver = self._lent.drive
         if not self._queue.adopt(request):  # another thread queued this name meanwhile
             request.handle.set_error(errors.DuplicateNameError(

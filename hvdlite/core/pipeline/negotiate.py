@@ -14,9 +14,7 @@ import logging
 import pickle
 import time
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
-
-import numpy as np
+from typing import NamedTuple, Protocol
 
 from ... import errors
 from ...settings.config import Config
@@ -29,6 +27,15 @@ from .cache import CARRIED, FLUSH, HAS_NEW, ROUND_DUE, SHUTDOWN, TUNE, CycleStat
 from .coordinator import Coordinator
 
 log = logging.getLogger("hvdlite")
+
+
+class SteadyCall(Protocol):
+    """A small-op call's fixed parts, as :meth:`Negotiator.steady_exchange` reads them (see :mod:`.lone`)."""
+
+    meta: RequestMeta
+    carrier: Carrier  # exchanges the vector, with the tensor beside it where it can ride along
+    carried: bool  # whether the vector says the tensor rides along (it must say what the carrier does)
+    vectors: dict[int, bytes]  # cache bit -> this call's vector, filled by the negotiator
 
 
 class Agreement(NamedTuple):  # a NamedTuple: one is made every cycle, and a frozen dataclass costs ~1 us more
@@ -61,8 +68,6 @@ class Negotiator:
         self._lone_vectors: dict[tuple[int, bool], bytes] = {}  # (bit, carried) -> vector
         self._lone_bits: dict[bytes, int] = {}
         self._carries: dict[int, bool] = {}  # payload length -> whether the control channel carries it
-        self._carrying = self.size > 1  # a steady vector says its tensor rides along, where there are peers
-        self._steady_vectors: dict[int, bytes] = {}  # bit -> _vector_of(bit, _carrying)
         # Rank 0: the names waiting at the coordinator for other ranks (elsewhere, never any).
         self._waiting_names = self._coordinator.waiting if self._coordinator is not None else {}
 
@@ -100,25 +105,26 @@ class Negotiator:
             return None
         return self._vector_of(bit, carried > 0)
 
-    def steady_exchange(self, meta: RequestMeta, carrier: Carrier,
-                        tensor: np.ndarray) -> tuple[bytes, Sequence[np.ndarray] | None] | None:
-        """The cycle of the small-op path (:mod:`.lone`): :meth:`lone_vector`'s vector for ``meta``,
-        carried (where there are peers), exchanged with ``tensor`` by ``carrier``.
+    def steady_exchange(self, entry: SteadyCall, tensor: object) -> tuple[bytes, Sequence | None] | None:
+        """The cycle of the small-op path (:mod:`.lone`): :meth:`lone_vector`'s vector for
+        ``entry.meta`` (carried if ``entry.carried``), exchanged with ``tensor`` by ``entry.carrier``.
 
-        Returns the reduced vector and, when every rank sent this very vector, every rank's tensor
-        (the request ran; the cache's recency is updated as :meth:`agree_lone` does). None, having
-        sent nothing, unless the cache answers ``meta`` and nothing else could need saying: no
-        settings to publish, no name waiting at the coordinator.
+        Returns the reduced vector and, when every rank sent this very vector, what the carrier
+        hands back (every rank's tensor, or nothing for a device tensor): the request ran, and the
+        cache's recency is updated as :meth:`agree_lone` does. None, having sent nothing, unless
+        the cache answers the meta and nothing else could need saying: no settings to publish, no
+        name waiting at the coordinator.
         """
         # No stall scan here (lone_vector's): it looks at pending requests, and this call is not one yet.
         if self._to_publish is not None or self._waiting_names:
             return None
+        meta = entry.meta
         by_name = self._cache.by_name
         cached = by_name.get(meta.name)
         if cached is None or cached[1] != meta:  # a miss, or another signature: the regular path
             return None
-        vector = self._steady_vectors.get(cached[0]) or self._steady_vector(cached[0])
-        exchanged = carrier.exchange(vector, tensor)
+        vector = entry.vectors.get(cached[0]) or self._steady_vector(entry, cached[0])
+        exchanged = entry.carrier.exchange(vector, tensor)
         if exchanged[1] is not None:
             by_name.move_to_end(meta.name)  # most recently used, as ResponseCache.get marks it
         return exchanged
@@ -165,8 +171,8 @@ class Negotiator:
             self._lone_bits[vector] = bit
         return vector
 
-    def _steady_vector(self, bit: int) -> bytes:
-        vector = self._steady_vectors[bit] = self._vector_of(bit, self._carrying)
+    def _steady_vector(self, entry: SteadyCall, bit: int) -> bytes:
+        vector = entry.vectors[bit] = self._vector_of(bit, entry.carried)
         return vector
 
     def _settle(self, reduced: bytes | bytearray, pending: Mapping[str, Request], shutdown: bool) -> Agreement:

@@ -61,6 +61,11 @@ class DevicePlane:
         self._choose = choose
         self._plane: ChosenPlane | None = None
 
+    @property
+    def chosen(self) -> ChosenPlane | None:
+        """The plane the job chose on its first device item; None before it."""
+        return self._plane
+
     def enabled_for(self, item: WorkItem) -> bool:
         return item.responses[0].meta.device != "cpu"
 

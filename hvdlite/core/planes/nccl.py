@@ -41,7 +41,7 @@ from ...ops import Collective, ReduceOp
 from ...utils.polling import WaitTimeout, wait_until
 from ...utils.rows import scatter_rows
 from ..work import dtypes
-from ..work.request import Request
+from ..work.request import Request, RequestMeta
 from ..work.response import Response
 
 _MAX_REMEMBERED = 4096  # in-place launch plans kept (one per gradient of the models in use)
@@ -101,16 +101,26 @@ class NcclPlane:
         requests = [local.get(responses[0].meta.name)] if len(responses) == 1 else \
             [local.get(r.meta.name) for r in responses]
         launch = self._in_place_launch(responses, requests)
+        if launch is not None and self._callers_stream and requests[0].tensor.on_its_stream:
+            request = requests[0]
+            self.lone_launch(request.tensor.ptr, request.output.ptr, launch, request.tensor.stream, responses)
+            return [request.output]
         previous = self._runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
         if previous != self._device_id:
             self._runtime.setDevice(self._device_id)
         try:
-            if launch is not None and self._callers_stream and requests[0].tensor.on_its_stream:
-                return self._on_callers_stream(requests[0], launch, responses)
             return self._on_plane_stream(responses, requests, local, launch)
         finally:
             if previous != self._device_id:
                 self._runtime.setDevice(previous)
+
+    # ---- the small-op path (hvdlite.core.pipeline.lone) ----------------------------------------
+    def lone_launch_plan(self, meta: RequestMeta) -> tuple | None:
+        """What :meth:`lone_launch` needs for a blocking in-place allreduce of ``meta`` (the small-op
+        path); None where :meth:`dispatch` would not run it on its caller's stream."""
+        if self._hierarchy is not None or not self._callers_stream:
+            return None
+        return in_place_launch(meta, self._comm.size) or None
 
     def _on_plane_stream(self, responses: tuple[Response, ...], requests: list[Request | None],
                          local: Mapping[str, Request], launch: tuple | None) -> list:
@@ -128,15 +138,35 @@ class NcclPlane:
         self._complete(responses, requests, stream)
         return results
 
-    def _on_callers_stream(self, request: Request, launch: tuple, responses: tuple[Response, ...]) -> list:
-        """A blocking call's lone in-place allreduce, on the stream its tensor is complete on (see the
-        module docstring)."""
-        stream = request.tensor.stream
-        self._follow_last_launch(stream)
-        results = self._launch_in_place(request, launch, stream)
-        # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
-        self._track(self._event_on(stream), stream, responses, ())
-        return results
+    def lone_launch(self, send: int, recv: int, launch: tuple, stream: int, responses: tuple[Response, ...]) -> None:
+        """A blocking call's lone in-place allreduce (``launch`` from :meth:`lone_launch_plan`), on
+        ``stream``, where its tensor is complete (see the module docstring); also the small-op
+        path's launch, which has no request (``hvdlite.core.pipeline.lone``).
+
+        :meth:`_follow_last_launch`, the launch, :meth:`_event_on` and :meth:`_track`, written out:
+        every blocking GPU collective runs this. Work in flight is polled once a batch of it built
+        up (every cycle polls too): this launch holds nothing, and polling was a tenth of a call.
+        """
+        runtime, device = self._runtime, self._device_id
+        previous = runtime.getDevice()  # CUDA's current device is per thread: the caller's is restored
+        if previous != device:
+            runtime.setDevice(device)
+        try:
+            if self._last_stream is not None and self._last_stream != stream:
+                completion.stream_waits(stream, self._last_event)
+            count, op, factor = launch
+            self._comm.allreduce(send, recv, count, responses[0].meta.dtype, op, stream, factor)
+            # Same stream for input, collective and caller: nothing to wait for, nothing to hold alive.
+            event = completion.Event(device)
+            runtime.eventRecord(event.ptr, stream)
+            self._last_stream, self._last_event = stream, event
+            if not self._async:
+                self._wait_finished(responses, event)
+            elif self._in_flight.add(event, (), responses) >= completion.REAP_BATCH:
+                self.poll()
+        finally:
+            if previous != device:
+                runtime.setDevice(previous)
 
     def _event_on(self, stream: int) -> Any:
         """A pooled event recorded now on ``stream``: it fires once the work enqueued there so far has."""

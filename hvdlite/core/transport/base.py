@@ -66,6 +66,18 @@ class SoleRankCarrier:
         return vector, (tensor,)
 
 
+class VectorCarrier:
+    """The carrier of a tensor that cannot ride along (device memory): the vector alone, through the
+    channel's :meth:`ControlChannel.band`; every rank's tensor stays where it is (an empty sequence)."""
+
+    def __init__(self, band: Callable[[bytes], bytes | bytearray]) -> None:
+        self._band = band
+
+    def exchange(self, vector: bytes, tensor: object) -> tuple[bytes | bytearray, tuple | None]:
+        reduced = self._band(vector)
+        return (vector, ()) if reduced == vector else (reduced, None)
+
+
 class Transport(Protocol):
     """Moves host tensor bytes for the host plane. Buffers are flat, contiguous NumPy arrays in the wire dtype."""
 

@@ -52,6 +52,19 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_st
 _NUMPY_DTYPE = {dtype: dtypes.SUPPORTED[name] for dtype, name in _TORCH_TO_CORE.items()}
 
 
+def own_device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray | None:
+    """For a blocking call, whose caller waits (so no ready event is recorded): a CUDA tensor's own
+    memory as a device array, or None where the core cannot reduce that memory in place (not
+    contiguous, needing its autograd graph kept apart, a dtype the GPU plane does not move, no GPU)."""
+    dtype = _NUMPY_DTYPE.get(tensor.dtype)
+    if (dtype is None or tensor.requires_grad or tensor.layout is not torch.strided or not tensor.is_contiguous()
+            or gpu_arrays.device_count() == 0):
+        return None
+    device_id = tensor.get_device()
+    return gpu_arrays.DeviceArray.of_blocking_call(tensor.data_ptr(), tuple(tensor.shape), dtype, device_id, tensor,
+                                                   current_stream(device_id), current_stream)
+
+
 def _device_array(tensor: torch.Tensor, dtype: np.dtype) -> gpu_arrays.DeviceArray:
     """A CUDA tensor's own memory (its ``owner`` is ``tensor`` itself unless a contiguous or
     detached tensor had to stand in for it)."""
