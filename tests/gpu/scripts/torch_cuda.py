@@ -69,6 +69,24 @@ def ops(rank, size, device):
             check(f"reducescatter {tag}", hvd.reducescatter(value(rank, (2 * size + 1, 2), dtype, device),
                                                             op=hvd.Sum, name=f"rs.{tag}"),
                   rows[start:start + block[rank]].to(dtype), tol)
+    repeated_in_place(rank, size, device)
+
+
+def repeated_in_place(rank, size, device):
+    """A named blocking allreduce_ called again and again (a metric): from the second call on, the
+    small-op path (hvdlite.core.pipeline.lone); interleaved with async work, which turns some calls
+    back into pending requests."""
+    for step in range(40):
+        metric = torch.full((3,), float(rank + step), device=device)
+        hvd.allreduce_(metric, op=hvd.Sum, name="metric.sum")
+        check(f"repeated sum {step}", metric, torch.full((3,), float(sum(r + step for r in range(size))), device="cpu"))
+        mean = torch.full((2,), float(rank + 1), device=device, dtype=torch.float16)
+        hvd.allreduce_(mean, name="metric.avg")
+        check(f"repeated average {step}", mean, torch.full((2,), (size + 1) / 2, dtype=torch.float16), 1e-3)
+        if step % 7 == 3:  # something else pending on this rank meanwhile
+            handle = hvd.allreduce_async(torch.ones(5, device=device), op=hvd.Sum, name="pending")
+            hvd.allreduce_(metric, op=hvd.Max, name="metric.max")
+            check(f"max while pending {step}", hvd.synchronize(handle), torch.full((5,), float(size)))
 
 
 def adasum(rank, size, device):
