@@ -74,3 +74,17 @@ def test_survivors_of_a_killed_rank_rebuild_its_shards_and_train_on_like_one_pro
     for new_rank, rank in enumerate(survivors):
         lines = result.lines(rank)
         assert "ok fully sharded elastic" in lines and f"new rank {new_rank} size {np - 1}" in lines, result.output
+
+
+def test_a_rank_that_joins_receives_its_shards_and_the_grown_job_trains_on_like_one_process(tmp_path):
+    # Launched at np=2; a slot appears, the launcher starts a third rank, which joins with no commit
+    # of its own: the re-shard gives it its rows (and Adam's state of them) from the others.
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    result = run_job(["--min-np", "2", "--host-discovery-script", f"cat {hosts}", "python",
+                      str(SCRIPTS / "fully_sharded_elastic.py"), "grow", str(hosts)], np=2, timeout=240)
+    assert result.returncode == 0, result.output
+    assert "started 1 rank(s) on" in result.output, result.output
+    # Counted in the whole output: MPICH labels a spawned rank's lines with its index in the spawn ("[0]").
+    assert result.output.count("ok fully sharded elastic") == 3, result.output
+    assert sorted(re.findall(r"new rank (\d) size 3", result.output)) == ["0", "1", "2"], result.output

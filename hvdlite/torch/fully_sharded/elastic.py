@@ -10,8 +10,10 @@ When the job has re-formed, ``sync`` rebuilds each tensor (a parameter, or one o
 state tensors) for the new world size, one tensor at a time: every rank fills the rows it holds (its
 own, or its dead neighbour's) into a zero tensor of the full shape, and a summing reduce-scatter
 gives each rank its new shard. Nothing is read from a file and no process restarts; a rank that
-joined (the job grew) contributes zeros and receives its shards the same way. The re-sharded state
-is committed at once, so a second failure finds it.
+joined (the job grew) has no commit, contributes zeros and receives its shards the same way. The
+first commit is made by the first sync (``hvd.elastic.run`` starts with one), not when the state is
+built: committing is collective, and a joining rank builds its state while the others are syncing.
+The re-sharded state is committed at once, so a second failure finds it.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ class ShardedModelHandler:
         self._units = units_under(model)
         _check_elastic(self._units)
         self._check_optimizer()
+        # No commit until the first sync: committing is collective (each rank sends its copy to the next),
+        # and a rank that joins a running job builds its state while the others are already syncing.
         self._commit: _Commit | None = None
-        self.save()
 
     def _shard_ids(self) -> set[int]:
         return {id(param.shard) for unit in self._units for param in unit.params}
@@ -152,6 +155,8 @@ class ShardedModelHandler:
     # ---- restore (the old world, without communicating) ---------------------------------------------
     def restore(self) -> None:
         commit = self._commit
+        if commit is None:  # failed before its first commit: the model stays as it was built
+            return
         layouts = {u: UnitLayout.plan([(p.name, p.shape) for p in unit.layout.params], commit.size)
                    for u, unit in enumerate(self._units)}
         for u, unit in enumerate(self._units):
@@ -178,7 +183,8 @@ class ShardedModelHandler:
         commit = self._commit
         mine = None if commit is None else (commit.rank, commit.size)
         places = allgather_object(mine, name="fully_shard.elastic.places")
-        if places != [(rank, basics.size()) for rank in range(basics.size())]:
+        # Nothing committed anywhere (the job starts): every rank holds its shards of the model as built.
+        if any(places) and places != [(rank, basics.size()) for rank in range(basics.size())]:
             self._reshard(places)
         replicated = self._replicated_tensors(self._shard_ids())
         handles = [broadcast_async_(tensor.data, 0, name=f"fully_shard.elastic.replicated.{name}")

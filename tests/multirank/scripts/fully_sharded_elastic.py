@@ -6,11 +6,18 @@ the new size: every step averages over the whole global batch, whatever the numb
 
 Usage: fully_sharded_elastic.py [VICTIM] (launch rank VICTIM, default the last, is killed). Run with
 ``hvdliterun -np N --min-np N-1``. Each survivor prints 'new rank R size S' and 'ok fully sharded elastic'.
+
+``fully_sharded_elastic.py grow HOSTS_FILE``: the job grows instead. Rank 0 adds a slot to HOSTS_FILE
+(what the discovery script prints) after the third step; the launcher starts a rank there, which
+builds the model, joins at the next commit with no commit of its own and receives its rows; steps
+go on, paced, until the job has had one more rank for 3 steps. Every rank prints 'new rank R size S'
+and 'ok fully sharded elastic'.
 """
 
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -38,10 +45,10 @@ def step_on(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.T
     optimizer.step()
 
 
-def reference() -> tuple[dict, dict]:
+def reference(steps: int = STEPS) -> tuple[dict, dict]:
     model = build()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    for step in range(STEPS):
+    for step in range(steps):
         step_on(model, optimizer, *global_batch(step))
     return model.state_dict(), optimizer.state_dict()
 
@@ -54,35 +61,48 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
 def main() -> None:
     hvd.init()
     first_size, pid = hvd.size(), os.getpid()
-    victim = int(sys.argv[1]) if len(sys.argv) > 1 else first_size - 1
+    grow = sys.argv[1:2] == ["grow"]
+    victim = None if grow else int(sys.argv[1]) if len(sys.argv) > 1 else first_size - 1
     world_rank = hvd.rank()
     model = build()
     for block in list(model)[:2]:
         hvd.fully_shard(block)
     hvd.fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    state = hvd.elastic.TorchState(model, optimizer, step=0, grown_steps=0)
+    spawned = bool(os.environ.get("HVDLITE_ELASTIC_SPAWN_PREFIX"))  # started by the job, to grow it
 
     @hvd.elastic.run
     def train(state):
-        for step in range(state.step, STEPS):
-            if world_rank == victim and step == KILL_AT:
+        for step in range(state.step, 400 if grow else STEPS):
+            if grow and state.grown_steps >= 3:
+                return
+            if not grow and world_rank == victim and step == KILL_AT:
                 os.kill(pid, signal.SIGKILL)
+            if grow and step == 3 and hvd.rank() == 0 and hvd.size() == first_size and not spawned:
+                with open(sys.argv[2] + ".tmp", "w") as handle:
+                    handle.write(f"localhost:{first_size + 1}\n")
+                os.replace(sys.argv[2] + ".tmp", sys.argv[2])
             x, y = global_batch(step)
             share = GLOBAL_BATCH // hvd.size()
             mine = slice(hvd.rank() * share, (hvd.rank() + 1) * share)
             step_on(model, optimizer, x[mine], y[mine])
             state.step = step + 1
-            if state.step % COMMIT_EVERY == 0:
+            if grow:
+                state.grown_steps += hvd.size() > 2  # launched at 2, grown to 3 (12 rows split either way)
+                time.sleep(0.05)  # paced: the launcher looks at the host list once a second
+            if grow or state.step % COMMIT_EVERY == 0:
                 state.commit()
 
     train(state)
-    assert hvd.size() == first_size - 1 and os.getpid() == pid, (hvd.size(), os.getpid(), pid)
+    expected_size = 3 if grow else first_size - 1
+    assert hvd.size() == expected_size, (hvd.size(), expected_size)
+    assert grow or os.getpid() == pid
     rows = -(-WIDTH // hvd.size())
     assert model[0][0].weight.shape == (rows, WIDTH), model[0][0].weight.shape  # re-sharded for the new size
     params, optimizer_state = hvd.full_state_dict(model), hvd.full_optimizer_state_dict(model, optimizer)
     if hvd.rank() == 0:
-        expected_params, expected_state = reference()
+        expected_params, expected_state = reference(state.step)
         for key, value in expected_params.items():
             assert_close(params[key], value, key)
         for index, values in expected_state["state"].items():
