@@ -129,10 +129,10 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
 def small_allreduce_in_place(array: DeviceArray, average: bool | None, name: str | None, op: ReduceOp | None,
                              prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet | None = None) -> bool:
-    """For adapters, inside :func:`blocking`: reduce ``array``, a device array on its caller's
-    stream, in place through the small-op path (``hvdlite.core.pipeline.lone``) and return True;
-    False, having sent nothing, where the call must take the regular path (``allreduce_async`` with
-    ``output=array``)."""
+    """For adapters' blocking in-place calls: reduce ``array``, a device array on its caller's stream
+    (no ready event: the caller waits), in place through the small-op path
+    (``hvdlite.core.pipeline.lone``) and return True; False, having sent nothing, where the call must
+    take the regular path (``allreduce_async`` with ``output=array``)."""
     if name is None or array.ready is not None or array.stream is None:  # not on its stream: the regular path
         return False
     runtime = runtime_state._runtime or current()  # current() raises the error when not initialized

@@ -6,17 +6,18 @@ beside it (shared memory; see :meth:`~.negotiate.Negotiator.agree_lone`), and ea
 rank's copy itself. :class:`LonePath` runs exactly that on the caller's thread, and nothing else:
 no request, handle or queue entry, no fusion plan, no executor. What a name's calls share (the
 checked description, the tensor's place in the shared slots, the result's storage type, the
-reduction and its scaling) is built once, in a :class:`LoneAllreduce`.
+reduction and its scaling) is built once, in a :class:`LoneAllreduce`. A device tensor, reduced in
+place, exchanges the vector alone and is launched on its caller's stream (:class:`LoneDeviceAllreduce`).
 
 It sends what :meth:`~.communicator.Pipeline._cycle_lone` sends, into the same slots, so a peer
 taking either path (its engine thread's idle cycle, a first call, any request) agrees with it.
 Whenever the steady state does not hold, the regular path runs: before the exchange (a cache
-miss, a timeline, autotune, other work queued, a round or stall scan due) the call takes the
-regular path from the start; after it (a peer sent another vector: another request, a flag, a
-join, a flush) the call becomes an ordinary pending request in this very cycle, and the regular
-cycles finish it. Names checked across ranks, stall inspection, join, process sets and errors
-instead of hangs are therefore the regular path's, unchanged; the engine supplies Ctrl-C deferral
-and failure handling (:meth:`hvdlite.core.engine.Engine.lone_allreduce`).
+miss, a timeline, autotune, other work queued, names waiting at the coordinator) the call takes
+the regular path from the start; after it (a peer sent another vector: another request, a flag, a
+join, a flush, a stall scan) the call becomes an ordinary pending request in this very cycle, and
+the regular cycles finish it. Names checked across ranks, stall inspection, join, process sets and
+errors instead of hangs are therefore the regular path's, unchanged; the engine lends its cycle
+lock, Ctrl-C deferral and failure handling (:class:`EngineParts`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from .communicator import Pipeline
 
 _ndarray, _addressof, _multiply = np.ndarray, ctypes.addressof, np.multiply
-# (name, dtype, shape, op, average, prescale, postscale): a call's arguments, as the caller passed them.
+# (name, dtype, shape, op, average, prescale, postscale): a call's arguments, as the caller passed them;
+# then the device, for a device tensor.
 LoneKey = tuple
 
 
@@ -128,7 +130,7 @@ class LoneAllreduce:
 class LoneDeviceAllreduce:
     """What every call of one named small allreduce of a device tensor, in place, reuses: the vector
     alone is exchanged (device memory cannot ride along), and NCCL reduces the tensor on its
-    caller's stream, as the regular path does for the same call (``NcclPlane._on_callers_stream``)."""
+    caller's stream with the launch the regular path uses for the same call (``NcclPlane.lone_launch``)."""
 
     __slots__ = ("meta", "carrier", "carried", "vectors", "finish", "_plane", "_launch", "_responses")
     in_place = True
