@@ -57,9 +57,8 @@ def allreduce(tensors: Sequence[tf.Tensor], name: str | None, op: ReduceOp, pres
     base, _, _ = _place(process_set, Collective.ALLREDUCE, name)
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        if single:
-            return _wait([api.allreduce_async(arrays[0], None, base, op, prescale, postscale,
-                                              process_set=process_set)])
+        if single:  # the core's blocking call: a named, cached small one takes the small-op path
+            return [api.allreduce(arrays[0], None, base, op, prescale, postscale, process_set=process_set)]
         return _wait(api.grouped_allreduce_async(arrays, None, base, op, prescale, postscale,
                                                  process_set=process_set))
 
