@@ -60,7 +60,7 @@ class LoneAllreduce:
     :attr:`finish` reduces every rank's tensor in rank order, then scales, into a fresh aligned
     array: the arithmetic of :meth:`HostPlane.reduce_carried` (the same ufunc, order and factor),
     so every rank, on either path, gets the same bits. Overflow to inf (and inf - inf) is a
-    result, as in MPI, not a warning. Two ranks' floats, the common case, have methods of their
+    result, as in MPI, not a warning. Two ranks' floats, the common case, have a method of their
     own, chosen once: the small-op path's bytecodes are its cost, and the general method's loop,
     tests and calls were a sixth of them.
     """
@@ -84,7 +84,7 @@ class LoneAllreduce:
         # (every rank's tensor, this rank's) -> the result
         self.finish: Callable[[Sequence[np.ndarray], np.ndarray], np.ndarray] = self._general
         if self.floating and host.size == 2:
-            self.finish = self._two_floats if self.factor is None else self._two_floats_scaled
+            self.finish = self._two_floats
 
     def _two_floats(self, tensors: Sequence[np.ndarray], tensor: np.ndarray) -> np.ndarray:
         storage = self.storage()
@@ -92,17 +92,8 @@ class LoneAllreduce:
         token = _enter(_ignoring())
         try:
             self.ufunc(tensors[0], tensors[1], out=result)
-        finally:
-            _restore(token)
-        return result
-
-    def _two_floats_scaled(self, tensors: Sequence[np.ndarray], tensor: np.ndarray) -> np.ndarray:
-        storage = self.storage()
-        result = _ndarray(self.shape, self.dtype, storage, -_addressof(storage) % ALIGNMENT)
-        token = _enter(_ignoring())
-        try:
-            self.ufunc(tensors[0], tensors[1], out=result)
-            _multiply(result, self.factor, out=result)  # what HostPlane.postscaler's scale does
+            if self.factor is not None:
+                _multiply(result, self.factor, out=result)  # what HostPlane.postscaler's scale does
         finally:
             _restore(token)
         return result

@@ -34,15 +34,15 @@ import numpy as np
 from ...gpu import completion
 from ...gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
 from ...gpu.hierarchical import HierarchicalReducer, supports
-from ...gpu.nccl import Communicator, NcclError, group
+from ...gpu.nccl import Communicator, NcclError
 from ...gpu.plans import ReductionPlan, in_place_launch, member_offsets, reduction_plan
 from ...gpu.scaling import scale_in_place
 from ...ops import Collective, ReduceOp
 from ...utils.polling import WaitTimeout, wait_until
-from ...utils.rows import scatter_rows
 from ..work import dtypes
 from ..work.request import Request, RequestMeta
 from ..work.response import Response
+from . import nccl_moves
 
 _MAX_REMEMBERED = 4096  # in-place launch plans kept (one per gradient of the models in use)
 
@@ -193,9 +193,9 @@ class NcclPlane:
             return self._allreduce(responses, requests)
         (response,) = responses
         request = local[response.meta.name]
-        run = {Collective.BROADCAST: self._broadcast, Collective.ALLGATHER: self._allgather,
-               Collective.ALLTOALL: self._alltoall, Collective.REDUCESCATTER: self._reducescatter}
-        return [run[collective](response, request)]
+        run = {Collective.BROADCAST: nccl_moves.broadcast, Collective.ALLGATHER: nccl_moves.allgather,
+               Collective.ALLTOALL: nccl_moves.alltoall, Collective.REDUCESCATTER: nccl_moves.reducescatter}
+        return [run[collective](self._comm, self._cp, self._stream_ptr, response, request)]
 
     def _complete(self, responses: tuple[Response, ...], requests: list[Request | None], stream: int) -> None:
         """Record the completion event on ``stream``; hand it to the handles, or wait for it here."""
@@ -335,78 +335,6 @@ class NcclPlane:
         if self._fusion is None or self._fusion.size < nbytes:
             self._fusion = self._cp.empty(max(nbytes, 1), self._cp.uint8)
         return self._fusion[:nbytes].view(storage)
-
-    # ---- the other collectives move bytes, except reducescatter ------------------------------
-    def _broadcast(self, response: Response, request: Request) -> DeviceArray:
-        meta = response.meta
-        output = request.output
-        fresh = None if output is not None else self._cp.empty(request.tensor.nbytes, self._cp.uint8)
-        target = output.ptr if output is not None else fresh.data.ptr
-        self._comm.broadcast(request.tensor.ptr, target, request.tensor.nbytes, meta.root_rank, self._stream_ptr)
-        return output if output is not None else from_cupy(fresh.view(storage_dtype(meta.dtype)), meta.dtype,
-                                                           meta.shape)
-
-    def _allgather(self, response: Response, request: Request) -> DeviceArray:
-        meta = response.meta
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
-        counts = [rows * row_bytes for rows in response.per_rank]
-        output = self._cp.empty(max(sum(counts), 1), self._cp.uint8)
-        offset = 0
-        with group():  # NCCL has no allgatherv: one broadcast per rank, launched together
-            for root, nbytes in enumerate(counts):
-                if nbytes:
-                    self._comm.broadcast(request.tensor.ptr, output.data.ptr + offset, nbytes, root, self._stream_ptr)
-                offset += nbytes
-        shape = (sum(response.per_rank),) + meta.shape[1:]
-        return from_cupy(output[:sum(counts)].view(storage_dtype(meta.dtype)), meta.dtype, shape)
-
-    def _alltoall(self, response: Response, request: Request) -> tuple[DeviceArray, np.ndarray]:
-        meta = response.meta
-        rank = self._comm.rank
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.SUPPORTED[meta.dtype].itemsize
-        sent = [s * row_bytes for s in response.per_rank[rank]]
-        received_rows = [splits[rank] for splits in response.per_rank]
-        received = [rows * row_bytes for rows in received_rows]
-        output = self._cp.empty(max(sum(received), 1), self._cp.uint8)
-        send_at, recv_at = request.tensor.ptr, output.data.ptr
-        with group():
-            for peer in range(self._comm.size):
-                if sent[peer]:
-                    self._comm.send(send_at, sent[peer], peer, self._stream_ptr)
-                if received[peer]:
-                    self._comm.recv(recv_at, received[peer], peer, self._stream_ptr)
-                send_at += sent[peer]
-                recv_at += received[peer]
-        shape = (sum(received_rows),) + meta.shape[1:]
-        result = from_cupy(output[:sum(received)].view(storage_dtype(meta.dtype)), meta.dtype, shape)
-        return result, np.array(received_rows, dtype=np.int64)
-
-    def _reducescatter(self, response: Response, request: Request) -> DeviceArray:
-        cp = self._cp
-        meta = response.meta
-        wire = dtypes.wire_name(meta.dtype, DEVICE)
-        storage = storage_dtype(wire)
-        plan = reduction_plan(meta.dtype, meta.op, meta.prescale, meta.postscale, self._comm.size)
-        rows = scatter_rows(meta.shape[0], self._comm.size)
-        row = math.prod(meta.shape[1:])
-        source = cupy_view(request.tensor)
-        if wire != meta.dtype or plan.pre != 1.0:
-            source = source.astype(storage)  # a copy: the caller's tensor is never scaled
-            scale_in_place(source, wire, plan.pre, cp)
-        mine = cp.empty(max(rows[self._comm.rank] * row, 1), storage)
-        offset = 0
-        with group():  # uneven blocks: one reduce per block, rooted at the rank that keeps it
-            for root, block_rows in enumerate(rows):
-                count = block_rows * row
-                if count:
-                    self._comm.reduce(source.data.ptr + offset * storage.itemsize, mine.data.ptr, count, wire,
-                                      plan.op, root, self._stream_ptr, plan.factor)
-                offset += count
-        mine = mine[:rows[self._comm.rank] * row]
-        scale_in_place(mine, wire, plan.post, cp, plan.divisor)
-        if wire != meta.dtype:
-            mine = mine.astype(storage_dtype(meta.dtype))
-        return from_cupy(mine, meta.dtype, (rows[self._comm.rank],) + meta.shape[1:])
 
 
 def describe(responses: tuple[Response, ...]) -> str:
