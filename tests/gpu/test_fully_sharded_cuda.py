@@ -7,7 +7,7 @@ import pytest
 
 from tests.multirank.harness import SCRIPTS, run_job
 
-CASES = "sgd,adam,offload,accumulate,clip,mixed_precision,evaluation"
+CASES = "sgd,adam,offload,accumulate,clip,mixed_precision,evaluation,tied_sibling_units"
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])

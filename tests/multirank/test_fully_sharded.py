@@ -9,7 +9,8 @@ from .harness import SCRIPTS, run_job, run_script, shared_script
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
          "mixed_precision", "mixed_precision_bf16_reduce", "hybrid",
-         "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals"]
+         "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals",
+         "tied_in_one_unit", "tied_embedding_unit", "tied_head_unit", "tied_sibling_units", "tied_without_a_common_unit"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -57,8 +58,9 @@ def test_a_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved_at, lo
     # must gather the very tensors the saving job gathered, then train on.
     saved = run_script("fully_sharded.py", saved_at, "save_sharded", str(tmp_path), timeout=90)
     assert saved.output.count("ok save_sharded") == saved_at, saved.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["expected.pt", "layout.json",
-                                                          *[f"rank-{r}.pt" for r in range(saved_at)]]
+    files = ["expected.pt", "layout.json", *[f"rank-{r}.pt" for r in range(saved_at)]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*files, "tied"]  # tied: a model with a tied weight
+    assert sorted(p.name for p in (tmp_path / "tied").iterdir()) == files
     loaded = run_script("fully_sharded.py", loaded_at, "load_sharded", str(tmp_path), timeout=90)
     assert loaded.output.count("ok load_sharded") == loaded_at, loaded.output
 

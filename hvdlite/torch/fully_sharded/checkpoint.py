@@ -42,14 +42,15 @@ def save_sharded_state(directory: str | os.PathLike, module: torch.nn.Module,
     rank, size = _rank_and_size(module)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    rows, shapes = {}, {}
+    rows, shapes, sharded_keys = {}, {}, set()
     for unit in units_under(module):
         for param, layout, keys in zip(unit.params, unit.layout.params, keys_of(module, unit), strict=True):
             shapes[keys[0]] = list(layout.shape)
             rows[keys[0]] = _mine(layout, param.shard, rank)
+            sharded_keys.update(keys)  # a tied parameter's other keys are the same shard: saved once
     saved: dict[str, Any] = {"params": rows}
     if rank == 0:
-        saved["other"] = {key: value for key, value in module.state_dict().items() if key not in shapes}
+        saved["other"] = {key: value for key, value in module.state_dict().items() if key not in sharded_keys}
     if optimizer is not None:
         saved["optimizer"] = _optimizer_rows(module, optimizer, rank)
     torch.save(saved, directory / f"rank-{rank}.pt")

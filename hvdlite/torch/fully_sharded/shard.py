@@ -10,6 +10,7 @@ from ...errors import ProcessSetError
 from ...lifecycle import add_process_set
 from ...objects import allgather_object
 from ...process_sets import ProcessSet, global_process_set
+from . import ties
 from .layout import UnitLayout
 from .root import ShardedRoot
 from .unit import MixedPrecisionPolicy, ShardedParam, ShardedUnit, UnitOptions
@@ -71,26 +72,29 @@ def _sharded_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-def _own_parameters(module: torch.nn.Module) -> dict[int, tuple[str, list[tuple[torch.nn.Module, str]], torch.nn.Parameter]]:
+Found = dict[int, tuple[str, list[tuple[torch.nn.Module, str]], torch.nn.Parameter]]
+
+
+def _own_parameters(module: torch.nn.Module) -> tuple[Found, dict[int, tuple[list, ShardedParam]]]:
     """This unit's parameters: those under ``module`` that no unit inside it holds, each once with
-    every (module, attribute) that registers it; keyed by identity, in registration order."""
+    every (module, attribute) that registers it; keyed by identity, in registration order. Those that
+    another unit already sharded (tied across units) come apart, by the sharded parameter."""
     inner = {id(m) for sub in module.modules() if sub is not module and hasattr(sub, "_hvdlite_unit")
              for m in sub.modules()}
-    found: dict[int, tuple[str, list[tuple[torch.nn.Module, str]], torch.nn.Parameter]] = {}
+    found: Found = {}
+    tied: dict[int, tuple[list, ShardedParam]] = {}
     for path, sub in module.named_modules(remove_duplicate=False):
         if id(sub) in inner:
             continue
         for attribute, param in sub._parameters.items():
             if param is None:
                 continue
-            if getattr(param, "_hvdlite_fully_sharded", False):
-                raise ValueError(f"fully_shard: parameter '{path + '.' if path else ''}{attribute}' is already a shard "
-                                 "of another unit (tied across units); tied parameters must be in one unit: "
-                                 "call fully_shard on a module that holds every place they are used")
-            entry = found.setdefault(id(param), (f"{path + '.' if path else ''}{attribute}", [], param))
-            if (sub, attribute) not in entry[1]:
-                entry[1].append((sub, attribute))
-    return found
+            sharded = ties.sharded_as(param)
+            owners = (tied.setdefault(id(sharded), ([], sharded))[0] if sharded is not None
+                      else found.setdefault(id(param), (f"{path + '.' if path else ''}{attribute}", [], param))[1])
+            if (sub, attribute) not in owners:
+                owners.append((sub, attribute))
+    return found, tied
 
 
 def _check_arguments(process_set: ProcessSet, reshard_after_forward: Any, mp_policy: Any, offload: Any) -> None:
@@ -183,14 +187,18 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     _check_replicas(process_set, replicate_process_set)
     if hasattr(module, "_hvdlite_unit"):
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
-    own = list(_own_parameters(module).values())
-    layout = UnitLayout.plan([(name, param.shape) for name, _, param in own], process_set.size())
-    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()),
+    found, tied = _own_parameters(module)
+    own = list(found.values())
+    taken, lifted = ties.take_ties(module, tied, process_set, offload is not None)
+    layout = UnitLayout.plan([(name, param.shape) for name, _, param in own]
+                             + [(name, param.full.shape) for name, param in taken], process_set.size())
+    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()), process_set,
                                _compute_device(param) if offload is not None else None)
-              for (_name, owners, param), param_layout in zip(own, layout.params, strict=True)]
+              for (_name, owners, param), param_layout in zip(own, layout.params[:len(own)], strict=True)]
     after_forward, group = _reshard_group(process_set, reshard_after_forward)
     options = UnitOptions(process_set, after_forward, _precision(mp_policy), replicate_process_set, group)
-    unit = ShardedUnit(module, params, layout, options)
+    unit = ShardedUnit(module, params + [param for _, param in taken], layout, options)
+    unit.lifted = lifted
     module._hvdlite_unit = unit
     module.__class__ = _sharded_class(type(module))
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True, prepend=True)
@@ -206,8 +214,8 @@ def _compute_device(param: torch.nn.Parameter) -> torch.device | None:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
-def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.Parameter,
-                     rows: torch.Tensor, compute_device: torch.device | None = None) -> ShardedParam:
+def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.Parameter, rows: torch.Tensor,
+                     process_set: ProcessSet, compute_device: torch.device | None = None) -> ShardedParam:
     """Put this rank's ``rows`` of ``param`` on its owners as a new Parameter, and make the (empty)
     full parameter that forward and backward will gather into. With a ``compute_device`` (offload)
     the shard lives in host memory and the full parameter on that device."""
@@ -219,7 +227,8 @@ def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.
                               requires_grad=param.requires_grad)
     if full.device.type != "meta":
         full.untyped_storage().resize_(0)
-    sharded = ShardedParam(owners, shard, full, compute_device)
+    sharded = ShardedParam(owners, shard, full, process_set, compute_device)
+    ties.mark(param, sharded)
     sharded.put_on_owners(shard)
     return sharded
 
@@ -235,6 +244,7 @@ def _precision(mp_policy: Any) -> MixedPrecisionPolicy:
 def _pre_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     unit = module._hvdlite_unit
     if unit.root is None:
+        ties.check_none_waiting(module, _units_under(module))
         ShardedRoot(module)
     return unit.root.pre_forward(unit, args, kwargs)
 

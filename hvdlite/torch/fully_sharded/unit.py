@@ -54,14 +54,16 @@ class UnitState(enum.Enum):
     UNSHARDED = "unsharded"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class ShardedParam:
     """One parameter of the unit: where it is registered, its shard and its full form."""
 
     owners: list[tuple[torch.nn.Module, str]]  # (module, attribute) pairs that hold it (tied: several)
     shard: torch.nn.Parameter
-    full: torch.nn.Parameter  # storage resized to 0 while the unit is sharded
+    full: torch.nn.Parameter = dataclasses.field(repr=False)  # storage resized to 0 while sharded (printing it would crash)
+    process_set: ProcessSet  # whose ranks the shard was cut for
     compute_device: torch.device | None = None  # offload: the full parameter's device (the shard is on the CPU)
+    holder: ShardedUnit | None = dataclasses.field(default=None, repr=False)  # the unit it belongs to; None while a tie across units waits (ties.py)
 
     def follow_shard(self, dtype: torch.dtype | None) -> None:
         """Make the full parameter anew (in ``dtype``, else the shard's) if the shard moved
@@ -95,16 +97,13 @@ class ShardedUnit:
                  options: UnitOptions) -> None:
         self.module = module
         self.params = params
-        self.layout = layout
         self.process_set = options.process_set
         self.replicate_process_set = options.replicate_process_set
         self.precision = options.precision
         self.reshard_after_forward = options.reshard_after_forward
         self.reshard_group = options.reshard_group
-        self.group_layout = None if self.reshard_group is None else UnitLayout.plan(
-            [(p.name, p.shape) for p in layout.params], self.reshard_group.size())
+        self.group_layout: UnitLayout | None = None
         self._group_rows: torch.Tensor | None = None  # this rank's 1/G of the unit, kept for backward
-        self._gather_layout = layout  # the layout of the all-gather in flight
         self.name = type(module).__name__  # replaced by the module's path once the root is known
         self.state = UnitState.SHARDED
         self.requires_gradient_sync = True
@@ -115,7 +114,27 @@ class ShardedUnit:
         self._reduced = 0  # reduce-scatters started in this backward
         self.root = None  # the ShardedRoot, set at the first forward
         self.ran_with_grad = False  # this iteration's forward ran with autograd on: its backward reduces
-        self._trainable = [p for p in params if p.full.requires_grad]
+        self.lifted: list[ShardedParam] = []  # parameters tied across units, waiting for a unit holding every use
+        self._take_layout(layout)
+        for param in params:
+            param.holder = self
+
+    def _take_layout(self, layout: UnitLayout) -> None:
+        self.layout = self._gather_layout = layout  # (the gather layout: the one of the all-gather in flight)
+        self.group_layout = None if self.reshard_group is None else UnitLayout.plan(
+            [(p.name, p.shape) for p in layout.params], self.reshard_group.size())
+        self._trainable = [p for p in self.params if p.full.requires_grad]
+
+    def release(self, param: ShardedParam) -> None:
+        """Give up ``param`` (tied across units: another unit takes it); before the first forward only,
+        while nothing of this unit is gathered or in flight."""
+        if self.root is not None or self.state is not UnitState.SHARDED:
+            raise ValueError(f"fully_shard: unit '{self.name}' has already run; a parameter it holds is tied to "
+                             "another module: call fully_shard on every module before the first forward")
+        kept = [(p, layout) for p, layout in zip(self.params, self.layout.params, strict=True) if p is not param]
+        self.params = [p for p, _ in kept]
+        self._take_layout(UnitLayout.plan([(layout.name, layout.shape) for _, layout in kept], self.layout.ranks))
+        param.holder = None
 
     def adopt_shards(self) -> None:
         """Take the Parameters the modules hold as the shards (after ``Module._apply`` replaced them)."""
@@ -124,6 +143,7 @@ class ShardedUnit:
             current = module._parameters[attribute]
             if current is not param.shard:
                 current._hvdlite_fully_sharded = True
+                current._hvdlite_sharded_as = param
                 param.shard = current
                 param.put_on_owners(current)
 

@@ -8,55 +8,24 @@ FULLY_SHARDED_DEVICE=cuda builds both models and the data on the GPU (tests/gpu)
 """
 
 import copy
-import os
 import sys
 
 import torch
+from fully_sharded_common import (
+    BATCH,
+    DEVICE,
+    TOLERANCE_BF16,
+    assert_matches,
+    batches,
+    build,
+    loss_of,
+    mine,
+    mine_of,
+    shard,
+)
+from fully_sharded_tied import TIED_CASES, load_tied, save_tied
 
 import hvdlite.torch as hvd
-
-torch.set_num_threads(1)
-STEPS, BATCH = 4, 6
-DEVICE = os.environ.get("FULLY_SHARDED_DEVICE", "cpu")  # tests/gpu runs the cases with "cuda"
-TOLERANCE_BF16 = 1e-5
-
-
-def build(seed: int = 0, width: int = 7, blocks: int = 3, device: str | None = None) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, width))
-              for _ in range(blocks)]
-    with torch.device(device or DEVICE):
-        return torch.nn.Sequential(*layers, torch.nn.LayerNorm(width), torch.nn.Linear(width, 3))
-
-
-def shard(model: torch.nn.Module, **options) -> torch.nn.Module:
-    for block in list(model)[:-2]:
-        hvd.fully_shard(block, **options)
-    return hvd.fully_shard(model, **options)
-
-
-def batches(width: int = 7):
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(STEPS):
-        x = torch.randn(BATCH * hvd.size(), width, generator=generator)
-        yield x.to(DEVICE), torch.randn(BATCH * hvd.size(), 3, generator=generator).to(DEVICE)
-
-
-def mine(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor[hvd.rank() * BATCH:(hvd.rank() + 1) * BATCH]
-
-
-def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.mse_loss(model(x).float(), y)  # .float(): mixed precision's bf16 outputs
-
-
-def assert_matches(sharded: torch.nn.Module, reference: torch.nn.Module, case: str, tolerance: float = 1e-5) -> None:
-    full = hvd.full_state_dict(sharded, rank0_only=False)
-    expected = reference.state_dict()
-    assert list(full) == list(expected), (case, list(full), list(expected))
-    for key, value in expected.items():
-        error = (full[key] - value.cpu()).abs().max().item()
-        assert error <= tolerance, f"{case}: {key} differs from the one-process reference by {error}"
 
 
 def train(case: str, optimizer_class=torch.optim.SGD, accumulate: int = 1, no_sync: bool = False,
@@ -98,10 +67,6 @@ def train(case: str, optimizer_class=torch.optim.SGD, accumulate: int = 1, no_sy
         assert all(v.device.type == "cpu" for state in optimizer.state.values() for v in state.values()), case
         assert loss.device == x.device, (loss.device, x.device)
     assert_matches(model, reference, case)
-
-
-def mine_of(tensor: torch.Tensor, rank: int) -> torch.Tensor:
-    return tensor[rank * BATCH:(rank + 1) * BATCH]
 
 
 def mixed_precision(case: str, reduce_dtype: torch.dtype | None) -> None:
@@ -324,10 +289,10 @@ def refusals() -> None:
     refused("shard_optimizer_state", lambda: hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
         shard_optimizer_state=True), "shard_optimizer_state cannot apply to the parameters of a fully_shard")
-    tied = build()
-    hvd.fully_shard(tied[0])
-    tied[4].weight = tied[0][0].weight  # the head now uses block 0's first weight
-    refused("a parameter tied across units", lambda: hvd.fully_shard(tied), "tied across units")
+    model(torch.ones(1, 7, device=DEVICE))
+    late = build()
+    late[4].weight = model[0][0].weight  # tied to a unit that has already run
+    refused("a tie to a unit that has run", lambda: hvd.fully_shard(late), "which has already run")
 
 
 def save_sharded() -> None:
@@ -339,6 +304,7 @@ def save_sharded() -> None:
     full = hvd.full_state_dict(model), hvd.full_optimizer_state_dict(model, optimizer)
     if hvd.rank() == 0:
         torch.save(full, f"{ARGS[0]}/expected.pt")
+    save_tied(f"{ARGS[0]}/tied")
 
 
 def load_sharded() -> None:
@@ -353,6 +319,7 @@ def load_sharded() -> None:
     for index, entry in expected_optimizer["state"].items():
         assert all(torch.equal(state[index][k], v) for k, v in entry.items()), index
     adam_steps(model, optimizer, whole=False, steps=1)  # and it trains on
+    load_tied(f"{ARGS[0]}/tied")
 
 
 CASES = {
@@ -377,6 +344,7 @@ CASES = {
     "refusals": refusals,
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
+    **TIED_CASES,
 }
 ARGS: list[str] = []
 

@@ -1,0 +1,120 @@
+"""fully_shard with one Parameter used by two modules (an embedding's weight reused by the output
+layer), wrapped in every arrangement: against one process training the plain model on the whole
+batch, with Adam, parameters and Adam's state to 1e-5. Cases of fully_sharded.py."""
+
+import copy
+
+import torch
+from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, mine
+
+import hvdlite.torch as hvd
+
+VOCABULARY, WIDTH = 11, 6  # 11 rows: no rank count here divides them
+
+
+class TiedLanguageModel(torch.nn.Module):
+    """Embedding, a block, and an output layer whose weight is the embedding's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCABULARY, WIDTH)
+        self.block = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
+        self.head = torch.nn.Linear(WIDTH, VOCABULARY)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(tokens)))
+
+
+WRAPPED = {  # the modules that get a unit of their own before the model's
+    "tied_in_one_unit": ["block"],  # embedding and head both in the model's unit
+    "tied_embedding_unit": ["embed", "block"],  # the model's unit takes it from the embedding's
+    "tied_head_unit": ["block", "head"],  # ... from the head's
+    "tied_sibling_units": ["embed", "block", "head"],  # neither can hold it: it waits for the model's
+}
+
+
+def tied(case: str) -> None:
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        reference = TiedLanguageModel()
+    model = copy.deepcopy(reference)
+    for name in WRAPPED[case]:
+        hvd.fully_shard(getattr(model, name))
+    hvd.fully_shard(model)
+    assert model.head.weight is model.embed.weight, case  # still one Parameter: one shard
+    assert model.embed.weight.shape == (-(-VOCABULARY // hvd.size()), WIDTH), model.embed.weight.shape
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(STEPS):
+        tokens = torch.randint(0, VOCABULARY, (BATCH * hvd.size(),), generator=generator).to(DEVICE)
+        targets = torch.randint(0, VOCABULARY, (BATCH * hvd.size(),), generator=generator).to(DEVICE)
+        for opt in (reference_optimizer, optimizer):
+            opt.zero_grad()
+        torch.nn.functional.cross_entropy(reference(tokens), targets).backward()
+        torch.nn.functional.cross_entropy(model(mine(tokens)), mine(targets)).backward()
+        reference_optimizer.step()
+        optimizer.step()
+    assert_matches(model, reference, case)
+    state = hvd.full_optimizer_state_dict(model, optimizer, rank0_only=False)["state"]
+    expected = reference_optimizer.state_dict()["state"]
+    assert sorted(state) == sorted(expected), (case, sorted(state), sorted(expected))
+    for index, entry in expected.items():
+        for key, value in entry.items():
+            error = (state[index][key].float() - value.cpu().float()).abs().max().item()
+            assert error <= 1e-5, f"{case}: Adam's {key} of parameter {index} differs by {error}"
+
+
+def tied_without_a_common_unit() -> None:
+    """Embedding and head wrapped apart and no unit holding both: refused at the first forward."""
+    with torch.device(DEVICE):
+        model = TiedLanguageModel()
+    hvd.fully_shard(model.embed)
+    hvd.fully_shard(model.head)
+    try:
+        model(torch.zeros(2, dtype=torch.long, device=DEVICE))
+    except ValueError as error:
+        assert "belong to no unit that holds every module using them" in str(error), str(error)
+        assert "Embedding.weight" in str(error) and "Linear.weight" in str(error), str(error)
+        return
+    raise AssertionError("a tie no unit can hold was accepted")
+
+
+TIED_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
+TIED_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
+
+
+def sharded_tied(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    with torch.device(DEVICE):
+        model = TiedLanguageModel()
+    for name in WRAPPED["tied_sibling_units"]:
+        hvd.fully_shard(getattr(model, name))
+    hvd.fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def save_tied(directory: str) -> None:
+    """A sharded checkpoint of a model with a tied weight (stored once), and the full state it must give back."""
+    model, optimizer = sharded_tied(seed=3)
+    torch.nn.functional.cross_entropy(model(mine(torch.arange(BATCH * hvd.size(), device=DEVICE) % VOCABULARY)),
+                                      torch.zeros(BATCH, dtype=torch.long, device=DEVICE)).backward()
+    optimizer.step()
+    hvd.save_sharded_state(directory, model, optimizer)
+    full = hvd.full_state_dict(model), hvd.full_optimizer_state_dict(model, optimizer)
+    if hvd.rank() == 0:
+        torch.save(full, f"{directory}/expected.pt")
+
+
+def load_tied(directory: str) -> None:
+    """save_tied's checkpoint at this job's size: the same tied weight, biases and Adam state."""
+    model, optimizer = sharded_tied(seed=4)
+    hvd.load_sharded_state(directory, model, optimizer)
+    expected_model, expected_optimizer = torch.load(f"{directory}/expected.pt", weights_only=True)
+    full = hvd.full_state_dict(model, rank0_only=False)
+    assert list(full) == list(expected_model) and all(torch.equal(full[k], v) for k, v in expected_model.items())
+    state = hvd.full_optimizer_state_dict(model, optimizer, rank0_only=False)["state"]
+    assert sorted(state) == sorted(expected_optimizer["state"])
+    for index, entry in expected_optimizer["state"].items():
+        assert all(torch.equal(state[index][k], v) for k, v in entry.items()), index

@@ -1,0 +1,80 @@
+"""Which unit holds a parameter tied across fully_shard calls, in-process (building units needs no
+collective; the training itself is tested with real ranks in tests/multirank/test_fully_sharded.py)."""
+
+import pytest
+import torch
+
+from hvdlite.torch.fully_sharded.shard import fully_shard
+from hvdlite.torch.fully_sharded.ties import check_none_waiting
+
+
+class FakeSet:
+    """What building a unit asks of a process set: rank 0 of two ranks."""
+
+    def __init__(self, ranks=(0, 1)):
+        self.ranks = list(ranks)
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        return 0
+
+    def included(self):
+        return True
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.block = torch.nn.Linear(3, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def unit_params(module):
+    return [(p.owners[0][1], tuple(p.full.shape)) for p in module._hvdlite_unit.params]
+
+
+@pytest.mark.parametrize("wrapped", [[], ["embed"], ["head"], ["embed", "head"], ["head", "embed", "block"]])
+def test_the_lowest_unit_holding_every_use_holds_the_tied_parameter(wrapped):
+    model, ranks = Tied(), FakeSet()
+    for name in wrapped:
+        fully_shard(getattr(model, name), process_set=ranks)
+    fully_shard(model, process_set=ranks)
+    tied = [p for p in model._hvdlite_unit.params if len(p.owners) == 2]
+    assert len(tied) == 1 and {(id(m), a) for m, a in tied[0].owners} == {(id(model.embed), "weight"),
+                                                                       (id(model.head), "weight")}
+    assert model.embed.weight is model.head.weight is tied[0].shard and tied[0].shard.shape == (3, 3)
+    for name in wrapped:  # the inner units gave it up, and their layouts no longer count it
+        unit = getattr(model, name)._hvdlite_unit
+        assert tied[0] not in unit.params and len(unit.layout.params) == len(unit.params)
+        assert tied[0].holder is model._hvdlite_unit
+    check_none_waiting(model, [m._hvdlite_unit for m in model.modules() if hasattr(m, "_hvdlite_unit")])
+
+
+def test_a_tie_between_sibling_units_waits_and_is_refused_if_nothing_takes_it():
+    model, ranks = Tied(), FakeSet()
+    fully_shard(model.embed, process_set=ranks)
+    fully_shard(model.head, process_set=ranks)
+    assert unit_params(model.embed) == [] and unit_params(model.head) == []
+    with pytest.raises(ValueError, match=r"\[\['Embedding.weight', 'Linear.weight'\]\] belong to no unit"):
+        check_none_waiting(model.embed, [model.embed._hvdlite_unit])
+
+
+def test_a_shard_tied_after_sharding_moves_to_the_enclosing_unit():
+    model, ranks = Tied(), FakeSet()
+    model.head.weight = torch.nn.Parameter(torch.zeros(5, 3))
+    fully_shard(model.embed, process_set=ranks)
+    model.head.weight = model.embed.weight  # the shard itself
+    fully_shard(model, process_set=ranks)
+    assert [name for name, _ in unit_params(model)] == ["weight", "bias", "weight"]  # block's, then the tied one
+    assert model.head.weight is model.embed.weight and unit_params(model.embed) == []
+
+
+def test_a_tie_across_process_sets_is_refused_by_name():
+    model = Tied()
+    fully_shard(model.embed, process_set=FakeSet((0, 1)))
+    with pytest.raises(ValueError, match="parameter 'embed.weight' is tied to a unit sharded over"):
+        fully_shard(model, process_set=FakeSet((0, 2)))
