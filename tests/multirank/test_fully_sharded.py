@@ -9,7 +9,7 @@ from .harness import SCRIPTS, run_job, run_script, shared_script
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
          "mixed_precision", "mixed_precision_bf16_reduce", "hybrid",
-         "distributed_optimizer", "frozen", "evaluation", "checkpoint", "memory", "refusals",
+         "distributed_optimizer", "frozen", "evaluation", "activation_checkpointing", "checkpoint", "memory", "refusals",
          "tied_in_one_unit", "tied_embedding_unit", "tied_head_unit", "tied_sibling_units", "tied_without_a_common_unit"]
 
 

@@ -14,6 +14,8 @@ previous unit's when its backward starts.
   ``reshard_after_forward=False``).
 - After a unit's backward: reduce-scatter its gradients, reshard, and land the previous unit's
   reduce-scatter (so one unit's reduction overlaps the next unit's backward, and no more are held).
+- A forward inside a unit's backward (activation checkpointing recomputing it) keeps the gathered
+  parameters and prefetches nothing: the backward about to run needs them.
 - At the end of backward (a callback autograd runs once per backward): units whose inputs needed
   no gradient (the first layer) reduce here; every reduce-scatter is waited for, gradients land on
   the shards, and every unit is sharded again.
@@ -68,8 +70,9 @@ class ShardedRoot:
             self.order.append(unit)
         unit.ran_with_grad |= torch.is_grad_enabled()
         unit.wait_unshard()
-        for following in self._forward_prefetch(unit):
-            following.unshard()
+        if not unit.in_backward:  # (a forward inside backward recomputes activations: nothing to prefetch)
+            for following in self._forward_prefetch(unit):
+                following.unshard()
         if unit.precision.param_dtype is not None and unit.precision.cast_forward_inputs:
             args, kwargs = _cast_floats((args, kwargs), unit.precision.param_dtype)
         if not torch.is_grad_enabled():
@@ -86,6 +89,10 @@ class ShardedRoot:
         unit's ``output_dtype`` if it has one)."""
         if unit.precision.output_dtype is not None:
             output = _cast_floats(output, unit.precision.output_dtype)
+        if unit.in_backward:
+            # Activation checkpointing recomputing this unit's forward in its backward: the backward
+            # about to run needs the full parameters, and its hooks are already in place (FSDP2 does the same).
+            return output
         flat, _ = tree_flatten(output)
         needing = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
         if torch.is_grad_enabled() and needing:
@@ -114,6 +121,7 @@ class ShardedRoot:
         if not self.backward_queued:
             self.backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
+        unit.in_backward = True
         unit.wait_unshard()
         for previous in self._backward_prefetch(unit):
             previous.unshard()
@@ -127,6 +135,7 @@ class ShardedRoot:
         return self.order[index - 1:index] if index > 0 else []
 
     def post_backward(self, unit: ShardedUnit) -> None:
+        unit.in_backward = False
         if unit.ran_with_grad:
             unit.reduce_gradients()
         unit.reshard()
@@ -145,6 +154,7 @@ class ShardedRoot:
         for unit in self.units:
             unit.end_backward()
             unit.reshard()
+            unit.in_backward = False
 
 
 __all__ = ["ShardedRoot"]

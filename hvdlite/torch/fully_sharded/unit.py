@@ -114,6 +114,7 @@ class ShardedUnit:
         self._reduced = 0  # reduce-scatters started in this backward
         self.root = None  # the ShardedRoot, set at the first forward
         self.ran_with_grad = False  # this iteration's forward ran with autograd on: its backward reduces
+        self.in_backward = False  # between this unit's pre-backward and post-backward
         self.lifted: list[ShardedParam] = []  # parameters tied across units, waiting for a unit holding every use
         self._take_layout(layout)
         for param in params:
@@ -225,7 +226,7 @@ class ShardedUnit:
         shards again, drop gradients, and take ``layout`` (the world's size changed) if given."""
         self._gather, self._group_rows = None, None
         self._reduces.clear()
-        self._reduced, self.ran_with_grad = 0, False
+        self._reduced, self.ran_with_grad, self.in_backward = 0, False, False
         self._put_shards_back()
         self.state = UnitState.SHARDED
         for param in self.params:

@@ -23,7 +23,7 @@ from fully_sharded_common import (
     mine_of,
     shard,
 )
-from fully_sharded_tied import TIED_CASES, load_tied, save_tied
+from fully_sharded_wrapping import WRAPPING_CASES, load_tied, save_tied
 
 import hvdlite.torch as hvd
 
@@ -344,7 +344,7 @@ CASES = {
     "refusals": refusals,
     "save_sharded": save_sharded,
     "load_sharded": load_sharded,
-    **TIED_CASES,
+    **WRAPPING_CASES,
 }
 ARGS: list[str] = []
 

@@ -1,11 +1,13 @@
-"""fully_shard with one Parameter used by two modules (an embedding's weight reused by the output
-layer), wrapped in every arrangement: against one process training the plain model on the whole
-batch, with Adam, parameters and Adam's state to 1e-5. Cases of fully_sharded.py."""
+"""Cases of fully_sharded.py whose modules are arranged in other ways: one Parameter used by two
+modules (an embedding's weight reused by the output layer) in every wrapping, and blocks under
+activation checkpointing; against one process training the plain model on the whole batch, with
+Adam, parameters (and Adam's state) to 1e-5."""
 
 import copy
 
 import torch
-from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, mine
+import torch.utils.checkpoint
+from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, batches, build, loss_of, mine
 
 import hvdlite.torch as hvd
 
@@ -81,8 +83,44 @@ def tied_without_a_common_unit() -> None:
     raise AssertionError("a tie no unit can hold was accepted")
 
 
-TIED_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
-TIED_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
+class Checkpointed(torch.nn.Module):
+    """build()'s model with each block's activations recomputed in backward (torch.utils.checkpoint)."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.model, self.reentrant = build(), reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in list(self.model)[:-2]:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.model[-1](self.model[-2](x))
+
+
+def activation_checkpointing() -> None:
+    """Reentrant, non-reentrant, and non-reentrant without early stop: that recomputation runs a
+    unit's whole forward inside its backward, which must not reshard the parameters backward needs."""
+    for reentrant, early_stop in ((True, True), (False, True), (False, False)):
+        reference = Checkpointed(reentrant)
+        model = copy.deepcopy(reference)
+        for block in list(model.model)[:-2]:
+            hvd.fully_shard(block)
+        hvd.fully_shard(model)
+        reference_optimizer, optimizer = (torch.optim.Adam(m.parameters(), lr=0.01) for m in (reference, model))
+        with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+            for x, y in batches():
+                x.requires_grad_(reentrant)  # reentrant checkpointing computes gradients only for such inputs
+                for opt in (reference_optimizer, optimizer):
+                    opt.zero_grad()
+                loss_of(reference, x, y).backward()
+                loss_of(model, mine(x), mine(y)).backward()
+                reference_optimizer.step()
+                optimizer.step()
+        assert_matches(model, reference, f"activation checkpointing, reentrant {reentrant}, early stop {early_stop}")
+
+
+WRAPPING_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
+WRAPPING_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
+WRAPPING_CASES["activation_checkpointing"] = activation_checkpointing
 
 
 def sharded_tied(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
