@@ -10,7 +10,7 @@ from ...errors import ProcessSetError
 from ...lifecycle import add_process_set
 from ...objects import allgather_object
 from ...process_sets import ProcessSet, global_process_set
-from . import ties
+from . import stale, ties
 from .layout import UnitLayout
 from .root import ShardedRoot
 from .unit import MixedPrecisionPolicy, ShardedParam, ShardedUnit, UnitOptions
@@ -184,6 +184,7 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     nothing). Returns ``module``, whose class now also has :class:`FullyShardedModule`'s methods.
     """
     _check_arguments(process_set, reshard_after_forward, mp_policy, offload)
+    stale.watch_optimizers()
     _check_replicas(process_set, replicate_process_set)
     if hasattr(module, "_hvdlite_unit"):
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
@@ -229,6 +230,7 @@ def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.
         full.untyped_storage().resize_(0)
     sharded = ShardedParam(owners, shard, full, process_set, compute_device)
     ties.mark(param, sharded)
+    stale.mark_replaced(param, "fully_shard put its shard in its place")
     sharded.put_on_owners(shard)
     return sharded
 

@@ -19,6 +19,7 @@ import torch
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet
 from ..collectives.async_ops import Handle, allgather_async, allreduce_async, reducescatter_async, synchronize
+from . import stale
 from .layout import UnitLayout
 
 
@@ -143,6 +144,7 @@ class ShardedUnit:
             module, attribute = param.owners[0]
             current = module._parameters[attribute]
             if current is not param.shard:
+                stale.mark_replaced(param.shard, f"{type(module).__name__}._apply (to_empty, .to) replaced this shard")
                 current._hvdlite_fully_sharded = True
                 current._hvdlite_sharded_as = param
                 param.shard = current

@@ -289,6 +289,10 @@ def refusals() -> None:
     refused("shard_optimizer_state", lambda: hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
         shard_optimizer_state=True), "shard_optimizer_state cannot apply to the parameters of a fully_shard")
+    early_model = build()
+    early = torch.optim.SGD(early_model.parameters(), lr=0.1)
+    shard(early_model)
+    refused("an optimizer built before fully_shard", early.step, "is no longer on the model")
     model(torch.ones(1, 7, device=DEVICE))
     late = build()
     late[4].weight = model[0][0].weight  # tied to a unit that has already run

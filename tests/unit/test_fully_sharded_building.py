@@ -1,5 +1,6 @@
-"""Which unit holds a parameter tied across fully_shard calls, in-process (building units needs no
-collective; the training itself is tested with real ranks in tests/multirank/test_fully_sharded.py)."""
+"""Building fully sharded units, in-process (it needs no collective; training is tested with real
+ranks in tests/multirank/test_fully_sharded.py): which unit holds a parameter tied across
+fully_shard calls, and optimizers holding parameters fully_shard replaced are refused."""
 
 import pytest
 import torch
@@ -78,3 +79,28 @@ def test_a_tie_across_process_sets_is_refused_by_name():
     fully_shard(model.embed, process_set=FakeSet((0, 1)))
     with pytest.raises(ValueError, match="parameter 'embed.weight' is tied to a unit sharded over"):
         fully_shard(model, process_set=FakeSet((0, 2)))
+
+
+def test_an_optimizer_built_before_fully_shard_is_refused_at_its_step():
+    model = Tied()
+    early = torch.optim.SGD(model.parameters(), lr=0.1)
+    fully_shard(model, process_set=FakeSet())
+    with pytest.raises(ValueError, match=r"SGD: its parameter 0 \(shape \(5, 3\)\) is no longer on the model: "
+                                         "fully_shard put its shard in its place. Build the optimizer after"):
+        early.step()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()  # built after: steps
+
+
+def test_an_optimizer_built_before_to_empty_is_refused_and_one_built_after_is_not():
+    with torch.device("meta"):
+        model = Tied()
+    fully_shard(model, process_set=FakeSet())
+    early = torch.optim.Adam(model.parameters())
+    model.to_empty(device="cpu")
+    with pytest.raises(ValueError, match="replaced this shard"):
+        early.step()
+    later = torch.optim.Adam(model.parameters())
+    later.step()
+    later.add_param_group({"params": [early.param_groups[0]["params"][0]]})  # checked again when it grows
+    with pytest.raises(ValueError, match="Adam: its parameter 3"):
+        later.step()
