@@ -1,6 +1,7 @@
 """Sharded parameters: hvdlite's fully_shard against torch's FSDP2, DDP and hvdlite's other modes.
 
 Run:  python bench/fully_sharded.py [--np 2] [--reps 5] [--steps 4] [--blocks 24] [--width 2048] [--update-readme]
+      python bench/fully_sharded.py --device cuda --np 3   (on a GPU machine: the ranks share its GPUs)
 
 Model: ``--blocks`` residual blocks ``x + relu(Linear(width, width)(x))`` (24 x 2048: 100.7 M
 parameters, fp32), ``torch.optim.Adam``, batch 8 per rank, one thread per rank. Modes:
@@ -20,6 +21,11 @@ replicated modes (``ddp``, ``unsharded``, ``zero``) in a second job (six copies 
 not fit in this machine's memory at np=3). Memory: one job per mode, after the timed steps: the model
 state each rank holds counted tensor by tensor (parameters + gradients + optimizer state, the
 gathered full parameters included if any are held), and each rank's peak RSS (the largest rank's).
+
+``--device cuda``: model, data and optimizer on the GPU (rank r on GPU r mod count; ranks sharing one
+take the host-staged plane), each step synchronized, and ``torch.cuda.max_memory_allocated`` per
+rank reported too. FSDP2 and DDP then run gloo on CUDA tensors; a job that fails (FSDP2's
+reduce-scatter over gloo may not take them) is reported and the other modes run without it.
 """
 
 from __future__ import annotations
@@ -37,12 +43,13 @@ from jobs import launch_worker  # noqa: E402
 from torch_training_step import RANK_ENV, init_gloo, time_steps  # noqa: E402
 
 SHARDED, REPLICATED = ("fsdp2", "fully", "fully_nopf"), ("ddp", "unsharded", "zero")
+TORCH_MODES = ("fsdp2", "ddp")
 MODES = SHARDED + REPLICATED
 TAG = "FULLY_SHARDED_RESULT "
 BATCH = 8
 
 
-def build_model(blocks: int, width: int) -> Any:
+def build_model(blocks: int, width: int, device: str = "cpu") -> Any:
     import torch
 
     class Block(torch.nn.Module):
@@ -54,10 +61,11 @@ def build_model(blocks: int, width: int) -> Any:
             return x + torch.relu(self.linear(x))
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[Block() for _ in range(blocks)])
+    with torch.device(device):
+        return torch.nn.Sequential(*[Block() for _ in range(blocks)])
 
 
-def wrap(mode: str, model: Any) -> tuple[Any, Any]:
+def wrap(mode: str, model: Any, device: str = "cpu") -> tuple[Any, Any]:
     """(the module to call, the optimizer) for ``mode``."""
     import torch
 
@@ -71,7 +79,7 @@ def wrap(mode: str, model: Any) -> tuple[Any, Any]:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (hvd.size(),))
+        mesh = init_device_mesh(device, (hvd.size(),))
         for block in model:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -137,14 +145,16 @@ def state_bytes(model: Any, optimizer: Any) -> int:
 def make_step(mode: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import torch
 
-    model = build_model(args.blocks, args.width)
-    forward, optimizer = wrap(mode, model)
-    data = torch.randn(BATCH, args.width, generator=torch.Generator().manual_seed(1))
+    model = build_model(args.blocks, args.width, args.device)
+    forward, optimizer = wrap(mode, model, args.device)
+    data = torch.randn(BATCH, args.width, generator=torch.Generator().manual_seed(1)).to(args.device)
 
     def step() -> None:
         optimizer.zero_grad()
         forward(data).square().mean().backward()
         optimizer.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()  # the step's GPU work, not just its launch
 
     return step, model, optimizer
 
@@ -157,6 +167,8 @@ def run_worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     hvd.init(process_sets="dynamic" if "hybrid" in args.modes else None)
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     comm = MPI.COMM_WORLD
     if {"ddp", "fsdp2"} & set(args.modes):
         init_gloo()
@@ -175,31 +187,47 @@ def run_worker(args: argparse.Namespace) -> None:
             link[mode].append(sum(comm.allgather(sent if hvd.local_rank() == 0 else 0)) / args.steps)
     state = {mode: max(comm.allgather(state_bytes(model, optimizer))) for mode, (_, model, optimizer) in steps.items()}
     peak = max(comm.allgather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    gpu_peak = max(comm.allgather(torch.cuda.max_memory_allocated() if args.device == "cuda" else 0))
     if comm.Get_rank() == 0:
-        print(TAG + json.dumps({"rep_s": per_rep, "state": state, "peak_rss": peak, "link_bytes": link}), flush=True)
+        print(TAG + json.dumps({"rep_s": per_rep, "state": state, "peak_rss": peak, "gpu_peak": gpu_peak,
+                                "link_bytes": link}), flush=True)
 
 
 def launch(args: argparse.Namespace, modes: tuple[str, ...] | list[str], reps: int) -> dict[str, Any]:
     return launch_worker(__file__, args.np, ["--modes", ",".join(modes), "--reps", str(reps), "--steps", str(args.steps),
-                          "--warmup", str(args.warmup), "--blocks", str(args.blocks), "--width", str(args.width)],
-                         TAG, RANK_ENV)
+                          "--warmup", str(args.warmup), "--blocks", str(args.blocks), "--width", str(args.width),
+                          "--device", args.device], TAG, RANK_ENV)
+
+
+def launch_or_skip(args: argparse.Namespace, modes: list[str], reps: int) -> dict[str, Any] | None:
+    """``launch``; on a GPU, a job with torch's modes that fails is run again without them (None if
+    nothing is left), so one baseline that cannot run costs no figures of the others."""
+    try:
+        return launch(args, modes, reps)
+    except SystemExit as failure:
+        left = [mode for mode in modes if mode not in TORCH_MODES]
+        if args.device != "cuda" or left == modes:
+            raise
+        print(f"{','.join(modes)}: {failure}; again without {sorted(set(modes) - set(left))}", flush=True)
+        return launch(args, left, reps) if left else None
 
 
 def report(args: argparse.Namespace, timing: dict[str, Any], alone: dict[str, dict[str, Any]]) -> list[str]:
     params = args.blocks * (args.width * args.width + args.width)
     unsharded_state = params * 4 * 4  # parameters, gradients, Adam's two moments (fp32)
+    gpu = args.device == "cuda"
     lines = [f"Adam, {args.blocks} x residual Linear({args.width}) ({params / 1e6:.1f} M parameters), batch {BATCH} "
-             f"per rank, np={args.np}, {os.cpu_count()} cores; {args.reps} reps x {args.steps} steps, median "
-             "[min-max] of per-rep means; step ratios against the mode of the same job (fsdp2 or ddp)", "",
-             "| mode | step s | step / baseline | model state MB per rank | state / (unsharded / N) | peak RSS MB |",
-             "|---|---|---|---|---|---|"]
-    for mode in MODES:
-        values = timing[mode]
-        base = statistics.median(timing["fsdp2" if mode in SHARDED else "ddp"])
+             f"per rank, np={args.np}, {os.cpu_count()} cores, {args.device}; {args.reps} reps x {args.steps} steps, "
+             "median [min-max] of per-rep means; step ratios against the mode of the same job (fsdp2 or ddp)", "",
+             "| mode | step s | step / baseline | model state MB per rank | state / (unsharded / N) | peak RSS MB |"
+             + (" peak GPU MB |" if gpu else ""), "|---|---|---|---|---|---|" + ("---|" if gpu else "")]
+    for mode in (mode for mode in MODES if mode in timing and mode in alone):
+        values, baseline = timing[mode], timing.get("fsdp2" if mode in SHARDED else "ddp")
+        ratio = f"{statistics.median(values) / statistics.median(baseline):.2f}" if baseline else "-"
         state = alone[mode]["state"][mode]
-        lines.append(f"| {mode} | {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}] | "
-                     f"{statistics.median(values) / base:.2f} | {state / 1e6:.0f} | "
-                     f"{state / (unsharded_state / args.np):.3f} | {alone[mode]['peak_rss'] / 1e6:.0f} |")
+        lines.append(f"| {mode} | {statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}] | {ratio} | "
+                     f"{state / 1e6:.0f} | {state / (unsharded_state / args.np):.3f} | "
+                     f"{alone[mode]['peak_rss'] / 1e6:.0f} |" + (f" {alone[mode]['gpu_peak'] / 1e6:.0f} |" if gpu else ""))
     print("\n" + "\n".join(lines))
     return lines
 
@@ -213,6 +241,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=24)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--update-readme", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-link", default="", help=argparse.SUPPRESS)  # the worker: an interface to count
@@ -221,13 +250,17 @@ def main() -> None:
     if args.worker:
         run_worker(args)
         return
-    timing = {**launch(args, SHARDED, args.reps)["rep_s"], **launch(args, REPLICATED, args.reps)["rep_s"]}
-    alone = {mode: launch(args, [mode], 1) for mode in MODES}
+    timing: dict[str, list[float]] = {}
+    for group in (SHARDED, REPLICATED):
+        chosen = [mode for mode in group if mode in args.modes]
+        result = launch_or_skip(args, chosen, args.reps) if chosen else None
+        timing.update(result["rep_s"] if result else {})
+    alone = {mode: result for mode in timing if (result := launch_or_skip(args, [mode], 1))}
     lines = report(args, timing, alone)
     if args.update_readme:
         from readme import replace_block
 
-        replace_block(f"fully_sharded np={args.np}", "\n".join(lines))
+        replace_block(f"fully_sharded {'cuda ' if args.device == 'cuda' else ''}np={args.np}", "\n".join(lines))
 
 
 if __name__ == "__main__":
