@@ -104,3 +104,11 @@ def test_an_optimizer_built_before_to_empty_is_refused_and_one_built_after_is_no
     later.add_param_group({"params": [early.param_groups[0]["params"][0]]})  # checked again when it grows
     with pytest.raises(ValueError, match="Adam: its parameter 3"):
         later.step()
+
+
+def test_a_tie_between_units_that_both_offload_resolves():
+    # Without CUDA, offloading changes nothing, so the two units compute in the same place.
+    model, ranks = Tied(), FakeSet()
+    fully_shard(model.embed, process_set=ranks, offload="cpu")
+    fully_shard(model, process_set=ranks, offload="cpu")
+    assert [len(p.owners) for p in model._hvdlite_unit.params] == [1, 1, 2]

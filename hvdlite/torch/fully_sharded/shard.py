@@ -190,7 +190,8 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
         raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
     found, tied = _own_parameters(module)
     own = list(found.values())
-    taken, lifted = ties.take_ties(module, tied, process_set, offload is not None)
+    taken, lifted = ties.take_ties(module, tied, process_set,
+                                   lambda param: None if offload is None else _compute_device(param.full))
     layout = UnitLayout.plan([(name, param.shape) for name, _, param in own]
                              + [(name, param.full.shape) for name, param in taken], process_set.size())
     params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()), process_set,

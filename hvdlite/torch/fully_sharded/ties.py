@@ -17,6 +17,8 @@ shard itself, tied after sharding) resolves the tie:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...process_sets import ProcessSet
@@ -37,17 +39,19 @@ def mark(original: torch.nn.Parameter, sharded: ShardedParam) -> None:
 
 
 def take_ties(module: torch.nn.Module, found: dict[int, tuple[Owners, ShardedParam]], process_set: ProcessSet,
-              offloaded: bool) -> tuple[list[tuple[str, ShardedParam]], list[ShardedParam]]:
+              compute_device: Callable[[ShardedParam], torch.device | None],
+              ) -> tuple[list[tuple[str, ShardedParam]], list[ShardedParam]]:
     """Resolve the ties of the unit being made on ``module``: ``found`` holds the already sharded
     parameters among its own modules (where they are registered, which they are), keyed by
-    identity; the units under it may hold lifted ones. Returns (name, parameter) for each one the
+    identity; the units under it may hold lifted ones. ``compute_device``: where the new unit would
+    compute a parameter (offloaded: its accelerator; else None). Returns (name, parameter) for each one the
     new unit takes, and the lifted ones it leaves waiting."""
     paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
     candidates = {id(p): p for sub in module.modules() for p in getattr(getattr(sub, "_hvdlite_unit", None), "lifted", [])
                   if p.holder is None}
     candidates.update((id(param), param) for _, param in found.values())
     for param in candidates.values():
-        _check_compatible(param, process_set, offloaded, _name_of(param, paths))
+        _check_compatible(param, process_set, compute_device(param), _name_of(param, paths))
     for owners, param in found.values():
         param.owners.extend(owner for owner in owners if owner not in param.owners)
         param.put_on_owners(param.shard)
@@ -72,14 +76,15 @@ def _name_of(param: ShardedParam, paths: dict[int, str]) -> str:
     return param.owners[0][1]
 
 
-def _check_compatible(param: ShardedParam, process_set: ProcessSet, offloaded: bool, name: str) -> None:
+def _check_compatible(param: ShardedParam, process_set: ProcessSet, compute_device: torch.device | None,
+                      name: str) -> None:
     if param.holder is not None and param.holder.root is not None:
         raise ValueError(f"fully_shard: parameter '{name}' is tied to unit '{param.holder.name}', which has already "
                          "run; call fully_shard on every module before the first forward")
     if param.process_set.ranks != process_set.ranks:
         raise ValueError(f"fully_shard: parameter '{name}' is tied to a unit sharded over {param.process_set}, "
                          f"this one shards over {process_set}; tied parameters need units on one process set")
-    if (param.compute_device is not None) != offloaded:
+    if param.compute_device != compute_device:
         raise ValueError(f"fully_shard: parameter '{name}' is tied to a unit with another offload setting; "
                          "tied parameters need units that both offload, or neither")
 
