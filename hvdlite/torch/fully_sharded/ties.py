@@ -44,8 +44,8 @@ def take_ties(module: torch.nn.Module, found: dict[int, tuple[Owners, ShardedPar
     """Resolve the ties of the unit being made on ``module``: ``found`` holds the already sharded
     parameters among its own modules (where they are registered, which they are), keyed by
     identity; the units under it may hold lifted ones. ``compute_device``: where the new unit would
-    compute a parameter (offloaded: its accelerator; else None). Returns (name, parameter) for each one the
-    new unit takes, and the lifted ones it leaves waiting."""
+    compute a parameter (offloaded: its accelerator; else None). Returns (name, parameter) for each
+    one the new unit takes, and the lifted ones it leaves waiting."""
     paths = {id(m): path for path, m in module.named_modules(remove_duplicate=False)}
     candidates = {id(p): p for sub in module.modules() for p in getattr(getattr(sub, "_hvdlite_unit", None), "lifted", [])
                   if p.holder is None}

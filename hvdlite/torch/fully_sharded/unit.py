@@ -61,10 +61,12 @@ class ShardedParam:
 
     owners: list[tuple[torch.nn.Module, str]]  # (module, attribute) pairs that hold it (tied: several)
     shard: torch.nn.Parameter
-    full: torch.nn.Parameter = dataclasses.field(repr=False)  # storage resized to 0 while sharded (printing it would crash)
+    # Storage resized to 0 while the unit is sharded (printing it then would crash: not in the repr).
+    full: torch.nn.Parameter = dataclasses.field(repr=False)
     process_set: ProcessSet  # whose ranks the shard was cut for
     compute_device: torch.device | None = None  # offload: the full parameter's device (the shard is on the CPU)
-    holder: ShardedUnit | None = dataclasses.field(default=None, repr=False)  # the unit it belongs to; None while a tie across units waits (ties.py)
+    # The unit it belongs to; None while a parameter tied across units waits for one (ties.py).
+    holder: ShardedUnit | None = dataclasses.field(default=None, repr=False)
 
     def follow_shard(self, dtype: torch.dtype | None) -> None:
         """Make the full parameter anew (in ``dtype``, else the shard's) if the shard moved
