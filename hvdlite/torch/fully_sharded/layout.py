@@ -16,9 +16,16 @@ r owns. Every rank computes the same layout from the same module, so nothing is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Iterable
 
 import torch
+
+
+def common_dtype(dtypes: Iterable[torch.dtype]) -> torch.dtype:
+    """The dtype that holds values of each of ``dtypes`` (bf16 and fp32: fp32; bf16 and fp16: fp32)."""
+    return functools.reduce(torch.promote_types, dtypes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +92,9 @@ class UnitLayout:
         return sum(p.shard_numel for p in self.params)
 
     def pack_shards(self, shards: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
-        """This rank's shards, one after the other (cast to ``dtype``), as the all-gather's input."""
-        out = shards[0].new_empty(self.shard_numel, dtype=dtype or shards[0].dtype)
+        """This rank's shards, one after the other (cast to ``dtype``; by default to one that holds
+        each shard's dtype exactly: an fp32 norm beside bf16 weights is not rounded), as the all-gather's input."""
+        out = shards[0].new_empty(self.shard_numel, dtype=dtype or common_dtype(shard.dtype for shard in shards))
         for layout, shard in zip(self.params, shards, strict=True):
             out[layout.offset:layout.offset + layout.shard_numel].copy_(shard.reshape(-1))
         return out

@@ -20,7 +20,7 @@ from ...ops import ReduceOp
 from ...process_sets import ProcessSet
 from ..collectives.async_ops import Handle, allgather_async, allreduce_async, reducescatter_async, synchronize
 from . import stale
-from .layout import UnitLayout
+from .layout import UnitLayout, common_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +198,8 @@ class ShardedUnit:
             packed = self.layout.pack_shards([p.shard.detach() for p in self.params])
         gathered = synchronize(allgather_async(packed, name=f"fully_shard.{self.name}.copies",
                                                process_set=self.process_set))
-        copies = [torch.empty(layout.shape, dtype=packed.dtype) for layout in self.layout.params]
+        copies = [torch.empty(layout.shape, dtype=p.shard.dtype) for layout, p in zip(self.layout.params, self.params,
+                                                                                      strict=True)]
         self.layout.copy_full(gathered.cpu(), copies)
         return copies
 
@@ -260,7 +261,8 @@ class ShardedUnit:
         if self._reduced and all(g is None for g in grads):
             return
         first = self._trainable[0]
-        dtype = self.precision.reduce_dtype or first.full.dtype  # FSDP2's default: the compute dtype
+        # FSDP2's default: the compute dtype (one holding each trainable parameter's, if they differ)
+        dtype = self.precision.reduce_dtype or common_dtype(p.full.dtype for p in self._trainable)
         # Packed where the gradients are; offloaded, moved to the shards' (host) memory in one copy.
         packed = self.layout.pack_gradients(grads, dtype, first.full.device).to(first.shard.device)
         for param in self._trainable:

@@ -1,6 +1,6 @@
 """Cases of fully_sharded.py whose modules are arranged in other ways: one Parameter used by two
-modules (an embedding's weight reused by the output layer) in every wrapping, and blocks under
-activation checkpointing; against one process training the plain model on the whole batch, with
+modules (an embedding's weight reused by the output layer) in every wrapping, blocks under
+activation checkpointing, and units whose parameters have different dtypes; against one process training the plain model on the whole batch, with
 Adam, parameters (and Adam's state) to 1e-5."""
 
 import copy
@@ -118,9 +118,44 @@ def activation_checkpointing() -> None:
         assert_matches(model, reference, f"activation checkpointing, reentrant {reentrant}, early stop {early_stop}")
 
 
+def mixed_dtypes() -> None:
+    """Units holding bf16 Linears and fp32 LayerNorms (as models that keep their norms in fp32): each
+    parameter is gathered exactly, in its own dtype, and the norms' gradients are averaged in fp32."""
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        reference = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH).to(torch.bfloat16),
+                                                              torch.nn.LayerNorm(WIDTH)) for _ in range(2)])
+    with torch.no_grad():
+        for block in reference:
+            block[1].weight.add_(torch.randn(WIDTH, device=DEVICE) * 1e-3)  # values bf16 cannot hold
+    model = copy.deepcopy(reference)
+    for block in model:
+        hvd.fully_shard(block)
+    hvd.fully_shard(model)
+    full = hvd.full_state_dict(model, rank0_only=False)
+    for key, value in reference.state_dict().items():
+        assert full[key].dtype == value.dtype and torch.equal(full[key], value.cpu()), key
+    x = torch.randn(BATCH * hvd.size(), WIDTH, generator=torch.Generator().manual_seed(5)).to(DEVICE, torch.bfloat16)
+    assert torch.equal(model(mine(x)), reference(mine(x)))  # the same weights, bit for bit
+    model(mine(x)).float().square().mean().backward()
+    # The reference: each rank's own computation (bf16 upstream of the norms, so not the whole
+    # batch's), its fp32 norm gradients averaged in fp32.
+    per_rank = []
+    for rank in range(hvd.size()):
+        plain = copy.deepcopy(reference)
+        plain(x[rank * BATCH:(rank + 1) * BATCH]).float().square().mean().backward()
+        per_rank.append([block[1].weight.grad for block in plain])
+    rows = -(-WIDTH // hvd.size())
+    for index, sharded in enumerate(model):
+        expected = (sum(grads[index] for grads in per_rank) / hvd.size())[hvd.rank() * rows:(hvd.rank() + 1) * rows]
+        error = (sharded[1].weight.grad[:len(expected)] - expected).abs().max().item()
+        assert error <= 1e-6 * expected.abs().max().item(), f"fp32 norm gradient off by {error}"
+
+
 WRAPPING_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
 WRAPPING_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
 WRAPPING_CASES["activation_checkpointing"] = activation_checkpointing
+WRAPPING_CASES["mixed_dtypes"] = mixed_dtypes
 
 
 def sharded_tied(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
