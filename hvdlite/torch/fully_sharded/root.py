@@ -23,6 +23,7 @@ previous unit's when its backward starts.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -75,12 +76,14 @@ class ShardedRoot:
                 following.unshard()
         if unit.precision.param_dtype is not None and unit.precision.cast_forward_inputs:
             args, kwargs = _cast_floats((args, kwargs), unit.precision.param_dtype)
+        unit.inputs_need_grad = False
         if not torch.is_grad_enabled():
             return args, kwargs
         flat, _ = tree_flatten((args, kwargs))
         needing = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
         if not needing:
             return args, kwargs
+        unit.inputs_need_grad = True
         wrapped = dict(zip(map(id, needing), _PostBackward.apply(unit, *needing), strict=True))
         return tree_map(lambda t: wrapped.get(id(t), t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
 
@@ -93,20 +96,43 @@ class ShardedRoot:
             # Activation checkpointing recomputing this unit's forward in its backward: the backward
             # about to run needs the full parameters, and its hooks are already in place (FSDP2 does the same).
             return output
+        grad = torch.is_grad_enabled()
         flat, _ = tree_flatten(output)
         needing = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
-        if torch.is_grad_enabled() and needing:
+        if grad and needing:
             torch.autograd.graph.register_multi_grad_hook(needing, lambda _: self.pre_backward(unit), mode="any")
+        # No tensor in sight (a class pytree does not know, or None): a backward may still come.
+        hidden = grad and bool(unit.trainable or unit.inputs_need_grad) and not any(
+            isinstance(t, torch.Tensor) for t in flat)
+        if hidden:
+            self._keep_for_hidden_backward(unit, output)
         if unit.module is self.module:
             self.recording = False
-            if not (torch.is_grad_enabled() and needing):  # no backward follows: shard everything now
+            if not (grad and needing) and not hidden:  # no backward follows: shard everything now
                 for each in self.units:
                     each.reshard()
-        elif unit.reshard_after_forward and torch.is_grad_enabled():
+        elif unit.reshard_after_forward and grad and not hidden:
             unit.reshard_for_backward()
-        elif unit.reshard_after_forward:
+        elif unit.reshard_after_forward and not grad:
             unit.reshard()  # evaluation: no backward will want the 1/G a reshard group keeps
         return output
+
+    def _keep_for_hidden_backward(self, unit: ShardedUnit, output: Any) -> None:
+        """A unit whose output hides its tensors from pytree (a class it does not know) cannot have
+        its pre-backward hooked there, yet a backward may come through it: keep its full parameters
+        (freeing them would let that backward read freed memory) and start its backward's business
+        when the first of its gradients arrives."""
+        if not unit.warned_hidden:
+            unit.warned_hidden = True
+            warnings.warn(f"fully_shard: unit '{unit.name}' returned a {type(output).__name__}, in which no tensor "
+                          "is visible to torch.utils._pytree: its full parameters stay gathered until its backward. "
+                          "Return tensors (or lists, tuples, dicts, or a registered pytree node) to free them after "
+                          "forward", stacklevel=4)
+        if unit.hidden_hook is not None:
+            unit.hidden_hook.remove()
+        fulls = [param.full for param in unit.trainable]
+        unit.hidden_hook = None if not fulls else torch.autograd.graph.register_multi_grad_hook(
+            fulls, lambda _: self.pre_backward(unit), mode="any")
 
     def _forward_prefetch(self, unit: ShardedUnit) -> list[ShardedUnit]:
         if unit.forward_prefetch is not None:
@@ -155,6 +181,9 @@ class ShardedRoot:
             unit.end_backward()
             unit.reshard()
             unit.in_backward = False
+            if unit.hidden_hook is not None:
+                unit.hidden_hook.remove()
+                unit.hidden_hook = None
 
 
 __all__ = ["ShardedRoot"]

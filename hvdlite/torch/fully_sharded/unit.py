@@ -118,6 +118,9 @@ class ShardedUnit:
         self.root = None  # the ShardedRoot, set at the first forward
         self.ran_with_grad = False  # this iteration's forward ran with autograd on: its backward reduces
         self.in_backward = False  # between this unit's pre-backward and post-backward
+        self.inputs_need_grad = False  # this forward's inputs (some of them) require grad
+        self.hidden_hook = None  # the gradient hook of a unit whose output hides its tensors (root.py)
+        self.warned_hidden = False
         self.lifted: list[ShardedParam] = []  # parameters tied across units, waiting for a unit holding every use
         self._take_layout(layout)
         for param in params:
@@ -127,7 +130,7 @@ class ShardedUnit:
         self.layout = self._gather_layout = layout  # (the gather layout: the one of the all-gather in flight)
         self.group_layout = None if self.reshard_group is None else UnitLayout.plan(
             [(p.name, p.shape) for p in layout.params], self.reshard_group.size())
-        self._trainable = [p for p in self.params if p.full.requires_grad]
+        self.trainable = [p for p in self.params if p.full.requires_grad]
 
     def release(self, param: ShardedParam) -> None:
         """Give up ``param`` (tied across units: another unit takes it); before the first forward only,
@@ -255,17 +258,17 @@ class ShardedUnit:
         ran twice reduces after each backward pass through it (each reduce-scatter is named by its
         count, the same on every rank).
         """
-        if not self._trainable or not self.requires_gradient_sync:
+        if not self.trainable or not self.requires_gradient_sync:
             return
         grads = [p.full.grad if p.full.requires_grad else None for p in self.params]
         if self._reduced and all(g is None for g in grads):
             return
-        first = self._trainable[0]
+        first = self.trainable[0]
         # FSDP2's default: the compute dtype (one holding each trainable parameter's, if they differ)
-        dtype = self.precision.reduce_dtype or common_dtype(p.full.dtype for p in self._trainable)
+        dtype = self.precision.reduce_dtype or common_dtype(p.full.dtype for p in self.trainable)
         # Packed where the gradients are; offloaded, moved to the shards' (host) memory in one copy.
         packed = self.layout.pack_gradients(grads, dtype, first.full.device).to(first.shard.device)
-        for param in self._trainable:
+        for param in self.trainable:
             param.full.grad = None
         name = f"fully_shard.{self.name}.reducescatter" + (f".{self._reduced}" if self._reduced else "")
         self._reduced += 1

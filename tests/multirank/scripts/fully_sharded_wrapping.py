@@ -4,6 +4,7 @@ activation checkpointing, and units whose parameters have different dtypes; agai
 Adam, parameters (and Adam's state) to 1e-5."""
 
 import copy
+import warnings
 
 import torch
 import torch.utils.checkpoint
@@ -152,10 +153,64 @@ def mixed_dtypes() -> None:
         assert error <= 1e-6 * expected.abs().max().item(), f"fp32 norm gradient off by {error}"
 
 
+class Holder:
+    """An output class torch.utils._pytree does not know: the tensor in it is hidden from the hooks."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class HiddenOutputs(torch.nn.Module):
+    """Blocks that return Holders (a forward hook wraps their outputs), and a model that returns one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(2))
+        self.head = torch.nn.Linear(WIDTH, 3)
+
+    def forward(self, x: torch.Tensor) -> Holder:
+        for block in self.blocks:
+            x = torch.tanh(block(x).tensor)
+        return Holder(self.head(x))
+
+
+def hold(model: HiddenOutputs) -> None:
+    for block in model.blocks:  # prepended: the fully_shard hook after it sees the Holder
+        block.register_forward_hook(lambda _module, _args, output: Holder(output), prepend=True)
+
+
+def hidden_outputs() -> None:
+    """Units whose outputs hide their tensors keep their parameters until backward (with a warning)
+    instead of freeing memory their backward then reads, and still reduce their gradients."""
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        reference = HiddenOutputs()
+    model = copy.deepcopy(reference)
+    for block in model.blocks:
+        hvd.fully_shard(block)
+    hvd.fully_shard(model)
+    hold(reference)
+    hold(model)
+    reference_optimizer, optimizer = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches(WIDTH):
+            for opt in (reference_optimizer, optimizer):
+                opt.zero_grad()
+            torch.nn.functional.mse_loss(reference(x).tensor, y).backward()
+            torch.nn.functional.mse_loss(model(mine(x)).tensor, mine(y)).backward()
+            reference_optimizer.step()
+            optimizer.step()
+    assert any("returned a Holder, in which no tensor is visible" in str(w.message) for w in caught), caught
+    assert all(m._hvdlite_unit.state.name == "SHARDED" for m in (model, *model.blocks))
+    assert_matches(model, reference, "hidden_outputs")
+
+
 WRAPPING_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
 WRAPPING_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
 WRAPPING_CASES["activation_checkpointing"] = activation_checkpointing
 WRAPPING_CASES["mixed_dtypes"] = mixed_dtypes
+WRAPPING_CASES["hidden_outputs"] = hidden_outputs
 
 
 def sharded_tied(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
