@@ -186,6 +186,7 @@ class ShardedUnit:
                 for param in self.params:
                     param.follow_shard(self.precision.param_dtype)
                     _refill(param.full)
+                self._follow_requires_grad()
                 gathered = gathered.to(self.params[0].full.device)  # offloaded: one host-to-device copy
                 # through .data: no version bump, so the tensors autograd saved from it stay valid
                 self._gather_layout.copy_full(gathered, [param.full.data for param in self.params])
@@ -193,6 +194,16 @@ class ShardedUnit:
             self.state = UnitState.UNSHARDED
         for param in self.params:
             param.put_on_owners(param.full)
+
+    def _follow_requires_grad(self) -> None:
+        """A shard frozen or unfrozen after ``fully_shard`` (``requires_grad_`` on ``model.parameters()``):
+        its full parameter follows, so autograd computes the gradients the shards want (an unfrozen
+        shard would otherwise get zeros for ever)."""
+        changed = [param for param in self.params if param.full.requires_grad != param.shard.requires_grad]
+        for param in changed:
+            param.full.requires_grad_(param.shard.requires_grad)
+        if changed:
+            self.trainable = [param for param in self.params if param.full.requires_grad]
 
     def gather_copies(self) -> list[torch.Tensor]:
         """New whole tensors of the unit's parameters, gathered from the shards in their own dtype

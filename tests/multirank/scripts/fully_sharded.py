@@ -139,22 +139,29 @@ def group_reshard() -> None:
 
 
 def frozen() -> None:
-    """A unit with a frozen parameter among trainable ones: it keeps its value and gets no gradient."""
+    """A unit with frozen parameters among trainable ones: they keep their value and get no gradient;
+    then one is unfrozen and another frozen through the shards (after fully_shard), and both models
+    train on alike."""
     reference = build()
-    for model in (reference,):
-        model[1][0].bias.requires_grad_(False)
-        model[1][2].weight.requires_grad_(False)
+    reference[1][0].bias.requires_grad_(False)
+    reference[1][2].weight.requires_grad_(False)
     model = shard(copy.deepcopy(reference))
-    reference_optimizer = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.05)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
-    for x, y in batches():
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)  # frozen ones have no gradient: not stepped
+    for step, (x, y) in enumerate(batches()):
+        if step == 2:
+            for each in (reference, model):
+                each[1][2].weight.requires_grad_(True)
+                each[0][0].weight.requires_grad_(False)
         for opt in (reference_optimizer, optimizer):
             opt.zero_grad()
         loss_of(reference, x, y).backward()
         loss_of(model, mine(x), mine(y)).backward()
+        if step == 1:
+            assert model[1][0].bias.grad is None and model[1][2].weight.grad is None
         reference_optimizer.step()
         optimizer.step()
-    assert model[1][0].bias.grad is None and not model[1][0].bias.requires_grad
+    assert model[1][0].bias.grad is None and model[0][0].weight.grad is None
     assert_matches(model, reference, "frozen")
 
 
