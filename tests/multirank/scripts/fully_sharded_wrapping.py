@@ -1,7 +1,7 @@
-"""Cases of fully_sharded.py whose modules are arranged in other ways: one Parameter used by two
-modules (an embedding's weight reused by the output layer) in every wrapping, blocks under
-activation checkpointing, and units whose parameters have different dtypes; against one process training the plain model on the whole batch, with
-Adam, parameters (and Adam's state) to 1e-5."""
+"""Cases of fully_sharded.py whose models are built in other ways: one Parameter used by two modules
+(an embedding's weight reused by the output layer) in every wrapping, blocks under activation
+checkpointing, units whose parameters have different dtypes, and outputs that hide their tensors;
+against one process training the plain model on the whole batch."""
 
 import copy
 import warnings
