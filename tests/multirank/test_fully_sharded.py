@@ -11,7 +11,7 @@ CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumu
          "mixed_precision", "mixed_precision_bf16_reduce", "hybrid",
          "distributed_optimizer", "frozen", "evaluation", "activation_checkpointing", "checkpoint", "memory", "refusals",
          "tied_in_one_unit", "tied_embedding_unit", "tied_head_unit", "tied_sibling_units", "tied_without_a_common_unit",
-         "mixed_dtypes", "hidden_outputs"]
+         "mixed_dtypes", "hidden_outputs", "copies"]
 
 
 @pytest.mark.parametrize("case", CASES)

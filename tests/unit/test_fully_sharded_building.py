@@ -2,6 +2,8 @@
 ranks in tests/multirank/test_fully_sharded.py): which unit holds a parameter tied across
 fully_shard calls, and optimizers holding parameters fully_shard replaced are refused."""
 
+import copy
+
 import pytest
 import torch
 
@@ -112,3 +114,16 @@ def test_a_tie_between_units_that_both_offload_resolves():
     fully_shard(model.embed, process_set=ranks, offload="cpu")
     fully_shard(model, process_set=ranks, offload="cpu")
     assert [len(p.owners) for p in model._hvdlite_unit.params] == [1, 1, 2]
+
+
+def test_a_deep_copy_has_its_own_shards_ties_and_empty_full_parameters():
+    model, ranks = Tied(), FakeSet()
+    fully_shard(model.embed, process_set=ranks)
+    fully_shard(model, process_set=ranks)
+    twin = copy.deepcopy(model)
+    assert twin.embed.weight is twin.head.weight and twin.embed.weight is not model.embed.weight
+    assert torch.equal(twin.embed.weight, model.embed.weight)
+    for copied, original in zip(twin._hvdlite_unit.params, model._hvdlite_unit.params, strict=True):
+        assert copied.holder is twin._hvdlite_unit and copied.process_set is original.process_set
+        assert copied.full is not original.full and copied.full.untyped_storage().size() == 0
+        assert all(any(m is owner for m in twin.modules()) for owner, _ in copied.owners)

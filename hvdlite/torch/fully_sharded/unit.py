@@ -11,6 +11,7 @@ process set) into the shards' ``.grad``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 
@@ -82,6 +83,19 @@ class ShardedParam:
         for module, attribute in self.owners:
             module._parameters[attribute] = tensor
 
+    def __deepcopy__(self, memo: dict) -> ShardedParam:
+        # The full parameter is made anew, empty: copying it would read its freed storage.
+        full = torch.nn.Parameter(torch.empty_like(self.full, device=self.full.device),
+                                  requires_grad=self.full.requires_grad)
+        if full.device.type != "meta":
+            _free(full)
+        result = ShardedParam([], self.shard, full, self.process_set, self.compute_device)  # memo first: the
+        memo[id(self)] = result  # shard's attributes and the owners lead back here
+        result.shard = copy.deepcopy(self.shard, memo)
+        result.owners = copy.deepcopy(self.owners, memo)
+        result.holder = copy.deepcopy(self.holder, memo)
+        return result
+
 
 def _free(tensor: torch.Tensor) -> None:
     tensor.untyped_storage().resize_(0)
@@ -142,6 +156,21 @@ class ShardedUnit:
         self.params = [p for p, _ in kept]
         self._take_layout(UnitLayout.plan([(layout.name, layout.shape) for _, layout in kept], self.layout.ranks))
         param.holder = None
+
+    def __deepcopy__(self, memo: dict) -> ShardedUnit:
+        """``copy.deepcopy(model)`` (an EMA or teacher model): a sharded model of its own, with copies
+        of this rank's shards; taken with the unit sharded (it is resharded first), between iterations."""
+        if self._reduces or self.in_backward:
+            raise RuntimeError(f"fully_shard: copy.deepcopy of unit '{self.name}' during its backward; copy the model "
+                               "between iterations")
+        self.reshard()
+        result = ShardedUnit.__new__(ShardedUnit)
+        memo[id(self)] = result
+        immutable = {"layout", "group_layout", "_gather_layout", "precision", "process_set", "replicate_process_set",
+                     "reshard_group"}
+        for key, value in self.__dict__.items():
+            setattr(result, key, value if key in immutable else copy.deepcopy(value, memo))
+        return result
 
     def adopt_shards(self) -> None:
         """Take the Parameters the modules hold as the shards (after ``Module._apply`` replaced them)."""

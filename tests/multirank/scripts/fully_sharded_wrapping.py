@@ -1,14 +1,14 @@
 """Cases of fully_sharded.py whose models are built in other ways: one Parameter used by two modules
 (an embedding's weight reused by the output layer) in every wrapping, blocks under activation
-checkpointing, units whose parameters have different dtypes, and outputs that hide their tensors;
-against one process training the plain model on the whole batch."""
+checkpointing, units whose parameters have different dtypes, outputs that hide their tensors, and a
+deep copy of a sharded model; against one process training the plain model on the whole batch."""
 
 import copy
 import warnings
 
 import torch
 import torch.utils.checkpoint
-from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, batches, build, loss_of, mine
+from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, batches, build, loss_of, mine, shard
 
 import hvdlite.torch as hvd
 
@@ -206,11 +206,41 @@ def hidden_outputs() -> None:
     assert_matches(model, reference, "hidden_outputs")
 
 
+def copies() -> None:
+    """copy.deepcopy of a sharded model (an EMA): its own shards, the same outputs, and updated shard
+    by shard it matches the same EMA of the plain model."""
+    reference = build()
+    model = shard(copy.deepcopy(reference))
+    reference_optimizer, optimizer = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model))
+    average_of_reference, average = None, None
+    for step, (x, y) in enumerate(batches()):
+        for opt in (reference_optimizer, optimizer):
+            opt.zero_grad()
+        loss_of(reference, x, y).backward()
+        loss_of(model, mine(x), mine(y)).backward()
+        reference_optimizer.step()
+        optimizer.step()
+        if step == 1:
+            average_of_reference, average = copy.deepcopy(reference), copy.deepcopy(model)
+            assert not {id(p) for p in average.parameters()} & {id(p) for p in model.parameters()}
+            with torch.no_grad():
+                assert torch.equal(average(x), model(x))
+        elif step > 1:
+            with torch.no_grad():
+                for pairs in (zip(average_of_reference.parameters(), reference.parameters(), strict=True),
+                              zip(average.parameters(), model.parameters(), strict=True)):
+                    for kept, current in pairs:
+                        kept.lerp_(current, 0.5)
+    assert_matches(average, average_of_reference, "copies")
+    assert_matches(model, reference, "copies")
+
+
 WRAPPING_CASES = {case: (lambda case=case: tied(case)) for case in WRAPPED}
 WRAPPING_CASES["tied_without_a_common_unit"] = tied_without_a_common_unit
 WRAPPING_CASES["activation_checkpointing"] = activation_checkpointing
 WRAPPING_CASES["mixed_dtypes"] = mixed_dtypes
 WRAPPING_CASES["hidden_outputs"] = hidden_outputs
+WRAPPING_CASES["copies"] = copies
 
 
 def sharded_tied(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
