@@ -53,3 +53,14 @@ def assert_matches(sharded: torch.nn.Module, reference: torch.nn.Module, case: s
 
 def mine_of(tensor: torch.Tensor, rank: int) -> torch.Tensor:
     return tensor[rank * BATCH:(rank + 1) * BATCH]
+
+
+def step_both(reference: torch.nn.Module, model: torch.nn.Module, optimizers: tuple, x: torch.Tensor,
+              y: torch.Tensor) -> None:
+    """One step of each: the reference on the whole batch, the sharded model on this rank's slice."""
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+    loss_of(reference, x, y).backward()
+    loss_of(model, mine(x), mine(y)).backward()
+    for optimizer in optimizers:
+        optimizer.step()

@@ -8,7 +8,7 @@ import warnings
 
 import torch
 import torch.utils.checkpoint
-from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, batches, build, loss_of, mine, shard
+from fully_sharded_common import BATCH, DEVICE, STEPS, assert_matches, batches, build, mine, shard, step_both
 
 import hvdlite.torch as hvd
 
@@ -106,16 +106,11 @@ def activation_checkpointing() -> None:
         for block in list(model.model)[:-2]:
             hvd.fully_shard(block)
         hvd.fully_shard(model)
-        reference_optimizer, optimizer = (torch.optim.Adam(m.parameters(), lr=0.01) for m in (reference, model))
+        optimizers = tuple(torch.optim.Adam(m.parameters(), lr=0.01) for m in (reference, model))
         with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
             for x, y in batches():
                 x.requires_grad_(reentrant)  # reentrant checkpointing computes gradients only for such inputs
-                for opt in (reference_optimizer, optimizer):
-                    opt.zero_grad()
-                loss_of(reference, x, y).backward()
-                loss_of(model, mine(x), mine(y)).backward()
-                reference_optimizer.step()
-                optimizer.step()
+                step_both(reference, model, optimizers, x, y)
         assert_matches(model, reference, f"activation checkpointing, reentrant {reentrant}, early stop {early_stop}")
 
 
@@ -211,15 +206,10 @@ def copies() -> None:
     by shard it matches the same EMA of the plain model."""
     reference = build()
     model = shard(copy.deepcopy(reference))
-    reference_optimizer, optimizer = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model))
+    optimizers = tuple(torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model))
     average_of_reference, average = None, None
     for step, (x, y) in enumerate(batches()):
-        for opt in (reference_optimizer, optimizer):
-            opt.zero_grad()
-        loss_of(reference, x, y).backward()
-        loss_of(model, mine(x), mine(y)).backward()
-        reference_optimizer.step()
-        optimizer.step()
+        step_both(reference, model, optimizers, x, y)
         if step == 1:
             average_of_reference, average = copy.deepcopy(reference), copy.deepcopy(model)
             assert not {id(p) for p in average.parameters()} & {id(p) for p in model.parameters()}
