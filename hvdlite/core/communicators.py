@@ -47,6 +47,8 @@ class Communicators:
     def __init__(self, world: Any, engine: Engine, make_engine: EngineFactory, dynamic: bool) -> None:
         """``world``: the job's communicator (registration collectives go over a duplicate of it)."""
         self._registry = world.Dup()  # set registration's own collectives, apart from the engines'
+        self._local_registry = world.Dup()  # members-only registration (add_on_members), apart from the job's
+        self._local_ids: dict[tuple[int, ...], int] = {}  # members-only sets by their ranks
         self._rank, self._size = world.Get_rank(), world.Get_size()
         self._make_engine = make_engine
         self.dynamic = dynamic
@@ -101,6 +103,39 @@ class Communicators:
         for index, ranks in enumerate(groups):
             self._register(process_set if index == mine else ProcessSet(ranks), ranks,
                            comm if self._rank in ranks else None)
+
+    def add_on_members(self, ranks: list[int]) -> ProcessSet:
+        """The set of job ranks ``ranks``, registered by its members alone (collective over them, in
+        the same order on each): torch.distributed creates a sub-group's backend on its members only.
+
+        The whole job returns the global set; the ranks of a set registered already (job-wide or
+        members-only) return that set. A new set takes an id from a range of its own (2**20 up,
+        agreed by its members), so the job-wide sets' ids stay the same on every rank.
+        """
+        if self._rank not in ranks:
+            raise ProcessSetError(f"rank {self._rank} cannot register process set {ranks} on its members: "
+                                  "it is not one of them")
+        if ranks == list(range(self._size)):
+            return global_process_set
+        for known in self._sets.values():
+            if known.ranks == ranks:
+                return known
+        group = self._local_registry.Get_group().Incl(ranks)
+        comm = self._local_registry.Create_group(group)
+        group.Free()
+        proposal = max([_FIRST_MEMBERS_ONLY_ID - 1, *self._local_ids.values(), *self._sets]) + 1
+        process_set_id = comm.allreduce(proposal, op=_max_op())
+        process_set = ProcessSet(ranks)
+        process_set._registered(process_set_id, ranks, self._rank)
+        self._sets[process_set_id] = process_set
+        self._local_ids[tuple(ranks)] = process_set_id
+        engine, private = self._make_engine(comm, ranks, process_set_id)
+        self._members[process_set_id] = Communicator(process_set, engine, NameGenerator(), ranks.index(self._rank),
+                                                     len(ranks), (*private, comm))
+        if self._timeline is not None:
+            engine.use_timeline(self._timeline.scoped(Scope(process_set_id, tuple(ranks))))
+        log.debug("registered %s on its members", process_set)
+        return process_set
 
     def _register(self, process_set: ProcessSet, ranks: list[int], comm: Any) -> None:
         """Give ``process_set`` the lowest free id (a freed id is reused, as in Horovod) and, on its
@@ -161,6 +196,7 @@ class Communicators:
             process_set._removed()
         self._sets = {}
         self._registry.Free()
+        self._local_registry.Free()
 
     def _agreed_groups(self, process_set: ProcessSet) -> tuple[list[list[int]], int]:
         """The sets to register for ``process_set`` and which of them it is, checked on every rank alike.
@@ -197,10 +233,19 @@ class Communicators:
                                   if bad else "a process set needs at least one rank")
         if len(set(ranks)) != len(ranks):
             raise ProcessSetError(f"process set {ranks} names a rank more than once")
-        for known in self._sets.values():
-            if known.ranks == ranks:
+        for known in self._sets.values():  # members-only sets are known to some ranks only: not checked
+            if known.ranks == ranks and known.process_set_id < _FIRST_MEMBERS_ONLY_ID:
                 raise ProcessSetError(f"process set {ranks} exists already as id {known.process_set_id}")
         return ranks
+
+
+_FIRST_MEMBERS_ONLY_ID = 1 << 20  # ids of sets registered by their members alone (add_on_members)
+
+
+def _max_op() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def _undefined() -> int:

@@ -16,7 +16,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
-from . import elastic  # hvd.elastic, as in Horovod
+from ..lifecycle import init as _init
+from . import distributed, elastic  # hvd.elastic, as in Horovod
 from .collectives.async_ops import (
     Handle,
     allgather_async,
@@ -49,6 +50,7 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
+from .distributed.rendezvous import publish as _publish_rendezvous
 from .fully_sharded import (
     FullyShardedModule,
     MixedPrecisionPolicy,
@@ -65,6 +67,17 @@ from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
+
+distributed.register()  # dist.init_process_group("hvdlite") works once hvd.init() ran
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Start hvdlite (:func:`hvdlite.init`), and set the variables torch's ``env://`` rendezvous reads
+    where they are unset, so that ``dist.init_process_group("hvdlite")`` follows (collective)."""
+    from ..core.runtime import current
+
+    _init(comm, process_sets)
+    _publish_rendezvous(current())
 
 __all__ = [
     *_common_names, "fully_shard", "FullyShardedModule", "MixedPrecisionPolicy", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",

@@ -63,7 +63,7 @@ class Handle:
     on the GPU then (:meth:`wait` orders the caller after it, :meth:`done` says when it finished).
     """
 
-    __slots__ = ("name", "driver", "completion", "delivered", "_result", "_error", "_waiters")
+    __slots__ = ("name", "driver", "completion", "delivered", "_result", "_error", "_waiters", "_callbacks")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -76,6 +76,26 @@ class Handle:
         self._result: Any = None
         self._error: BaseException | None = None
         self._waiters: list[_thread.LockType] = []
+        self._callbacks: list[Callable[[Handle], None]] | None = None
+
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Call ``callback(self)`` once the result or error is delivered: on the engine thread that
+        delivers it, or here if it was delivered already. Runs exactly once (a process group's
+        futures complete this way, without a thread waiting for each operation)."""
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(callback)
+        if self.delivered:
+            self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        callbacks = self._callbacks
+        while callbacks:
+            try:
+                callback = callbacks.pop(0)  # atomic under the GIL: each callback runs once
+            except IndexError:
+                return
+            callback(self)
 
     def done(self) -> bool:
         """True once the result (or an error) is ready, on the GPU too; never blocks."""
@@ -99,6 +119,8 @@ class Handle:
         # too, harmlessly: it re-reads ``delivered`` before it blocks, and returns.
         for lock in self._waiters:
             lock.release()
+        if self._callbacks:
+            self._run_callbacks()
 
     def _block(self, timeout: float | None) -> None:
         if self.driver is not None and timeout is None:

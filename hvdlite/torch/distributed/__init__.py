@@ -1,0 +1,56 @@
+"""hvdlite as a torch.distributed backend: ``dist.init_process_group("hvdlite")`` after ``hvd.init()``.
+
+Importing :mod:`hvdlite.torch` registers the backend; ``hvd.init()`` sets the rendezvous variables
+torch reads (:mod:`.rendezvous`). Then torch's own DDP, FSDP2, DTensor, DCP and functional
+collectives run their collectives on hvdlite's core, with its failure handling::
+
+    import torch.distributed as dist
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    dist.init_process_group("hvdlite")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Sub-groups (``dist.new_group``, device meshes) become process sets of their members.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from ...core.runtime import current
+from ...errors import ProcessSetError
+from ...ops import Collective
+from .p2p import PointToPoint
+from .process_group import BACKEND_NAME, ProcessGroupHvdlite
+from .work import HvdliteWork
+
+__all__ = ["BACKEND_NAME", "ProcessGroupHvdlite", "HvdliteWork", "register"]
+
+
+def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
+    """torch's backend constructor (called on the group's members only): the group's process set."""
+    runtime = current()  # the clear "call hvd.init() first" error
+    communicators = runtime.communicators
+    ranks = list(options.global_ranks_in_group) or list(range(runtime.topology.size))
+    if not options.global_ranks_in_group and (options.group_size, options.group_rank) != (
+            runtime.topology.size, runtime.topology.rank):
+        raise ProcessSetError(f"dist.init_process_group('{BACKEND_NAME}'): torch's world is rank {options.group_rank} "
+                              f"of {options.group_size}, hvdlite's rank {runtime.topology.rank} of "
+                              f"{runtime.topology.size}; leave RANK and WORLD_SIZE to hvd.init(), or start hvdlite "
+                              "on the same processes")
+    process_set = communicators.add_on_members(ranks)
+    member = communicators.of(process_set, Collective.ALLREDUCE, None)
+    base = member.comms[-1] if member.comms else runtime.comm
+    group = ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks),
+                                PointToPoint(base.Dup(), runtime.config.comm_timeout))
+    return group
+
+
+def register() -> None:
+    """Make ``"hvdlite"`` a torch.distributed backend name (once per process; for CPU and CUDA)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -1,0 +1,246 @@
+"""``ProcessGroupHvdlite``: a c10d process group whose collectives run on hvdlite's core.
+
+torch calls a process group's collectives with its own calling convention (lists of tensors,
+option structs, outputs passed in); each method here turns that into the core's collective on
+the group's process set (``hvdlite.torch``'s ``_async`` forms: fusion, the response cache, shared
+memory, NCCL for CUDA tensors) and returns an :class:`~.work.HvdliteWork` that writes torch's
+outputs when the core delivers. Calls are unnamed: the core names them in call order, as torch
+issues them in the same order on every rank, and a rank that called something else (another
+shape, another op, a skipped call) gets the core's error naming each rank's value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...api import barrier as core_barrier
+from ...process_sets import ProcessSet
+from ..collectives.async_ops import (
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    reducescatter_async,
+)
+from .p2p import PointToPoint
+from .reductions import core_reduction
+from .work import HvdliteWork
+
+BACKEND_NAME = "hvdlite"
+
+
+def _rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as one row (allgather concatenates rows; the flat layout is torch's)."""
+    return tensor.reshape(1, -1)
+
+
+def _copy_rows(outputs: list[torch.Tensor], rows: torch.Tensor) -> None:
+    with torch.no_grad():
+        for output, row in zip(outputs, rows, strict=True):
+            output.copy_(row.view_as(output))
+
+
+def _copy_flat(output: torch.Tensor, result: torch.Tensor) -> None:
+    with torch.no_grad():
+        output.view(-1).copy_(result.reshape(-1))
+
+
+class ProcessGroupHvdlite(dist.ProcessGroup):
+    """The ranks of ``process_set`` as a torch process group (``rank``: this rank's place in it)."""
+
+    def __init__(self, process_set: ProcessSet, rank: int, size: int, p2p: PointToPoint) -> None:
+        super().__init__(rank, size)
+        self.process_set = process_set
+        self._p2p = p2p
+        self._group_name = ""
+
+    # ---- identity ------------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802 - functional collectives look the group up by it
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupHvdlite(rank={self.rank()}, size={self.size()}, process_set={self.process_set!r})"
+
+    # ---- reductions ----------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
+        op, scale = core_reduction(opts.reduceOp if hasattr(opts, "reduceOp") else opts, "all_reduce")
+        handles = [allreduce_async_(t, op=op, prescale_factor=scale, process_set=self.process_set) for t in tensors]
+        return HvdliteWork(handles, lambda results: tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
+        op, scale = core_reduction(opts.reduceOp, "all_reduce_coalesced")
+        handle = grouped_allreduce_async_(tensors, op=op, prescale_factor=scale, process_set=self.process_set)
+        return HvdliteWork([handle], lambda results: tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
+        """Every rank reduces (the core has no rooted reduce); the root keeps the result."""
+        op, scale = core_reduction(opts.reduceOp, "reduce")
+        tensor, root = tensors[opts.rootTensor], opts.rootRank
+        handle = allreduce_async(tensor, op=op, prescale_factor=scale, process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            if self.rank() == root:
+                _copy_flat(tensor, results[0])
+            return tensors
+        return HvdliteWork([handle], finish)
+
+    # ---- allgather -----------------------------------------------------------------------------
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> HvdliteWork:
+        handles = [allgather_async(_rows(t), process_set=self.process_set) for t in input_tensors]
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            for outputs, rows in zip(output_tensors, results, strict=True):
+                _copy_rows(outputs, rows)
+            return output_tensors
+        return HvdliteWork(handles, finish)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: Any = None) -> HvdliteWork:
+        handle = grouped_allgather_async([_rows(t) for t in input_list], process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            for outputs, rows in zip(output_lists, results[0], strict=True):
+                _copy_rows(outputs, rows)
+            return output_lists
+        return HvdliteWork([handle], finish)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HvdliteWork:  # noqa: A002
+        handle = allgather_async(_rows(input), process_set=self.process_set)
+        return HvdliteWork([handle], lambda results: _copy_flat(output, results[0]) or output)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> HvdliteWork:
+        handle = grouped_allgather_async([_rows(t) for t in inputs], process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            for output, result in zip(outputs, results[0], strict=True):
+                _copy_flat(output, result)
+            return outputs
+        return HvdliteWork([handle], finish)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any) -> HvdliteWork:
+        """Every rank gathers (the core has no rooted gather); the root keeps the rows."""
+        handle = allgather_async(_rows(input_tensors[0]), process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            if self.rank() == opts.rootRank:
+                _copy_rows(output_tensors[0], results[0])
+            return output_tensors
+        return HvdliteWork([handle], finish)
+
+    # ---- reduce-scatter ------------------------------------------------------------------------
+    def _reduce_scatter_rows(self, rows: torch.Tensor, opts: Any, call: str) -> Any:
+        """A handle whose result is this rank's row of ``rows`` (one row per rank) reduced."""
+        op, scale = core_reduction(opts.reduceOp, call)
+        return reducescatter_async(rows, op=op, prescale_factor=scale, process_set=self.process_set)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: Any) -> HvdliteWork:
+        handles = [self._reduce_scatter_rows(torch.stack([t.reshape(-1) for t in inputs]), opts, "reduce_scatter")
+                   for inputs in input_tensors]
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            for output, result in zip(output_tensors, results, strict=True):
+                _copy_flat(output, result)
+            return output_tensors
+        return HvdliteWork(handles, finish)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> HvdliteWork:  # noqa: A002
+        handle = self._reduce_scatter_rows(input.reshape(self.size(), -1), opts, "reduce_scatter_tensor")
+        return HvdliteWork([handle], lambda results: _copy_flat(output, results[0]) or output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any) -> HvdliteWork:
+        op, scale = core_reduction(opts.reduceOp, "reduce_scatter_tensor_coalesced")
+        handle = grouped_reducescatter_async([t.reshape(self.size(), -1) for t in inputs], op=op,
+                                             prescale_factor=scale, process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            for output, result in zip(outputs, results[0], strict=True):
+                _copy_flat(output, result)
+            return outputs
+        return HvdliteWork([handle], finish)
+
+    # ---- broadcast, scatter, all-to-all --------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
+        handles = [broadcast_async_(t, opts.rootRank, process_set=self.process_set) for t in tensors]
+        return HvdliteWork(handles, lambda results: tensors)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any) -> HvdliteWork:
+        """An all-to-all in which only the root sends: one row to each rank."""
+        output = output_tensors[0]
+        if self.rank() == opts.rootRank:
+            rows, splits = torch.stack([t.reshape(-1) for t in input_tensors[0]]), [1] * self.size()
+        else:
+            rows, splits = output.new_empty((0, output.numel())), [0] * self.size()
+        handle = alltoall_async(rows, splits, process_set=self.process_set)
+        return HvdliteWork([handle], lambda results: _copy_flat(output, results[0][0]) or output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
+                      input_split_sizes: list[int], opts: Any = None) -> HvdliteWork:
+        handle = alltoall_async(input, list(input_split_sizes) or None, process_set=self.process_set)
+
+        def finish(results: list[Any]) -> torch.Tensor:
+            data, received = results[0]
+            if output_split_sizes and list(output_split_sizes) != received.tolist():
+                raise ValueError(f"all_to_all_single on rank {self.rank()} of {self!r}: output_split_sizes "
+                                 f"{list(output_split_sizes)}, but the ranks sent {received.tolist()} rows")
+            _copy_flat(output, data)
+            return output
+        return HvdliteWork([handle], finish)
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> HvdliteWork:
+        flat = torch.cat([t.reshape(-1) for t in input_tensors])
+        handle = alltoall_async(flat, [t.numel() for t in input_tensors], process_set=self.process_set)
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            data, received = results[0]
+            for output, piece in zip(output_tensors, torch.split(data, received.tolist()), strict=True):
+                _copy_flat(output, piece)
+            return output_tensors
+        return HvdliteWork([handle], finish)
+
+    # torch 2.13's names for the single-tensor forms (Python calls these; C++ the older ones)
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+    # ---- barrier and point-to-point ------------------------------------------------------------
+    def barrier(self, opts: Any = None) -> HvdliteWork:
+        core_barrier(self.process_set)
+        return HvdliteWork.completed()
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
+        return self._p2p.send(tensors, dst_rank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
+        return self._p2p.recv(tensors, src_rank, tag)

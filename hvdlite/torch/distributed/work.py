@@ -1,0 +1,123 @@
+"""c10d ``Work`` over hvdlite handles: what torch waits on, and the future DDP's hooks chain on.
+
+A collective of the process group submits one or more core operations and returns an
+:class:`HvdliteWork`. The work finishes when every operation is delivered: it then runs its
+``finish`` step once (copy results into the tensors torch passed in, where the core did not write
+them in place) and completes its future. Completion happens on the thread that delivers the last
+operation (usually the engine's), so a future completes without anybody calling ``wait()``, as
+gloo's and NCCL's do; ``wait()`` completes it on the caller's thread if that comes first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...core.work.request import Handle
+
+
+def core_handles(handle: Any) -> list[Handle]:
+    """The core's handles behind an adapter's handle (mapped, grouped or plain)."""
+    if isinstance(handle, list):  # GroupHandle
+        return [inner for member in handle for inner in core_handles(member)]
+    inner = getattr(handle, "_inner", None)
+    return core_handles(inner) if inner is not None else [handle]
+
+
+class HvdliteWork(dist.Work):
+    """The work of one c10d call: ``handles`` (adapter handles, waited on in order) and ``finish``
+    (given their results, writes torch's outputs and returns the future's value)."""
+
+    def __init__(self, handles: Sequence[Any], finish: Callable[[list[Any]], Any]) -> None:
+        super().__init__()
+        self._handles = list(handles)
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future | None = None
+        self._pending = 0
+
+    @classmethod
+    def completed(cls, value: Any = None) -> HvdliteWork:
+        """A work that finished already (a call that had nothing to exchange)."""
+        return cls([], lambda results: value)
+
+    # ---- completion ----------------------------------------------------------------------------
+    def _complete(self) -> None:
+        """Wait for the handles (delivered already when called from a callback), finish once.
+
+        The waits run outside the lock: the engine thread takes it to count deliveries, and a
+        caller holding it while waiting would keep the engine from delivering the rest."""
+        if not self._done:
+            for handle in self._handles:
+                handle.join()
+        with self._lock:
+            if self._done:
+                return
+            try:
+                self._value = self._finish([handle.wait() for handle in self._handles])
+            except BaseException as error:  # noqa: BLE001 - handed to the waiter and the future
+                self._error = error
+            self._done = True
+            future = self._future
+        if future is not None:
+            _settle(future, self._value, self._error)
+
+    def _on_delivered(self, handle: Handle) -> None:
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._complete()
+
+    # ---- torch's Work interface ----------------------------------------------------------------
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until done; raise the operation's error (hvdlite's, naming tensors and ranks)."""
+        self._complete()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or all(handle.done() for handle in self._handles)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> Any:
+        self.wait()
+        return self._value
+
+    def get_future(self) -> torch.futures.Future:
+        """A future that completes (with the output tensors) when the operation does."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            future = self._future = torch.futures.Future()
+            if self._done:
+                _settle(future, self._value, self._error)
+                return future
+            inner = [h for handle in self._handles for h in core_handles(handle)]
+            self._pending = len(inner)
+        if not inner:
+            self._complete()
+        for handle in inner:
+            handle.add_done_callback(self._on_delivered)
+        return future
+
+
+def _settle(future: torch.futures.Future, value: Any, error: BaseException | None) -> None:
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
