@@ -68,6 +68,9 @@ class AbortOnUncaught:
             sys.excepthook = self._previous
 
     def __call__(self, kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        # To the process's own stderr: a hook installed over ours may have swapped sys.stderr for a
+        # buffer it writes out after we return (torch.distributed's does), and we never return.
+        sys.stderr = sys.__stderr__ or sys.stderr
         self._previous(kind, value, tb)
         sys.stderr.write(f"hvdlite: rank {self._rank} failed with an uncaught {kind.__name__}; {self._what}\n")
         sys.stderr.flush()

@@ -1,0 +1,52 @@
+"""torch.distributed's "hvdlite" backend with real ranks (np=2 and 3; a 2x2 mesh at np=4): every
+collective torch calls, DDP, torch's FSDP2 with DCP, a device mesh, and failures, each against gloo
+in the same job (tests/multirank/scripts/torch_backend.py says what each case checks)."""
+
+import re
+
+import pytest
+
+from .harness import run_script
+
+pytestmark = pytest.mark.multirank
+
+
+def _every_rank_says(result, np, line):
+    for rank in range(np):
+        assert line in result.lines(rank), result.output
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("np", [2, 3])
+def test_every_collective_equals_gloo(np):
+    _every_rank_says(run_script("torch_backend.py", np, "collectives", timeout=180), np, "collectives ok")
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_ddp_and_fsdp2_with_dcp_train_as_on_gloo(np):
+    _every_rank_says(run_script("torch_backend.py", np, "training", timeout=240), np, "training ok")
+
+
+def test_two_dimensional_mesh_hybrid_sharding_as_on_gloo():
+    _every_rank_says(run_script("torch_backend.py", 4, "mesh", timeout=240), 4, "mesh ok")
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_shape_mismatch_is_an_error_naming_each_rank(np):
+    _every_rank_says(run_script("torch_backend.py", np, "mismatch", timeout=120), np, "mismatch named")
+
+
+def test_killed_rank_under_ddp_ends_the_job_and_is_named():
+    result = run_script("torch_backend.py", 3, "killed", timeout=120, expect_ok=False)
+    assert result.returncode != 0
+    assert re.search(r"hvdliterun: (rank 1 \(pid \d+\) was the first rank to end|ranks \[[\d, ]+\] ended before|"
+                     r"MPI reports rank \d)", result.output), result.output
+    assert result.seconds < 60, result.output
+
+
+def test_uncaught_error_under_torch_excepthook_prints_its_traceback():
+    result = run_script("torch_backend.py", 2, "uncaught", timeout=120, expect_ok=False)
+    assert result.returncode != 0
+    lines = result.lines(1)
+    assert "RuntimeError: boom from a DDP training loop" in lines, result.output
+    assert "hvdlite: rank 1 failed with an uncaught RuntimeError; aborting all ranks" in lines, result.output
