@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ...ops import Collective
-from ..work.naming import diverged_generated_names, diverged_object_names
+from ..work.naming import call_kind, diverged_call_names, diverged_generated_names, diverged_object_names
 from ..work.request import RequestMeta
 from ..work.response import RankMessage, Response, RoundResult
 from ..work.scope import JOB, Scope
@@ -81,6 +81,10 @@ class Coordinator:
         # Generated names failed because ranks' sequences diverged, with their error: a rank that submits
         # one only afterwards (it was slower) gets the same error at once, not a stall.
         self._diverged: dict[str, Response] = {}
+        # Kinds of call (naming.CallNames) failed by a divergence: the error, and the ranks that had not
+        # made their call yet (they get the error for it).
+        self._late_calls: dict[str | None, tuple[str, set[int]]] = {}
+        self._table_ranks: dict[str, set[int]] = {}
 
     @property
     def pending_names(self) -> list[str]:
@@ -104,15 +108,19 @@ class Coordinator:
                 responses.append(response)
                 self._forget(name)
         pending = self._job_ranked(self._table)
-        generated = diverged_generated_names(pending)
-        for names, message in generated + diverged_object_names(pending):
+        generated, calls = diverged_generated_names(pending), diverged_call_names(pending)
+        self._table_ranks = {name: set(self._table[name]) for names, _ in calls for name in names}
+        for names, message in generated + diverged_object_names(pending) + calls:
             for name in names:
                 error = _error(self._table[name][min(self._table[name])], message + self._scope.label,
                                "TensorMismatchError")
                 responses.append(error)
-                self._forget(name)
                 if any(name in failed for failed, _ in generated):  # object names repeat: never remembered
                     self._remember_diverged(name, error)
+                self._forget(name)
+        for names, message in calls:  # call names repeat: what is remembered is the ranks still to call
+            waiting = set().union(*(self._table_ranks.pop(name) for name in names))
+            self._late_calls[call_kind(names[0])] = (message + self._scope.label, set(range(self.size)) - waiting)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
             responses.append(Response(RequestMeta("join", Collective.JOIN), last_joined=last))
@@ -128,7 +136,7 @@ class Coordinator:
             if meta.collective is Collective.JOIN:
                 self._joined[message.rank] = len(self._joined)
                 continue
-            late = self._diverged.get(meta.name)
+            late = self._diverged.get(meta.name) or self._late_call(meta, message.rank)
             if late is not None:
                 responses.append(late)
                 continue
@@ -140,6 +148,18 @@ class Coordinator:
             by_rank[message.rank] = meta
             self._first_seen[meta.name] = min(self._first_seen.get(meta.name, now), now - age)
             self._ready_at.setdefault(meta.name, {})[message.rank] = now - age
+
+    def _late_call(self, meta: RequestMeta, rank: int) -> Response | None:
+        """The error of diverged calls (naming.CallNames) for a rank that had not made its call of
+        that kind when they failed: its next call of the kind is that call. Once per such rank."""
+        kind = call_kind(meta.name) if self._late_calls else None
+        message, late = self._late_calls.get(kind, (None, ()))
+        if rank not in late:
+            return None
+        late.discard(rank)
+        if not late:
+            del self._late_calls[kind]
+        return _error(meta, message, "TensorMismatchError")
 
     def _remember_diverged(self, name: str, error: Response) -> None:
         self._diverged[name] = error

@@ -28,6 +28,8 @@ from .coordinator import Coordinator
 
 log = logging.getLogger("hvdlite")
 
+CALL_DIVERGENCE_SECONDS = 5.0  # how long a cached process-group call waits before the coordinator looks
+
 
 class SteadyCall(Protocol):
     """A small-op call's fixed parts, as :meth:`Negotiator.steady_exchange` reads them (see :mod:`.lone`)."""
@@ -197,7 +199,11 @@ class Negotiator:
             return False
         self._next_stall_check = now + min(1.0, self._config.stall_check_seconds / 10)  # a scan per cycle costs
         limit = now - self._config.stall_check_seconds
-        return any(not r.sent_to_coordinator and r.submitted_at < limit for r in pending.values())
+        # Unnamed calls of a process group (naming.CallNames) that diverged wait on different cached
+        # names, which no round would show: they go to the coordinator sooner, where it sees them.
+        calls_limit = now - min(self._config.stall_check_seconds, CALL_DIVERGENCE_SECONDS)
+        return any(not r.sent_to_coordinator and r.submitted_at < (calls_limit if r.meta.name.startswith("call.")
+                                                                    else limit) for r in pending.values())
 
     def _round_due(self) -> int:
         """On the coordinator: ask for a round now and then while names wait, so stalls are seen."""

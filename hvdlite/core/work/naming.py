@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ...ops import Collective
 
@@ -101,6 +102,70 @@ def diverged_object_names(pending: Mapping[str, Iterable[int]]) -> list[tuple[li
                    "named after its object's type, as in Horovod: pass the same type on every rank, or name the "
                    "call (name=...)")
         diverged.append((sorted(n for n in pending if (m := _OBJECT.match(n)) and m.group(1) == kind), message))
+    return diverged
+
+
+class CallNames:
+    """Names for a caller that issues its collectives in one order on every rank but names none of
+    them (a torch process group): ``call.<kind>.<slot>.<signature>``.
+
+    The names repeat from step to step, so the response cache answers them (generated names never
+    repeat): ``slot`` counts the calls of ``kind`` modulo :attr:`WINDOW`, and ``signature`` (dtype
+    and shape) makes a name's arguments the same each time it comes back. Before a name is reused,
+    the call that last used it must have finished (:meth:`take` waits for it): a name is never in
+    flight twice. A rank that called something else (another shape, or a call skipped) ends up with
+    names its peers do not have and the reverse: :func:`diverged_call_names` fails them at once.
+    """
+
+    WINDOW = 4
+
+    def __init__(self) -> None:
+        self._counters: collections.Counter[str] = collections.Counter()
+        self._last: dict[str, Any] = {}  # name -> the handles of the call that last used it
+
+    def take(self, kind: str, signature: str) -> str:
+        """The next name for a call of ``kind`` with ``signature``, free to use (waits if it is not)."""
+        slot = self._counters[kind] % self.WINDOW
+        self._counters[kind] += 1
+        name = f"call.{kind}.{slot}.{signature}"
+        for handle in self._last.pop(name, ()):
+            handle.join()  # W calls of this kind ago: finished on every rank but a slow one's
+        return name
+
+    def used(self, name: str, handles: Iterable[Any]) -> None:
+        """Record the core handles of the call that took ``name``."""
+        self._last[name] = list(handles)
+        if len(self._last) > 4 * self.WINDOW * 256:  # finished calls' entries: drop the oldest
+            del self._last[next(iter(self._last))]
+
+
+_CALL = re.compile(r"call\.([a-z_]+)\.\d+\.(.+)")
+
+
+def call_kind(name: str) -> str | None:
+    """The kind of a :class:`CallNames` name (None for other names)."""
+    match = _CALL.match(name)
+    return match.group(1) if match else None
+
+
+def diverged_call_names(pending: Mapping[str, Iterable[int]]) -> list[tuple[list[str], str]]:
+    """:class:`CallNames` that can never complete: two ranks each wait on a call of one kind that the
+    other has not made. In one sequence of calls that cannot happen (the slower rank has made no call
+    the faster has not), so it means the ranks' sequences differ: another shape, or a call skipped."""
+    waiting: dict[str, dict[int, set[str]]] = {}  # kind -> rank -> the calls (names) it waits on
+    for name, ranks in pending.items():
+        if match := _CALL.match(name):
+            for rank in ranks:
+                waiting.setdefault(match.group(1), {}).setdefault(rank, set()).add(name)
+    diverged = []
+    for kind, by_rank in sorted(waiting.items()):
+        ranks = sorted(by_rank)
+        if not any(by_rank[a] - by_rank[b] and by_rank[b] - by_rank[a] for a in ranks for b in ranks if a < b):
+            continue
+        at = ", ".join(f"rank {rank}: {sorted(_CALL.match(n).group(2) for n in by_rank[rank])}" for rank in ranks)
+        message = (f"ranks made different {kind} calls at the same point (dtype[shape] of each rank's waiting "
+                   f"calls): {at}. Every rank of a process group must make the same calls in the same order")
+        diverged.append((sorted(set().union(*by_rank.values())), message))
     return diverged
 
 

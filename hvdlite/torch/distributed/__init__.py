@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ...core.runtime import current
+from ...core.work.naming import CallNames
 from ...errors import ProcessSetError
 from ...ops import Collective
 from .p2p import PointToPoint
@@ -44,9 +45,10 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
     process_set = communicators.add_on_members(ranks)
     member = communicators.of(process_set, Collective.ALLREDUCE, None)
     base = member.comms[-1] if member.comms else runtime.comm
-    group = ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks),
-                                PointToPoint(base.Dup(), runtime.config.comm_timeout))
-    return group
+    names = runtime.adapter_state.setdefault(("torch.distributed call names", process_set.process_set_id),
+                                             CallNames())
+    return ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks),
+                               PointToPoint(base.Dup(), runtime.config.comm_timeout), names)
 
 
 def register() -> None:

@@ -11,12 +11,15 @@ shape, another op, a skipped call) gets the core's error naming each rank's valu
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ...api import barrier as core_barrier
+from ...core.work.naming import CallNames
 from ...process_sets import ProcessSet
 from ..collectives.async_ops import (
     allgather_async,
@@ -31,9 +34,23 @@ from ..collectives.async_ops import (
 )
 from .p2p import PointToPoint
 from .reductions import core_reduction
-from .work import HvdliteWork
+from .work import HvdliteWork, core_handles
 
 BACKEND_NAME = "hvdlite"
+
+
+_ROWS_MAY_DIFFER = ("allgather", "alltoall")  # ranks may bring different numbers of rows
+
+
+def signature(kind: str, tensors: list[torch.Tensor], extra: str = "") -> str:
+    """What must be the same on every rank for a call of ``kind`` (dtype[shape] of its tensors, a
+    digest for several; ``extra``: the op, root), and so is part of its name."""
+    first = 1 if kind in _ROWS_MAY_DIFFER else 0
+    if len(tensors) == 1:
+        t = tensors[0]
+        return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape[first:])}{extra}".replace(" ", "")
+    described = ";".join(f"{t.dtype}{list(t.shape[first:])}" for t in tensors)
+    return f"{len(tensors)}x{zlib.crc32(described.encode()):08x}{extra}"
 
 
 def _rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -55,11 +72,20 @@ def _copy_flat(output: torch.Tensor, result: torch.Tensor) -> None:
 class ProcessGroupHvdlite(dist.ProcessGroup):
     """The ranks of ``process_set`` as a torch process group (``rank``: this rank's place in it)."""
 
-    def __init__(self, process_set: ProcessSet, rank: int, size: int, p2p: PointToPoint) -> None:
+    def __init__(self, process_set: ProcessSet, rank: int, size: int, p2p: PointToPoint, names: CallNames) -> None:
+        """``names``: the call names of ``process_set``, shared by every group over it (one sequence)."""
         super().__init__(rank, size)
         self.process_set = process_set
         self._p2p = p2p
+        self._names = names
         self._group_name = ""
+
+    def _start(self, kind: str, tensors: list[torch.Tensor], start: Callable[[str], Any], extra: str = "") -> Any:
+        """``start(name)``'s handle, under the name of this call (see :class:`CallNames`)."""
+        name = self._names.take(kind, signature(kind, tensors, extra))
+        handle = start(name)
+        self._names.used(name, core_handles(handle))
+        return handle
 
     # ---- identity ------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -87,19 +113,23 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     # ---- reductions ----------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
         op, scale = core_reduction(opts.reduceOp if hasattr(opts, "reduceOp") else opts, "all_reduce")
-        handles = [allreduce_async_(t, op=op, prescale_factor=scale, process_set=self.process_set) for t in tensors]
+        handles = [self._start("allreduce", [t], lambda name, t=t: allreduce_async_(
+            t, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
+            for t in tensors]
         return HvdliteWork(handles, lambda results: tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
         op, scale = core_reduction(opts.reduceOp, "all_reduce_coalesced")
-        handle = grouped_allreduce_async_(tensors, op=op, prescale_factor=scale, process_set=self.process_set)
+        handle = self._start("allreduce", tensors, lambda name: grouped_allreduce_async_(
+            tensors, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
         return HvdliteWork([handle], lambda results: tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
         """Every rank reduces (the core has no rooted reduce); the root keeps the result."""
         op, scale = core_reduction(opts.reduceOp, "reduce")
         tensor, root = tensors[opts.rootTensor], opts.rootRank
-        handle = allreduce_async(tensor, op=op, prescale_factor=scale, process_set=self.process_set)
+        handle = self._start("allreduce", [tensor], lambda name: allreduce_async(
+            tensor, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             if self.rank() == root:
@@ -108,9 +138,13 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
         return HvdliteWork([handle], finish)
 
     # ---- allgather -----------------------------------------------------------------------------
+    def _gather_rows(self, tensor: torch.Tensor) -> Any:
+        return self._start("allgather", [tensor], lambda name: allgather_async(
+            _rows(tensor), name=name, process_set=self.process_set))
+
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> HvdliteWork:
-        handles = [allgather_async(_rows(t), process_set=self.process_set) for t in input_tensors]
+        handles = [self._gather_rows(t) for t in input_tensors]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             for outputs, rows in zip(output_tensors, results, strict=True):
@@ -120,7 +154,8 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> HvdliteWork:
-        handle = grouped_allgather_async([_rows(t) for t in input_list], process_set=self.process_set)
+        handle = self._start("allgather", input_list, lambda name: grouped_allgather_async(
+            [_rows(t) for t in input_list], name=name, process_set=self.process_set))
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             for outputs, rows in zip(output_lists, results[0], strict=True):
@@ -129,12 +164,13 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
         return HvdliteWork([handle], finish)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> HvdliteWork:  # noqa: A002
-        handle = allgather_async(_rows(input), process_set=self.process_set)
+        handle = self._gather_rows(input)
         return HvdliteWork([handle], lambda results: _copy_flat(output, results[0]) or output)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> HvdliteWork:
-        handle = grouped_allgather_async([_rows(t) for t in inputs], process_set=self.process_set)
+        handle = self._start("allgather", inputs, lambda name: grouped_allgather_async(
+            [_rows(t) for t in inputs], name=name, process_set=self.process_set))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             for output, result in zip(outputs, results[0], strict=True):
@@ -145,7 +181,7 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any) -> HvdliteWork:
         """Every rank gathers (the core has no rooted gather); the root keeps the rows."""
-        handle = allgather_async(_rows(input_tensors[0]), process_set=self.process_set)
+        handle = self._gather_rows(input_tensors[0])
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             if self.rank() == opts.rootRank:
@@ -157,7 +193,8 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def _reduce_scatter_rows(self, rows: torch.Tensor, opts: Any, call: str) -> Any:
         """A handle whose result is this rank's row of ``rows`` (one row per rank) reduced."""
         op, scale = core_reduction(opts.reduceOp, call)
-        return reducescatter_async(rows, op=op, prescale_factor=scale, process_set=self.process_set)
+        return self._start("reducescatter", [rows], lambda name: reducescatter_async(
+            rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any) -> HvdliteWork:
@@ -177,8 +214,9 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any) -> HvdliteWork:
         op, scale = core_reduction(opts.reduceOp, "reduce_scatter_tensor_coalesced")
-        handle = grouped_reducescatter_async([t.reshape(self.size(), -1) for t in inputs], op=op,
-                                             prescale_factor=scale, process_set=self.process_set)
+        rows = [t.reshape(self.size(), -1) for t in inputs]
+        handle = self._start("reducescatter", rows, lambda name: grouped_reducescatter_async(
+            rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             for output, result in zip(outputs, results[0], strict=True):
@@ -188,7 +226,8 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
 
     # ---- broadcast, scatter, all-to-all --------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
-        handles = [broadcast_async_(t, opts.rootRank, process_set=self.process_set) for t in tensors]
+        handles = [self._start("broadcast", [t], lambda name, t=t: broadcast_async_(
+            t, opts.rootRank, name=name, process_set=self.process_set), f"r{opts.rootRank}") for t in tensors]
         return HvdliteWork(handles, lambda results: tensors)
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
@@ -199,12 +238,14 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
             rows, splits = torch.stack([t.reshape(-1) for t in input_tensors[0]]), [1] * self.size()
         else:
             rows, splits = output.new_empty((0, output.numel())), [0] * self.size()
-        handle = alltoall_async(rows, splits, process_set=self.process_set)
+        handle = self._start("alltoall", [output], lambda name: alltoall_async(
+            rows, splits, name=name, process_set=self.process_set), f"scatter{opts.rootRank}")
         return HvdliteWork([handle], lambda results: _copy_flat(output, results[0][0]) or output_tensors)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
                       input_split_sizes: list[int], opts: Any = None) -> HvdliteWork:
-        handle = alltoall_async(input, list(input_split_sizes) or None, process_set=self.process_set)
+        handle = self._start("alltoall", [input], lambda name: alltoall_async(
+            input, list(input_split_sizes) or None, name=name, process_set=self.process_set))
 
         def finish(results: list[Any]) -> torch.Tensor:
             data, received = results[0]
@@ -218,7 +259,8 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> HvdliteWork:
         flat = torch.cat([t.reshape(-1) for t in input_tensors])
-        handle = alltoall_async(flat, [t.numel() for t in input_tensors], process_set=self.process_set)
+        handle = self._start("alltoall", input_tensors, lambda name: alltoall_async(
+            flat, [t.numel() for t in input_tensors], name=name, process_set=self.process_set))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             data, received = results[0]
