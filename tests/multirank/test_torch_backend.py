@@ -44,6 +44,11 @@ def test_shape_mismatch_is_an_error_naming_each_rank_first_call_or_cached(np):
         assert seconds["True"] < 40, result.output
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_error_in_a_ddp_step_is_raised_on_every_rank(np):
+    _every_rank_says(run_script("torch_backend.py", np, "ddp_error", timeout=120), np, "ddp error named")
+
+
 def test_killed_rank_under_ddp_ends_the_job_and_is_named():
     result = run_script("torch_backend.py", 3, "killed", timeout=120, expect_ok=False)
     assert result.returncode != 0

@@ -41,7 +41,8 @@ class HvdliteWork(dist.Work):
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
-        self._future: torch.futures.Future | None = None
+        self._source: torch.futures.Future | None = None  # completed here with (value, error)
+        self._future: torch.futures.Future | None = None  # what torch gets: chained on _source
         self._pending = 0
 
     @classmethod
@@ -66,9 +67,9 @@ class HvdliteWork(dist.Work):
             except BaseException as error:  # noqa: BLE001 - handed to the waiter and the future
                 self._error = error
             self._done = True
-            future = self._future
-        if future is not None:
-            _settle(future, self._value, self._error)
+            source = self._source
+        if source is not None:
+            source.set_result((self._value, self._error))
 
     def _on_delivered(self, handle: Handle) -> None:
         with self._lock:
@@ -103,9 +104,13 @@ class HvdliteWork(dist.Work):
         with self._lock:
             if self._future is not None:
                 return self._future
-            future = self._future = torch.futures.Future()
+            # An error must reach C++ readers (DDP's reducer) as an error: a Python future's
+            # set_exception stores the exception as its *value*, which they read as tensors (a
+            # segfault). An exception raised in a ``then`` callback is stored as an error.
+            source = self._source = torch.futures.Future()
+            future = self._future = source.then(_unwrap)
             if self._done:
-                _settle(future, self._value, self._error)
+                source.set_result((self._value, self._error))
                 return future
             inner = [h for handle in self._handles for h in core_handles(handle)]
             self._pending = len(inner)
@@ -116,8 +121,9 @@ class HvdliteWork(dist.Work):
         return future
 
 
-def _settle(future: torch.futures.Future, value: Any, error: BaseException | None) -> None:
+def _unwrap(source: torch.futures.Future) -> Any:
+    """The work's value, or its error raised (which makes it the chained future's error)."""
+    value, error = source.value()
     if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
+        raise error
+    return value

@@ -13,6 +13,9 @@ mesh         np=4: a 2x2 device mesh (its row and column groups are process sets
              hybrid-sharded FSDP2 over it equal to the same on gloo. Prints 'mesh ok'.
 mismatch     rank 0 reduces a tensor of another shape: every rank raises hvdlite's error naming
              each rank's shape. Prints 'mismatch named'.
+ddp_error    rank 1 makes an extra call before a DDP step: every rank's backward raises the error
+             naming each rank's calls (it crashed: an errored future reached DDP's reducer as a
+             value). Prints 'ddp error named'.
 killed       rank 1 is killed mid-way through DDP training: the job ends, and hvdliterun names it.
 uncaught     rank 1 raises in its training loop: its traceback is printed (torch's excepthook buffers
              stderr around ours) and the job ends.
@@ -304,6 +307,23 @@ def mismatch(rank, size):
         raise AssertionError("an allreduce of different shapes returned")
 
 
+def ddp_error(rank, size):
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    model(torch.randn(6, 8)).sum().backward()
+    if rank == 1:
+        dist.all_reduce(torch.ones(7), async_op=True)  # a call the others do not make
+    try:
+        model(torch.randn(6, 8)).sum().backward()
+    except RuntimeError as error:
+        named = "ranks made different allreduce calls" in str(error) and "float32[7]" in str(error)
+        # rank 1's step call may come after the divergence failed the others' calls: it then learns
+        # that they will never make it (they went on, and shut down)
+        assert named or (rank == 1 and "can never complete" in str(error)), error
+        print("ddp error named", flush=True)
+        return
+    raise AssertionError("a DDP step with diverged calls returned")
+
+
 def killed(rank, size):
     import signal
 
@@ -326,5 +346,5 @@ if __name__ == "__main__":
     hvd.init()
     dist.init_process_group("hvdlite")
     {"collectives": collectives, "training": training, "mesh": mesh,
-     "mismatch": mismatch, "killed": killed, "uncaught": uncaught}[sys.argv[1]](dist.get_rank(), dist.get_world_size())
+     "mismatch": mismatch, "ddp_error": ddp_error, "killed": killed, "uncaught": uncaught}[sys.argv[1]](dist.get_rank(), dist.get_world_size())
     dist.destroy_process_group()
