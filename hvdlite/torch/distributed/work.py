@@ -10,6 +10,8 @@ gloo's and NCCL's do; ``wait()`` completes it on the caller's thread if that com
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...core.runtime import current, is_initialized
 from ...core.work.request import Handle
 
 
@@ -118,7 +121,47 @@ class HvdliteWork(dist.Work):
             self._complete()
         for handle in inner:
             handle.add_done_callback(self._on_delivered)
+        waiter = _waiter()
+        if waiter is not None:
+            waiter.put(self)
         return future
+
+
+class _FutureWaiter:
+    """A thread that waits on works whose futures torch waits on in C++ (DDP's reducer).
+
+    A Python caller that waits on a handle runs the engine's cycles itself at its own priority
+    (:meth:`hvdlite.core.engine.Engine.drive`); torch's C++ wait cannot, which leaves the cycles to
+    the engine thread, at its low priority. Where a host runs more ranks than it has cores, that
+    thread waits behind the other ranks' computation (DDP at np=3 on 2 cores: 1.3x gloo's step). This
+    thread then waits in torch's place, at the normal priority, in submission order (0.9-1.2x). With
+    a core per rank it only costs (0.8x instead of 0.67x gloo's step at np=2 on 2 cores): not used.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[HvdliteWork] = queue.SimpleQueue()
+        threading.Thread(target=self._run, daemon=True, name="hvdlite-c10d-futures").start()
+
+    def put(self, work: HvdliteWork) -> None:
+        self._queue.put(work)
+
+    def _run(self) -> None:
+        while True:
+            self._queue.get()._complete()
+
+
+_WAITER: _FutureWaiter | None = None
+_WAITER_DECIDED = False
+
+
+def _waiter() -> _FutureWaiter | None:
+    """The waiter thread, where this host's ranks outnumber its cores; else None."""
+    global _WAITER, _WAITER_DECIDED
+    if not _WAITER_DECIDED and is_initialized():  # (a work made without hvdlite running: tests)
+        _WAITER_DECIDED = True
+        if current().topology.local_size > len(os.sched_getaffinity(0)):
+            _WAITER = _FutureWaiter()
+    return _WAITER
 
 
 def _unwrap(source: torch.futures.Future) -> Any:
