@@ -1,12 +1,14 @@
 """torch.distributed's "hvdlite" backend with real ranks (np=2 and 3; a 2x2 mesh at np=4): every
 collective torch calls, DDP, torch's FSDP2 with DCP, a device mesh, and failures, each against gloo
-in the same job (tests/multirank/scripts/torch_backend.py says what each case checks)."""
+in the same job (tests/multirank/scripts/torch_backend.py says what each case checks); and
+examples/torch_fsdp2.py (pytorch/examples' FSDP2 recipe) against one process, resumed at another size."""
 
 import re
+from pathlib import Path
 
 import pytest
 
-from .harness import run_script
+from .harness import run_job, run_script
 
 pytestmark = pytest.mark.multirank
 
@@ -63,3 +65,27 @@ def test_uncaught_error_under_torch_excepthook_prints_its_traceback():
     lines = result.lines(1)
     assert "RuntimeError: boom from a DDP training loop" in lines, result.output
     assert "hvdlite: rank 1 failed with an uncaught RuntimeError; aborting all ranks" in lines, result.output
+
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "torch_fsdp2.py")
+
+
+def _fsdp2_example(np, checkpoints, *flags):
+    result = run_job(["python", EXAMPLE, "--steps", "3", "--checkpoint-dir", str(checkpoints), *flags], np=np,
+                     timeout=240)
+    assert result.returncode == 0, result.output
+    return result.lines(0)
+
+
+@pytest.mark.parametrize(("api", "first", "then"), [("--dcp-api", 2, 3), ("--dtensor-api", 3, 2)])
+def test_fsdp2_example_trains_saves_and_resumes_at_another_size_as_one_process(tmp_path, api, first, then):
+    flags = ["--check", "--explicit-prefetching"] + ([api] if api == "--dcp-api" else [])
+    assert any(line.startswith(f"equal to one process after 3 steps (ranks per step {[first] * 3})")
+               for line in _fsdp2_example(first, tmp_path, *flags))
+    resumed = _fsdp2_example(then, tmp_path, *flags)
+    assert any(line.startswith(f"equal to one process after 6 steps (ranks per step {[first] * 3 + [then] * 3})")
+               for line in resumed), resumed
+
+
+def test_fsdp2_example_mixed_precision_gathers_bf16(tmp_path):
+    assert "trained to step 3; checkpoint in" in " ".join(_fsdp2_example(2, tmp_path, "--mixed-precision"))

@@ -107,6 +107,12 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def group_name(self) -> str:
         return self._group_name
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices whose tensors this group takes (torch's broadcast of a state dict asks): the
+        CPU, and CUDA where torch has it."""
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
     def __repr__(self) -> str:
         return f"ProcessGroupHvdlite(rank={self.rank()}, size={self.size()}, process_set={self.process_set!r})"
 
