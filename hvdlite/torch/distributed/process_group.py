@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from ...api import barrier as core_barrier
 from ...core.work.naming import CallNames
+from ...core.work.request import MappedHandle
+from ...ops import ReduceOp
 from ...process_sets import ProcessSet
 from ..collectives.async_ops import (
     allgather_async,
@@ -37,6 +39,7 @@ from .reductions import core_reduction
 from .work import HvdliteWork, core_handles
 
 BACKEND_NAME = "hvdlite"
+_SCATTERED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)  # what the core's reduce-scatter reduces with
 
 
 _ROWS_MAY_DIFFER = ("allgather", "alltoall")  # ranks may bring different numbers of rows
@@ -199,6 +202,10 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
     def _reduce_scatter_rows(self, rows: torch.Tensor, opts: Any, call: str) -> Any:
         """A handle whose result is this rank's row of ``rows`` (one row per rank) reduced."""
         op, scale = core_reduction(opts.reduceOp, call)
+        if op not in _SCATTERED_OPS:  # the core reduce-scatters sums only: reduce everything, keep our row
+            handle = self._start("allreduce", [rows], lambda name: allreduce_async(
+                rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
+            return MappedHandle(handle, lambda reduced: reduced[self.rank()])
         return self._start("reducescatter", [rows], lambda name: reducescatter_async(
             rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
 
@@ -221,14 +228,17 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
                                         opts: Any) -> HvdliteWork:
         op, scale = core_reduction(opts.reduceOp, "reduce_scatter_tensor_coalesced")
         rows = [t.reshape(self.size(), -1) for t in inputs]
-        handle = self._start("reducescatter", rows, lambda name: grouped_reducescatter_async(
-            rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")
+        if op not in _SCATTERED_OPS:
+            handles = [self._reduce_scatter_rows(r, opts, "reduce_scatter_tensor_coalesced") for r in rows]
+        else:
+            handles = [self._start("reducescatter", rows, lambda name: grouped_reducescatter_async(
+                rows, name=name, op=op, prescale_factor=scale, process_set=self.process_set), f"{op.name}{scale}")]
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
-            for output, result in zip(outputs, results[0], strict=True):
+            for output, result in zip(outputs, results if op not in _SCATTERED_OPS else results[0], strict=True):
                 _copy_flat(output, result)
             return outputs
-        return HvdliteWork([handle], finish)
+        return HvdliteWork(handles, finish)
 
     # ---- broadcast, scatter, all-to-all --------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:

@@ -115,6 +115,16 @@ def check_scatters(gloo, rank, size):
     out = torch.empty(3)
     dist.reduce_scatter(out, list(rows))
     assert torch.equal(out, rows[rank] / (rank + 1) * sum(r + 1 for r in range(size))), out
+    for op, expect in ((dist.ReduceOp.MAX, size), (dist.ReduceOp.MIN, 1)):  # the core scatters sums only
+        out = torch.empty(3)
+        dist.reduce_scatter_tensor(out, rows, op=op)
+        assert torch.equal(out, rows[rank] / (rank + 1) * expect), (op, out)
+    pair = [torch.empty(3), torch.empty(3)]
+    with dist._coalescing_manager(async_ops=True) as coalesced:  # torch's coalesced reduce-scatter
+        for out in pair:
+            dist.reduce_scatter_tensor(out, rows, op=dist.ReduceOp.MAX)
+    coalesced.wait()
+    assert all(torch.equal(out, rows[rank] / (rank + 1) * size) for out in pair), pair
 
     def scatter(group):
         out = torch.empty(3)
