@@ -28,10 +28,10 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
 from bytecodes import bytecodes_per_call
+from jobs import timed
 from mpi4py import MPI
 from readme import replace_block
 
@@ -47,15 +47,6 @@ def label(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
-
-
-def timed(fn: Callable[[], object], iters: int, comm: MPI.Comm) -> float:
-    """Mean seconds per call on the slowest rank."""
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
 
 
 def cpu_seconds() -> float:

@@ -1,4 +1,5 @@
-"""Launching a bench script's worker job and reading back its one tagged JSON line."""
+"""Launching a bench script's worker job and reading back its one tagged JSON line; timing a call
+inside that job."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,3 +27,14 @@ def launch_worker(script: str, np: int, worker_args: list[str], tag: str, env: d
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"job failed with exit code {proc.returncode}")
     return json.loads(re.search(f"{tag}(.*)$", proc.stdout, re.MULTILINE).group(1))
+
+
+def timed(fn: Callable[[], object], iters: int, comm: Any) -> float:
+    """Mean seconds per call of ``fn`` on the slowest rank of ``comm`` (an mpi4py communicator)."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)

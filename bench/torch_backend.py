@@ -33,12 +33,11 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from jobs import launch_worker  # noqa: E402
+from jobs import launch_worker, timed  # noqa: E402
 
 TAG = "TORCH_BACKEND_RESULT "
 SECTIONS = ("allreduce", "ddp", "fsdp2")
@@ -49,17 +48,6 @@ RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 def label(nbytes: int) -> str:
     return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes} B"
-
-
-def timed(fn: Callable[[], object], iters: int, comm: Any) -> float:
-    """Mean seconds per call of ``fn`` on the slowest rank."""
-    from mpi4py import MPI
-
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX)
 
 
 def build_model() -> Any:
