@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,9 @@ class Runtime:
     hosts: tuple[str, ...] = ()  # every rank's host name, by rank
     process_ids: tuple[str, ...] = ()  # every rank's process id: launch rank "2", or "g1.0" if spawned
     book: Any = None  # elastic: the job's HostBook (hvdlite.elastic.hosts), kept across world changes
+    # A TCP port that was free on rank 0's host at start, for a framework's own rendezvous (torch's
+    # env://): agreed in start's one exchange, so that using it needs no collective of its own.
+    rendezvous_port: int = 0
 
 
 _runtime: Runtime | None = None
@@ -104,6 +108,12 @@ def _configure_logging(config: Config, rank: int) -> None:
         logger.propagate = False
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
 def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None, *, book: Any = None,
           join: Callable[[], tuple[Any, Any] | None] | None = None) -> None:
     """Start hvdlite on ``comm`` (see :func:`hvdlite.lifecycle.init`, the public ``init``); nothing
@@ -124,7 +134,8 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     if mpi_variables:
         log.info("started by Slurm's PMI (srun --mpi=pmi2): set %s (see hvdlite.core.mpi_start)", mpi_variables)
     process_id = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())
-    hosts, ids = zip(*base.allgather((MPI.Get_processor_name(), process_id)), strict=True)
+    hosts, ids, ports = zip(*base.allgather((MPI.Get_processor_name(), process_id, _free_port() if rank == 0 else 0)),
+                            strict=True)
     topology = topology_from_hosts(list(hosts), rank)
 
     def make_engine(set_comm: Any, ranks: list[int], process_set_id: int) -> tuple[Engine, tuple[Any, ...]]:
@@ -136,7 +147,7 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     dynamic = process_sets == "dynamic" or config.dynamic_process_sets
     communicators = Communicators(base, engine, make_engine, dynamic)
     _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators,
-                       hosts=hosts, process_ids=ids, book=joined[1] if joined else book)
+                       hosts=hosts, process_ids=ids, book=joined[1] if joined else book, rendezvous_port=ports[0])
     try:
         for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
             communicators.add(process_set, dynamic=False)

@@ -11,31 +11,21 @@ backend checks that they agree with hvdlite's ranks.
 
 from __future__ import annotations
 
-import socket
-
 from ...core.runtime import Runtime
 from ...settings.config import environ, set_environ
 
 _LOOPBACK = "127.0.0.1"
 
 
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
-
-
 def publish(runtime: Runtime) -> None:
-    """Set torch's rendezvous variables that are not set (collective: rank 0 picks the port)."""
+    """Set torch's rendezvous variables that are not set. Local: no collective (a rank that joins an
+    elastic job calls ``init`` alone); the port is the one rank 0 found free at start."""
     env = environ()
     topology = runtime.topology
+    # One host: the loopback, which leaves no machine. Several: rank 0's host name, as torchrun's
+    # --master-addr would be; set MASTER_ADDR yourself where that name does not resolve.
+    address = _LOOPBACK if len(set(runtime.hosts)) <= 1 else runtime.hosts[0]
     wanted = {"RANK": str(topology.rank), "WORLD_SIZE": str(topology.size),
-              "LOCAL_RANK": str(topology.local_rank), "LOCAL_WORLD_SIZE": str(topology.local_size)}
-    need_master = not (env.get("MASTER_ADDR") and env.get("MASTER_PORT"))
-    if runtime.comm.bcast(need_master if topology.rank == 0 else None, root=0):
-        # One host: the loopback, which leaves no machine. Several: rank 0's host name, as torchrun's
-        # --master-addr would be; set MASTER_ADDR yourself where that name does not resolve.
-        address = _LOOPBACK if len(set(runtime.hosts)) <= 1 else runtime.hosts[0]
-        port = _free_port(_LOOPBACK if address == _LOOPBACK else "") if topology.rank == 0 else None
-        wanted.update(MASTER_ADDR=address, MASTER_PORT=str(runtime.comm.bcast(port, root=0)))
+              "LOCAL_RANK": str(topology.local_rank), "LOCAL_WORLD_SIZE": str(topology.local_size),
+              "MASTER_ADDR": address, "MASTER_PORT": str(runtime.rendezvous_port)}
     set_environ({name: value for name, value in wanted.items() if not env.get(name)})
