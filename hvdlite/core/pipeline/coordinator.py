@@ -84,7 +84,6 @@ class Coordinator:
         # Kinds of call (naming.CallNames) failed by a divergence: the error, and the ranks that had not
         # made their call yet (they get the error for it).
         self._late_calls: dict[str | None, tuple[str, set[int]]] = {}
-        self._table_ranks: dict[str, set[int]] = {}
 
     @property
     def pending_names(self) -> list[str]:
@@ -109,7 +108,7 @@ class Coordinator:
                 self._forget(name)
         pending = self._job_ranked(self._table)
         generated, calls = diverged_generated_names(pending), diverged_call_names(pending)
-        self._table_ranks = {name: set(self._table[name]) for names, _ in calls for name in names}
+        calls_ranks = {name: set(self._table[name]) for names, _ in calls for name in names}  # before _forget
         for names, message in generated + diverged_object_names(pending) + calls:
             for name in names:
                 error = _error(self._table[name][min(self._table[name])], message + self._scope.label,
@@ -119,7 +118,7 @@ class Coordinator:
                     self._remember_diverged(name, error)
                 self._forget(name)
         for names, message in calls:  # call names repeat: what is remembered is the ranks still to call
-            waiting = set().union(*(self._table_ranks.pop(name) for name in names))
+            waiting = set().union(*(calls_ranks[name] for name in names))
             self._late_calls[call_kind(names[0])] = (message + self._scope.label, set(range(self.size)) - waiting)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
