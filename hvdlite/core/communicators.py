@@ -48,7 +48,6 @@ class Communicators:
         """``world``: the job's communicator (registration collectives go over a duplicate of it)."""
         self._registry = world.Dup()  # set registration's own collectives, apart from the engines'
         self._local_registry = world.Dup()  # members-only registration (add_on_members), apart from the job's
-        self._local_ids: dict[tuple[int, ...], int] = {}  # members-only sets by their ranks
         self._rank, self._size = world.Get_rank(), world.Get_size()
         self._make_engine = make_engine
         self.dynamic = dynamic
@@ -123,12 +122,11 @@ class Communicators:
         group = self._local_registry.Get_group().Incl(ranks)
         comm = self._local_registry.Create_group(group)
         group.Free()
-        proposal = max([_FIRST_MEMBERS_ONLY_ID - 1, *self._local_ids.values(), *self._sets]) + 1
+        proposal = max([_FIRST_MEMBERS_ONLY_ID - 1, *self._sets]) + 1  # above every id this rank knows
         process_set_id = comm.allreduce(proposal, op=_max_op())
         process_set = ProcessSet(ranks)
         process_set._registered(process_set_id, ranks, self._rank)
         self._sets[process_set_id] = process_set
-        self._local_ids[tuple(ranks)] = process_set_id
         engine, private = self._make_engine(comm, ranks, process_set_id)
         self._members[process_set_id] = Communicator(process_set, engine, NameGenerator(), ranks.index(self._rank),
                                                      len(ranks), (*private, comm))
