@@ -1,14 +1,30 @@
 """Building fully sharded units, in-process (it needs no collective; training is tested with real
 ranks in tests/multirank/test_fully_sharded.py): which unit holds a parameter tied across
-fully_shard calls, and optimizers holding parameters fully_shard replaced are refused."""
+fully_shard calls, and optimizers holding parameters fully_shard replaced are refused.
+
+The shards' device mesh is torch's in-process fake group (rank 0 of 2): building a unit sends
+nothing over it."""
 
 import copy
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
+from hvdlite.torch.fully_sharded import shard as shard_module
 from hvdlite.torch.fully_sharded.shard import fully_shard
 from hvdlite.torch.fully_sharded.ties import check_none_waiting
+
+
+@pytest.fixture(autouse=True)
+def fake_mesh(monkeypatch):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    monkeypatch.setattr(shard_module, "mesh_for", lambda *_args: mesh)
 
 
 class FakeSet:
@@ -49,7 +65,8 @@ def test_the_lowest_unit_holding_every_use_holds_the_tied_parameter(wrapped):
     tied = [p for p in model._hvdlite_unit.params if len(p.owners) == 2]
     assert len(tied) == 1 and {(id(m), a) for m, a in tied[0].owners} == {(id(model.embed), "weight"),
                                                                        (id(model.head), "weight")}
-    assert model.embed.weight is model.head.weight is tied[0].shard and tied[0].shard.shape == (3, 3)
+    assert model.embed.weight is model.head.weight is tied[0].shard and tied[0].shard.shape == (5, 3)
+    assert tied[0].local.shape == (3, 3)  # rank 0 of 2: rows 0-2 of 5
     for name in wrapped:  # the inner units gave it up, and their layouts no longer count it
         unit = getattr(model, name)._hvdlite_unit
         assert tied[0] not in unit.params and len(unit.layout.params) == len(unit.params)
@@ -93,17 +110,27 @@ def test_an_optimizer_built_before_fully_shard_is_refused_at_its_step():
     torch.optim.SGD(model.parameters(), lr=0.1).step()  # built after: steps
 
 
-def test_an_optimizer_built_before_to_empty_is_refused_and_one_built_after_is_not():
+def test_to_empty_keeps_the_shard_parameters_so_an_optimizer_built_before_it_steps_them():
+    # The shards are DTensors, which Module._apply swaps in place (torch.utils.swap_tensors), as FSDP2's:
+    # an optimizer built on the meta device holds the Parameters that to_empty filled.
     with torch.device("meta"):
         model = Tied()
     fully_shard(model, process_set=FakeSet())
     early = torch.optim.Adam(model.parameters())
+    before = list(model.parameters())
     model.to_empty(device="cpu")
-    with pytest.raises(ValueError, match="replaced this shard"):
-        early.step()
+    assert [p is q for p, q in zip(model.parameters(), before, strict=True)] == [True] * len(before)
+    assert all(p.device.type == "cpu" and not p.is_meta for p in model.parameters())
+    early.step()
+
+
+def test_an_optimizer_holding_a_parameter_fully_shard_replaced_is_checked_again_when_it_grows():
+    model = Tied()
+    original = model.block.weight
+    fully_shard(model, process_set=FakeSet())
     later = torch.optim.Adam(model.parameters())
     later.step()
-    later.add_param_group({"params": [early.param_groups[0]["params"][0]]})  # checked again when it grows
+    later.add_param_group({"params": [original]})  # checked again when it grows
     with pytest.raises(ValueError, match="Adam: its parameter 3"):
         later.step()
 

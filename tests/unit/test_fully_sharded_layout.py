@@ -16,7 +16,11 @@ def test_every_row_is_owned_by_exactly_one_rank_and_shards_have_one_shape(ranks)
     layout = UnitLayout.plan(SHAPES, ranks)
     for param in layout.params:
         owned = [row for rank in range(ranks) for row in param.owned_rows(rank)]
-        assert owned == list(range(param.rows))
+        # a 0-dim parameter (Shard(0) cannot cut it) is replicated: every rank holds it
+        assert owned == ([0] * ranks if param.replicated else list(range(param.rows)))
+        assert [param.local_shape(rank) for rank in range(ranks)] == [
+            torch.Size((len(param.owned_rows(rank)), *param.shape[1:])) if param.shape else torch.Size(())
+            for rank in range(ranks)]
         assert param.shard_shape[1:] == param.shape[1:]
         assert param.shard_shape[0] * ranks >= param.rows > (param.shard_shape[0] - 1) * ranks
     assert layout.shard_numel == sum(p.shard_numel for p in layout.params)

@@ -28,7 +28,13 @@ from .p2p import PointToPoint
 from .process_group import BACKEND_NAME, ProcessGroupHvdlite
 from .work import HvdliteWork
 
-__all__ = ["BACKEND_NAME", "ProcessGroupHvdlite", "HvdliteWork", "register"]
+__all__ = ["BACKEND_NAME", "CollectivesOnly", "ProcessGroupHvdlite", "HvdliteWork", "register"]
+
+
+class CollectivesOnly:
+    """``pg_options`` for a group without send/recv, whose creation involves no other rank: the
+    groups of ``fully_shard``'s device meshes (a rank joining an elastic job makes its own while the
+    others are busy; point-to-point needs a duplicate communicator, which all ranks make together)."""
 
 
 def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
@@ -47,8 +53,8 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
     base = member.comms[-1] if member.comms else runtime.comm
     names = runtime.adapter_state.setdefault(("torch.distributed call names", process_set.process_set_id),
                                              CallNames())
-    return ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks),
-                               PointToPoint(base.Dup(), runtime.config.comm_timeout), names)
+    p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(base.Dup(), runtime.config.comm_timeout)
+    return ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks), p2p, names)
 
 
 def register() -> None:

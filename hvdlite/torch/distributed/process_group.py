@@ -75,7 +75,8 @@ def _copy_flat(output: torch.Tensor, result: torch.Tensor) -> None:
 class ProcessGroupHvdlite(dist.ProcessGroup):
     """The ranks of ``process_set`` as a torch process group (``rank``: this rank's place in it)."""
 
-    def __init__(self, process_set: ProcessSet, rank: int, size: int, p2p: PointToPoint, names: CallNames) -> None:
+    def __init__(self, process_set: ProcessSet, rank: int, size: int, p2p: PointToPoint | None,
+                 names: CallNames) -> None:
         """``names``: the call names of ``process_set``, shared by every group over it (one sequence)."""
         super().__init__(rank, size)
         self.process_set = process_set
@@ -298,7 +299,14 @@ class ProcessGroupHvdlite(dist.ProcessGroup):
         return HvdliteWork.completed()
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
-        return self._p2p.send(tensors, dst_rank, tag)
+        return self._point_to_point("send").send(tensors, dst_rank, tag)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
-        return self._p2p.recv(tensors, src_rank, tag)
+        return self._point_to_point("recv").recv(tensors, src_rank, tag)
+
+    def _point_to_point(self, call: str) -> PointToPoint:
+        if self._p2p is None:
+            raise RuntimeError(f"{call} on the group of {self.process_set}: hvd.fully_shard made this group for its "
+                               "DTensor parameters, with collectives only; for send/recv call "
+                               f"dist.init_process_group('{BACKEND_NAME}') yourself before fully_shard")
+        return self._p2p

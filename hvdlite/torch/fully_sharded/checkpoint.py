@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from .layout import ParamLayout
 from .state import keys_of, sharded_params, units_under
+from .unit import local_tensor
 
 LAYOUT = "layout.json"
 
@@ -31,7 +33,9 @@ def _rank_and_size(module: torch.nn.Module) -> tuple[int, int]:
 
 
 def _mine(layout: ParamLayout, shard: torch.Tensor, rank: int) -> torch.Tensor:
-    return shard.detach()[:len(layout.owned_rows(rank))].to("cpu", copy=True)
+    """This rank's rows of a shard (or of its optimizer state), as rows (a 0-dim parameter: one)."""
+    rows = local_tensor(shard).detach().reshape(len(layout.owned_rows(rank)), *layout.shape[1:])
+    return rows.to("cpu", copy=True)
 
 
 def save_sharded_state(directory: str | os.PathLike, module: torch.nn.Module,
@@ -66,8 +70,8 @@ def _optimizer_rows(module: torch.nn.Module, optimizer: torch.optim.Optimizer, r
     for index, entry in state_dict["state"].items():
         where = sharded.get(id(params[index]))
         layout = where[0].layout.params[where[1]] if where else None
-        state[index] = {key: _mine(layout, value, rank) if layout is not None and torch.is_tensor(value)
-                        and value.shape == params[index].shape else value for key, value in entry.items()}
+        state[index] = {key: _mine(layout, value, rank) if layout is not None and isinstance(value, DTensor)
+                        else value for key, value in entry.items()}
     return {"state": state, "param_groups": state_dict["param_groups"]}
 
 
@@ -107,7 +111,7 @@ def load_sharded_state(directory: str | os.PathLike, module: torch.nn.Module,
                                  f"{layout_file['shapes'].get(keys[0])} in {directory}")
             by_key[keys[0]] = (param, layout)
             with torch.no_grad():
-                param.shard.copy_(read_rows(files, ["params", keys[0]], layout, rank, old_size))
+                param.local.copy_(layout.local_view(read_rows(files, ["params", keys[0]], layout, rank, old_size), rank))
     if files[0]["other"]:
         module.load_state_dict({**module.state_dict(), **files[0]["other"]})
     if optimizer is not None:
@@ -122,10 +126,13 @@ def _load_optimizer(files: list[dict], module: torch.nn.Module, optimizer: torch
     state = {}
     for index, entry in saved["state"].items():
         where = sharded.get(id(params[index]))
-        layout = where[0].layout.params[where[1]] if where else None
-        state[index] = {key: read_rows(files, ["optimizer", "state", index, key], layout, rank, old_size)
-                        if layout is not None and torch.is_tensor(value) and value.dim() > 0 else value
-                        for key, value in entry.items()}
+        if where is None:
+            state[index] = entry
+            continue
+        param, layout = where[0].params[where[1]], where[0].layout.params[where[1]]
+        state[index] = {key: param.as_dtensor(layout.local_view(
+                            read_rows(files, ["optimizer", "state", index, key], layout, rank, old_size), rank))
+                        if torch.is_tensor(value) and value.dim() > 0 else value for key, value in entry.items()}
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
 

@@ -23,6 +23,7 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ... import basics
 from ...errors import HvdliteError
@@ -30,8 +31,9 @@ from ...objects import allgather_object, broadcast_object
 from ...ops import ReduceOp
 from ..collectives.async_ops import alltoall_async, broadcast_async_, reducescatter_async, synchronize
 from .layout import ParamLayout, UnitLayout
+from .mesh import mesh_for, renew_after_world_change
 from .state import units_under
-from .unit import ShardedUnit
+from .unit import ShardedUnit, local_tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +74,6 @@ def _check_elastic(units: list[ShardedUnit]) -> None:
                              "the global process set only (process sets do not outlive a world change)")
 
 
-def _is_sharded_state(value: Any, shard: torch.Tensor) -> bool:
-    return torch.is_tensor(value) and value.shape == shard.shape and value.dim() > 0
-
-
 class ShardedModelHandler:
     """Commits, restores and re-shards a fully sharded model and the optimizer that steps its shards
     (``TorchState``'s handler for such a model; same interface as its other handlers)."""
@@ -112,12 +110,13 @@ class ShardedModelHandler:
         entries, own, scalars = [], [], {}
         for u, unit in enumerate(self._units):
             for i, (param, layout) in enumerate(zip(unit.params, unit.layout.params, strict=True)):
+                # padded: every rank's copy has the same size, whatever rows it owns
                 entries.append(_Entry(u, i, None, layout.shape, param.shard.dtype))
-                own.append(param.shard.detach().clone())
+                own.append(layout.padded(param.local.detach()))
                 for key, value in sorted(self._state_of(param.shard).items()):
-                    if _is_sharded_state(value, param.shard):
+                    if isinstance(value, DTensor):  # per element of the shard, placed as it is
                         entries.append(_Entry(u, i, key, layout.shape, value.dtype))
-                        own.append(value.detach().clone())
+                        own.append(layout.padded(local_tensor(value).detach()))
                     else:
                         scalars[(u, i, key)] = copy.deepcopy(value)
         replicated = {name: t.detach().clone() for name, t in self._replicated_tensors(self._shard_ids())}
@@ -162,7 +161,7 @@ class ShardedModelHandler:
         for u, unit in enumerate(self._units):
             unit.abandon(layouts[u])
         for entry, tensor in zip(commit.entries, commit.own, strict=True):
-            self._put(entry, tensor.clone())
+            self._put(entry, tensor.clone(), commit.rank)
         for (u, i, key), value in commit.scalars.items():
             self._state_of(self._units[u].params[i].shard)[key] = copy.deepcopy(value)
         with torch.no_grad():
@@ -170,12 +169,27 @@ class ShardedModelHandler:
                 if name in commit.replicated:
                     tensor.copy_(commit.replicated[name])
 
-    def _put(self, entry: _Entry, tensor: torch.Tensor) -> None:
-        shard = self._units[entry.unit].params[entry.param].shard
+    def _put(self, entry: _Entry, padded: torch.Tensor, rank: int) -> None:
+        """Make ``padded`` (this rank's shard of one tensor, padded) the shard's rows or a state tensor."""
+        unit = self._units[entry.unit]
+        param, local = unit.params[entry.param], unit.layout.params[entry.param].local_view(padded, rank)
         if entry.key is None:
-            shard.data = tensor
+            param.replace_local(local)
         else:
-            self._state_of(shard)[entry.key] = tensor
+            self._state_of(param.shard)[entry.key] = param.as_dtensor(local)
+
+    def _renew_meshes(self) -> None:
+        """The torch groups of the old world are gone: every shard, and every optimizer state tensor
+        placed as one, moves to a mesh of the world as it is now (its rows unchanged)."""
+        renew_after_world_change()
+        for unit in self._units:
+            for param in unit.params:
+                param.mesh = mesh_for(unit.process_set, None, param.mesh.device_type)
+                param.replace_local(param.local)
+                state = self._state_of(param.shard)
+                for key, value in state.items():
+                    if isinstance(value, DTensor):
+                        state[key] = param.as_dtensor(local_tensor(value))
 
     # ---- sync (the new world, collective) -------------------------------------------------------
     def sync(self) -> None:
@@ -184,6 +198,7 @@ class ShardedModelHandler:
         mine = None if commit is None else (commit.rank, commit.size)
         places = allgather_object(mine, name="fully_shard.elastic.places")
         # Nothing committed anywhere (the job starts): every rank holds its shards of the model as built.
+        self._renew_meshes()
         if any(places) and places != [(rank, basics.size()) for rank in range(basics.size())]:
             self._reshard(places)
         replicated = self._replicated_tensors(self._shard_ids())
@@ -205,17 +220,17 @@ class ShardedModelHandler:
         for unit in self._units:
             unit.abandon(UnitLayout.plan([(p.name, p.shape) for p in unit.layout.params], size))
         for index, entry in enumerate(entries):
-            self._put(entry, self._reshard_entry(index, entry, old_size, providers))
+            self._put(entry, self._reshard_entry(index, entry, old_size, providers), basics.rank())
         for (u, i, key), value in scalars.items():
             self._state_of(self._units[u].params[i].shard)[key] = copy.deepcopy(value)
 
     def _reshard_entry(self, index: int, entry: _Entry, old_size: int, providers: dict[int, tuple[int, bool]]) -> torch.Tensor:
         """This rank's new shard of one tensor: the rows it holds go in, a summing reduce-scatter cuts."""
-        device = self._units[entry.unit].params[entry.param].shard.device
+        device = self._units[entry.unit].params[entry.param].local.device
         old = ParamLayout("", entry.full_shape, old_size, 0)
         full = torch.zeros(old.rows, old.row_numel, dtype=entry.dtype, device=device)
         for old_rank, (rank, is_own) in providers.items():
-            if rank != basics.rank():
+            if rank != basics.rank() or (old.replicated and old_rank != 0):  # (summed: a 0-dim one comes once)
                 continue
             rows = old.owned_rows(old_rank)
             held = (self._commit.own if is_own else self._commit.neighbour)[index]

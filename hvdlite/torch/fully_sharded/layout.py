@@ -4,7 +4,10 @@ Every parameter is cut along dimension 0, as FSDP2 cuts it: with N ranks and ``d
 owns rows ``[r*c, (r+1)*c)`` with ``c = ceil(d0 / N)``; rows past ``d0`` are zero padding, so every
 rank's shard has the same shape ``(c, *rest)`` and keeps the parameter's number of dimensions
 (code that treats matrices and vectors differently, e.g. weight decay only for ``p.dim() >= 2``,
-sees the same thing on a shard). A 0-dim parameter is treated as one row.
+sees the same thing on a shard). A rank's *local* rows are the ones it owns, without the padding:
+what its DTensor parameter holds. A 0-dim parameter (which ``Shard(0)`` cannot cut) is replicated:
+every rank's block holds it, so the all-gather reads it from any rank and the averaging
+reduce-scatter gives every rank the average of its gradient.
 
 One unit makes one all-gather and one reduce-scatter: each rank's shards are packed one after the
 other into a flat vector of ``unit.shard_numel`` elements, the same length on every rank. The
@@ -57,16 +60,41 @@ class ParamLayout:
     def shard_numel(self) -> int:
         return self.rows_per_rank * self.row_numel
 
+    @property
+    def replicated(self) -> bool:
+        """A 0-dim parameter: held whole by every rank."""
+        return not self.shape
+
     def owned_rows(self, rank: int) -> range:
         """The rows of the full parameter that ``rank``'s shard holds (fewer, or none, near the end)."""
+        if self.replicated:
+            return range(1)
         start = min(rank * self.rows_per_rank, self.rows)
         return range(start, min(start + self.rows_per_rank, self.rows))
+
+    def local_shape(self, rank: int) -> torch.Size:
+        """The shape of ``rank``'s local tensor (its rows, unpadded; a 0-dim parameter's own shape)."""
+        return self.shape if self.replicated else torch.Size((len(self.owned_rows(rank)), *self.shape[1:]))
 
     def shard_of(self, full: torch.Tensor, rank: int) -> torch.Tensor:
         """``rank``'s shard (a new tensor, zero-padded) of the full tensor."""
         rows = self.owned_rows(rank)
         shard = full.new_zeros(self.shard_shape)
         shard[:len(rows)].copy_(full.reshape(self.rows, *self.shape[1:])[rows.start:rows.stop])
+        return shard
+
+    def local_of(self, full: torch.Tensor, rank: int) -> torch.Tensor:
+        """``rank``'s local rows (a new tensor) of the full tensor."""
+        return self.local_view(self.shard_of(full, rank), rank)
+
+    def local_view(self, shard: torch.Tensor, rank: int) -> torch.Tensor:
+        """The local rows of a padded shard-shaped tensor (a view)."""
+        return shard.view(()) if self.replicated else shard[:len(self.owned_rows(rank))]
+
+    def padded(self, local: torch.Tensor) -> torch.Tensor:
+        """A local tensor zero-padded to the shard's shape (a new tensor), as every rank's is alike."""
+        shard = local.new_zeros(self.shard_shape)
+        shard.view(-1)[:local.numel()].copy_(local.reshape(-1))
         return shard
 
 
@@ -92,11 +120,13 @@ class UnitLayout:
         return sum(p.shard_numel for p in self.params)
 
     def pack_shards(self, shards: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
-        """This rank's shards, one after the other (cast to ``dtype``; by default to one that holds
-        each shard's dtype exactly: an fp32 norm beside bf16 weights is not rounded), as the all-gather's input."""
+        """This rank's shards (padded, or only its local rows: the padding is zeros), one after the
+        other (cast to ``dtype``; by default to one that holds each shard's dtype exactly: an fp32
+        norm beside bf16 weights is not rounded), as the all-gather's input."""
         out = shards[0].new_empty(self.shard_numel, dtype=dtype or common_dtype(shard.dtype for shard in shards))
         for layout, shard in zip(self.params, shards, strict=True):
-            out[layout.offset:layout.offset + layout.shard_numel].copy_(shard.reshape(-1))
+            out[layout.offset:layout.offset + shard.numel()].copy_(shard.reshape(-1))
+            out[layout.offset + shard.numel():layout.offset + layout.shard_numel].zero_()
         return out
 
     def _blocks(self, vector: torch.Tensor, layout: ParamLayout) -> list[tuple[range, torch.Tensor]]:

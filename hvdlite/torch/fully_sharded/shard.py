@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from ...errors import ProcessSetError
 from ...lifecycle import add_process_set
@@ -12,6 +13,7 @@ from ...objects import allgather_object
 from ...process_sets import ProcessSet, global_process_set
 from . import stale, ties
 from .layout import UnitLayout
+from .mesh import mesh_device_type, mesh_for
 from .root import ShardedRoot
 from .unit import MixedPrecisionPolicy, ShardedParam, ShardedUnit, UnitOptions
 
@@ -194,8 +196,10 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
                                    lambda param: None if offload is None else _compute_device(param.full))
     layout = UnitLayout.plan([(name, param.shape) for name, _, param in own]
                              + [(name, param.full.shape) for name, param in taken], process_set.size())
-    params = [_shard_parameter(owners, param, param_layout.shard_of(param.detach(), process_set.rank()), process_set,
-                               _compute_device(param) if offload is not None else None)
+    device = _unit_device(own, taken, offload)
+    mesh = mesh_for(process_set, replicate_process_set, mesh_device_type(device)) if device is not None else None
+    params = [_shard_parameter(owners, param, param_layout.local_of(param.detach(), process_set.rank()), process_set,
+                               mesh, _compute_device(param) if offload is not None else None)
               for (_name, owners, param), param_layout in zip(own, layout.params[:len(own)], strict=True)]
     after_forward, group = _reshard_group(process_set, reshard_after_forward)
     options = UnitOptions(process_set, after_forward, _precision(mp_policy), replicate_process_set, group)
@@ -208,6 +212,14 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     return module
 
 
+def _unit_device(own: list, taken: list[tuple[str, ShardedParam]], offload: Any) -> torch.device | None:
+    """Where the unit computes (what its mesh's device type follows); None: it has no parameters."""
+    params = [param for _, _, param in own] + [param.full for _, param in taken]
+    if not params:
+        return None
+    return (_compute_device(params[0]) if offload is not None else None) or params[0].device
+
+
 def _compute_device(param: torch.nn.Parameter) -> torch.device | None:
     """Where an offloaded unit computes: the parameter's accelerator, or the current CUDA device for
     a parameter built on the CPU or ``meta``; None (compute where the shard is) without CUDA."""
@@ -217,19 +229,21 @@ def _compute_device(param: torch.nn.Parameter) -> torch.device | None:
 
 
 def _shard_parameter(owners: list[tuple[torch.nn.Module, str]], param: torch.nn.Parameter, rows: torch.Tensor,
-                     process_set: ProcessSet, compute_device: torch.device | None = None) -> ShardedParam:
-    """Put this rank's ``rows`` of ``param`` on its owners as a new Parameter, and make the (empty)
-    full parameter that forward and backward will gather into. With a ``compute_device`` (offload)
-    the shard lives in host memory and the full parameter on that device."""
+                     process_set: ProcessSet, mesh: DeviceMesh,
+                     compute_device: torch.device | None = None) -> ShardedParam:
+    """Put this rank's ``rows`` of ``param`` on its owners as a new DTensor Parameter, and make the
+    (empty) full parameter that forward and backward will gather into. With a ``compute_device``
+    (offload) the shard lives in host memory and the full parameter on that device."""
     if compute_device is not None and rows.device.type != "meta":
         rows = rows.to("cpu")
-    shard = torch.nn.Parameter(rows, requires_grad=param.requires_grad)
-    shard._hvdlite_fully_sharded = True
     full = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=compute_device or param.device),
                               requires_grad=param.requires_grad)
     if full.device.type != "meta":
         full.untyped_storage().resize_(0)
-    sharded = ShardedParam(owners, shard, full, process_set, compute_device)
+    sharded = ShardedParam(owners, None, full, process_set, mesh, compute_device)
+    shard = torch.nn.Parameter(sharded.as_dtensor(rows), requires_grad=param.requires_grad)
+    shard._hvdlite_fully_sharded = True
+    sharded.shard = shard
     ties.mark(param, sharded)
     stale.mark_replaced(param, "fully_shard put its shard in its place")
     sharded.put_on_owners(shard)

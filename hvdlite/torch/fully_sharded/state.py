@@ -6,11 +6,12 @@ import math
 from collections.abc import Iterable, Mapping
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..collectives.async_ops import allgather_async, allreduce_async, synchronize
-from .unit import ShardedParam, ShardedUnit
+from .unit import ShardedParam, ShardedUnit, local_tensor
 
 
 def units_under(module: torch.nn.Module) -> list[ShardedUnit]:
@@ -76,7 +77,7 @@ def load_full_state_dict(module: torch.nn.Module, state_dict: Mapping[str, torch
             raise ValueError(f"load_full_state_dict: '{key}' has shape {tuple(value.shape)}, the model's parameter "
                              f"{tuple(layout.shape)}")
         with torch.no_grad():
-            param.shard.copy_(layout.shard_of(value.to(param.shard.dtype), unit.process_set.rank()))
+            param.local.copy_(layout.local_of(value.to(param.shard.dtype), unit.process_set.rank()))
     if plain:
         module.load_state_dict({**module.state_dict(), **plain})
 
@@ -87,9 +88,10 @@ def sharded_params(module: torch.nn.Module) -> dict[int, tuple[ShardedUnit, int]
 
 
 def _gather_rows(shard: torch.Tensor, unit: ShardedUnit, index: int, name: str) -> torch.Tensor:
-    """The whole tensor of which ``shard`` (shaped like the unit's ``index``-th shard) is this rank's rows."""
+    """The whole tensor of which ``shard`` (placed as the unit's ``index``-th shard) holds this rank's rows."""
     layout = unit.layout.params[index]
-    gathered = synchronize(allgather_async(shard.detach().contiguous(), name=name, process_set=unit.process_set))
+    padded = layout.padded(local_tensor(shard).detach())
+    gathered = synchronize(allgather_async(padded, name=name, process_set=unit.process_set))
     return gathered[:layout.rows].reshape(layout.shape).to("cpu", copy=True)
 
 
@@ -106,7 +108,7 @@ def full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
         where = sharded.get(id(params[index]))
         full_state[index] = {
             key: _gather_rows(value, *where, f"fully_shard.optimizer.{index}.{key}")
-            if where is not None and torch.is_tensor(value) and value.shape == params[index].shape else value
+            if where is not None and isinstance(value, DTensor) else value
             for key, value in state.items()}
     keep = not rank0_only or all(unit.process_set.rank() == 0 for unit in units_under(module))
     return {"state": full_state, "param_groups": state_dict["param_groups"]} if keep else {}
@@ -128,10 +130,17 @@ def load_full_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.opt
         layout = unit.layout.params[position]
         # Copies, scalars too: torch's load_state_dict keeps a tensor it needs not convert, and a step
         # count shared with the optimizer the dict came from would advance twice per step.
-        mine[index] = {key: (layout.shard_of(value, unit.process_set.rank())
-                             if tuple(value.shape) == tuple(layout.shape) else value.clone())
+        param = unit.params[position]
+        mine[index] = {key: (param.as_dtensor(layout.local_of(value, unit.process_set.rank()))
+                             if _like_param(key, value, layout.shape) else value.clone())
                        if torch.is_tensor(value) else value for key, value in state.items()}
     optimizer.load_state_dict({"state": mine, "param_groups": state_dict["param_groups"]})
+
+
+def _like_param(key: str, value: torch.Tensor, shape: torch.Size) -> bool:
+    """Whether an optimizer state tensor is one per element of its parameter (so sharded as it is):
+    shaped like it, but not the step count, which is 0-dim as a 0-dim parameter is."""
+    return tuple(value.shape) == tuple(shape) and (value.dim() > 0 or key != "step")
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
@@ -144,19 +153,26 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     norm_type = float(norm_type)
     local = torch.zeros((), dtype=torch.float64)
     for param in params:
-        grad = param.grad.detach().to(torch.float64)
+        grad = local_tensor(param.grad).detach().to(torch.float64)
         if math.isinf(norm_type):
             local = torch.maximum(local, grad.abs().max() if grad.numel() else local)
             continue
-        share = 1.0 if getattr(param, "_hvdlite_fully_sharded", False) else 1.0 / size
-        local = local + share * grad.abs().pow(norm_type).sum()
+        local = local + _share(param, size) * grad.abs().pow(norm_type).sum()
     op = ReduceOp.MAX if math.isinf(norm_type) else ReduceOp.SUM
     total = synchronize(allreduce_async(local, op=op, name="fully_shard.clip_grad_norm", process_set=process_set))
     norm = total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for param in params:
-        param.grad.detach().mul_(coefficient.to(param.grad.dtype))
+        local_tensor(param.grad).detach().mul_(coefficient.to(param.grad.dtype))
     return norm.to(torch.float32)
+
+
+def _share(param: torch.Tensor, size: int) -> float:
+    """How much of a parameter's gradient norm this rank counts: all of its own rows of a shard;
+    1/size of a tensor every rank holds whole (replicated, or a 0-dim parameter of a unit)."""
+    if isinstance(param, DTensor):
+        return 1.0 if any(placement.is_shard() for placement in param.placements) else 1.0 / size
+    return 1.0 / size
 
 
 __all__ = ["clip_grad_norm_", "full_optimizer_state_dict", "full_state_dict", "load_full_optimizer_state_dict",

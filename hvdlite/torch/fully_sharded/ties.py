@@ -22,20 +22,15 @@ from collections.abc import Callable
 import torch
 
 from ...process_sets import ProcessSet
-from .unit import ShardedParam, ShardedUnit
+from .unit import ShardedParam, ShardedUnit, mark_one, sharded_as
 
 Owners = list[tuple[torch.nn.Module, str]]
 
 
-def sharded_as(param: torch.nn.Parameter) -> ShardedParam | None:
-    """The sharded parameter ``param`` already is (an original a unit has sharded, or a shard)."""
-    return getattr(param, "_hvdlite_sharded_as", None)
-
-
 def mark(original: torch.nn.Parameter, sharded: ShardedParam) -> None:
     """Let later ``fully_shard`` calls recognise ``original`` and the shard as ``sharded``."""
-    original._hvdlite_sharded_as = sharded
-    sharded.shard._hvdlite_sharded_as = sharded
+    mark_one(original, sharded)
+    mark_one(sharded.shard, sharded)
 
 
 def take_ties(module: torch.nn.Module, found: dict[int, tuple[Owners, ShardedParam]], process_set: ProcessSet,
@@ -102,4 +97,4 @@ def check_none_waiting(root: torch.nn.Module, units: list[ShardedUnit]) -> None:
                      "before the first forward")
 
 
-__all__ = ["check_none_waiting", "mark", "sharded_as", "take_ties"]
+__all__ = ["check_none_waiting", "mark", "mark_one", "sharded_as", "take_ties"]

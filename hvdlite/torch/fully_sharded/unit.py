@@ -1,7 +1,8 @@
 """One fully sharded unit: its parameters' shards, their full forms, and the unit's two collectives.
 
-Outside its forward and backward a unit's modules hold this rank's shards (``nn.Parameter`` of
-shape ``(ceil(rows / N), *rest)``), which are what ``module.parameters()`` and the optimizer see.
+Outside its forward and backward a unit's modules hold this rank's shards: ``nn.Parameter``
+DTensors, ``Shard(0)`` on the unit's device mesh, whose local tensors are this rank's rows (FSDP2's
+parameters); they are what ``module.parameters()``, the optimizer and torch's own tools see.
 To run, the unit all-gathers the shards into full parameters and puts those on the modules; to
 reshard it puts the shards back and frees the full parameters' memory (their storage is resized to
 zero, so tensors autograd saved keep pointing at them, and the next all-gather refills the same
@@ -14,8 +15,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import weakref
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet
@@ -61,20 +66,41 @@ class ShardedParam:
     """One parameter of the unit: where it is registered, its shard and its full form."""
 
     owners: list[tuple[torch.nn.Module, str]]  # (module, attribute) pairs that hold it (tied: several)
-    shard: torch.nn.Parameter
+    shard: torch.nn.Parameter  # a DTensor: this rank's rows (its local tensor) of the whole parameter
     # Storage resized to 0 while the unit is sharded (printing it then would crash: not in the repr).
     full: torch.nn.Parameter = dataclasses.field(repr=False)
     process_set: ProcessSet  # whose ranks the shard was cut for
+    mesh: DeviceMesh = dataclasses.field(repr=False)  # the process set's (hybrid: replicas x shard set)
     compute_device: torch.device | None = None  # offload: the full parameter's device (the shard is on the CPU)
     # The unit it belongs to; None while a parameter tied across units waits for one (ties.py).
     holder: ShardedUnit | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def local(self) -> torch.Tensor:
+        """This rank's rows: the shard's local tensor (a plain tensor; writing it writes the shard)."""
+        return local_tensor(self.shard)
+
+    def as_dtensor(self, local: torch.Tensor) -> DTensor:
+        """``local`` (rows shaped like this rank's) as a DTensor placed as the shard is: its gradient,
+        its optimizer state."""
+        placement = Shard(0) if self.full.dim() else Replicate()
+        placements = (placement,) if self.mesh.ndim == 1 else (Replicate(), placement)
+        meta = TensorMeta(self.full.shape, _contiguous_stride(self.full.shape), local.dtype)
+        return DTensor(local, DTensorSpec(self.mesh, placements, tensor_meta=meta), requires_grad=False)
+
+    def replace_local(self, local: torch.Tensor) -> None:
+        """Make ``local`` the shard's rows, the Parameter staying the same object (the optimizer
+        keys its state by it): after an elastic world change, on a new mesh."""
+        replacement = torch.nn.Parameter(self.as_dtensor(local), requires_grad=self.shard.requires_grad)
+        replacement.__dict__.update(self.shard.__dict__)  # swap_tensors swaps the attributes too
+        torch.utils.swap_tensors(self.shard, replacement)
 
     def follow_shard(self, dtype: torch.dtype | None) -> None:
         """Make the full parameter anew (in ``dtype``, else the shard's) if the shard moved
         (``to_empty`` after building on ``meta``, ``.to(device)``) or changed dtype: only between
         iterations, when autograd holds no reference to it. Offloaded: it stays on the compute device."""
         dtype = dtype or self.shard.dtype
-        device = self.compute_device or self.shard.device
+        device = self.compute_device or self.local.device
         if self.full.device != device or self.full.dtype != dtype:
             self.full = torch.nn.Parameter(torch.empty(self.full.shape, dtype=dtype, device=device),
                                            requires_grad=self.full.requires_grad)
@@ -89,12 +115,39 @@ class ShardedParam:
                                   requires_grad=self.full.requires_grad)
         if full.device.type != "meta":
             _free(full)
-        result = ShardedParam([], self.shard, full, self.process_set, self.compute_device)  # memo first: the
+        result = ShardedParam([], self.shard, full, self.process_set, self.mesh, self.compute_device)  # memo first: the
         memo[id(self)] = result  # shard's attributes and the owners lead back here
         result.shard = copy.deepcopy(self.shard, memo)
+        mark_one(result.shard, result)  # (the copied weak reference still names this one)
         result.owners = copy.deepcopy(self.owners, memo)
         result.holder = copy.deepcopy(self.holder, memo)
         return result
+
+
+def sharded_as(param: torch.nn.Parameter) -> ShardedParam | None:
+    """The sharded parameter ``param`` already is (an original a unit has sharded, or a shard)."""
+    ref = getattr(param, "_hvdlite_sharded_as", None)
+    return None if ref is None else ref()
+
+
+def mark_one(tensor: torch.Tensor, sharded: ShardedParam) -> None:
+    """Let later ``fully_shard`` calls recognise ``tensor`` as ``sharded``. A weak reference: a
+    DTensor's deep copy copies its attributes before it memoizes the copy, so a strong one (the
+    ShardedParam points back at the shard) would copy the shard twice."""
+    tensor._hvdlite_sharded_as = weakref.ref(sharded)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor; any other tensor itself."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+
+
+def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
+    stride, step = [], 1
+    for size in reversed(shape):
+        stride.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(stride))
 
 
 def _free(tensor: torch.Tensor) -> None:
@@ -180,7 +233,7 @@ class ShardedUnit:
             if current is not param.shard:
                 stale.mark_replaced(param.shard, f"{type(module).__name__}._apply (to_empty, .to) replaced this shard")
                 current._hvdlite_fully_sharded = True
-                current._hvdlite_sharded_as = param
+                mark_one(current, param)
                 param.shard = current
                 param.put_on_owners(current)
 
@@ -199,7 +252,7 @@ class ShardedUnit:
             self.state = UnitState.UNSHARDED
             return
         with torch.no_grad():
-            packed = self.layout.pack_shards([p.shard.detach() for p in self.params], self.precision.param_dtype)
+            packed = self.layout.pack_shards([p.local.detach() for p in self.params], self.precision.param_dtype)
         self._gather = allgather_async(packed, name=f"fully_shard.{self.name}.allgather",
                                        process_set=self.process_set)
         self._gather_layout = self.layout
@@ -238,7 +291,7 @@ class ShardedUnit:
         """New whole tensors of the unit's parameters, gathered from the shards in their own dtype
         (not the compute dtype of mixed precision); the unit's state is left as it is."""
         with torch.no_grad():
-            packed = self.layout.pack_shards([p.shard.detach() for p in self.params])
+            packed = self.layout.pack_shards([p.local.detach() for p in self.params])
         gathered = synchronize(allgather_async(packed, name=f"fully_shard.{self.name}.copies",
                                                process_set=self.process_set))
         copies = [torch.empty(layout.shape, dtype=p.shard.dtype) for layout, p in zip(self.layout.params, self.params,
@@ -307,7 +360,7 @@ class ShardedUnit:
         # FSDP2's default: the compute dtype (one holding each trainable parameter's, if they differ)
         dtype = self.precision.reduce_dtype or common_dtype(p.full.dtype for p in self.trainable)
         # Packed where the gradients are; offloaded, moved to the shards' (host) memory in one copy.
-        packed = self.layout.pack_gradients(grads, dtype, first.full.device).to(first.shard.device)
+        packed = self.layout.pack_gradients(grads, dtype, first.full.device).to(first.local.device)
         for param in self.trainable:
             param.full.grad = None
         name = f"fully_shard.{self.name}.reducescatter" + (f".{self._reduced}" if self._reduced else "")
@@ -332,15 +385,21 @@ class ShardedUnit:
             if self.replicate_process_set is not None:  # hybrid: average the shard across the replicas
                 reduced = synchronize(allreduce_async(reduced, name=f"fully_shard.{self.name}.replicas.{count}",
                                                       op=ReduceOp.AVERAGE, process_set=self.replicate_process_set))
-            for param, piece in zip(self.params, self.layout.split_shards(reduced), strict=True):
+            rank = self.process_set.rank()
+            for param, layout, piece in zip(self.params, self.layout.params, self.layout.split_shards(reduced),
+                                            strict=True):
                 if not param.shard.requires_grad:
                     continue
-                piece = piece.to(param.shard.dtype)  # reduced in reduce_dtype, kept as the shard's (fp32)
+                # reduced in reduce_dtype, kept as the shard's (fp32)
+                piece = layout.local_view(piece, rank).to(param.shard.dtype)
                 if param.shard.grad is None:
-                    param.shard.grad = piece
+                    # Its own tensor, not a view into the unit's buffer: a DTensor over a view that does
+                    # not start its storage has a data pointer, and copy.deepcopy then fails on it.
+                    param.shard.grad = param.as_dtensor(piece if piece.storage_offset() == 0 else piece.clone())
                 else:
-                    param.shard.grad += piece
+                    local_tensor(param.shard.grad).add_(piece)
         self._reduces.clear()
 
 
-__all__ = ["MixedPrecisionPolicy", "ShardedParam", "ShardedUnit", "UnitOptions", "UnitState"]
+__all__ = ["MixedPrecisionPolicy", "ShardedParam", "ShardedUnit", "UnitOptions", "UnitState", "local_tensor", "mark_one",
+           "sharded_as"]

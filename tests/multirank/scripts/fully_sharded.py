@@ -11,6 +11,7 @@ import copy
 import sys
 
 import torch
+from torch.distributed.tensor import DTensor
 from fully_sharded_common import (
     BATCH,
     DEVICE,
@@ -174,9 +175,9 @@ def evaluation() -> None:
     with torch.no_grad():
         out = model(x)
     assert torch.allclose(out, reference(x), atol=1e-6), (out, reference(x))
-    shapes = [tuple(p.shape) for p in model.parameters()]
+    shapes = [tuple(p.to_local().shape) for p in model.parameters()]
     rows = -(-7 // hvd.size())
-    assert shapes[0] == (rows, 7), shapes  # sharded again
+    assert shapes[0] == (min(rows, max(0, 7 - hvd.rank() * rows)), 7), shapes  # sharded again: a DTensor whose local rows are this rank's
     model.train()
 
 
@@ -235,8 +236,10 @@ def memory() -> None:
     x, y = torch.randn(BATCH, 96), torch.randn(BATCH, 3)
     loss_of(model, x, y).backward()
     optimizer.step()
-    held = sum(p.numel() * 4 for p in model.parameters()) + sum(p.grad.numel() * 4 for p in model.parameters())
-    held += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+    local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731 (this rank's rows)
+    held = sum(local(p).numel() * 4 for p in model.parameters()) + sum(local(p.grad).numel() * 4
+                                                                      for p in model.parameters())
+    held += sum(local(t).numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                 if isinstance(t, torch.Tensor) and t.dim() > 0)
     unit = next(m for m in model.modules() if isinstance(m, hvd.FullyShardedModule))._hvdlite_unit
     full_left = sum(p.full.untyped_storage().size() for u in [unit] for p in u.params)
