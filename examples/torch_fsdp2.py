@@ -2,6 +2,7 @@
 
 Run:  hvdliterun -np 2 python examples/torch_fsdp2.py [--dcp-api] [--explicit-prefetching]
                                                      [--mixed-precision] [--steps 10] [--check]
+                                                     [--hvdlite-fully-shard]
 
 The FSDP2 recipe of pytorch/examples (distributed/FSDP2) on hvdlite, unchanged but for two lines:
 ``hvd.init()`` and ``dist.init_process_group("hvdlite")``. The model is built on the meta device,
@@ -13,6 +14,11 @@ through one of two paths: DTensor (``model.state_dict()`` and ``full_tensor()``;
 ``full_state_dict`` and ``broadcast_from_rank0``. Started again with the same ``--checkpoint-dir``,
 it resumes from the latest checkpoint, at any number of ranks.
 
+``--hvdlite-fully-shard`` imports ``fully_shard``, ``FSDPModule`` and ``MixedPrecisionPolicy`` from
+``hvdlite.torch`` instead of ``torch.distributed.fsdp``, and changes nothing else: hvdlite's
+``fully_shard`` gives the same DTensor parameters, so the same clipping, checkpointer, prefetching and
+inspection run on it.
+
 ``--check`` (fp32 only) replays the run in one process on each step's whole batch, every rank's
 slice of it concatenated (resumed runs included, at the numbers of ranks they had), and asserts that
 the sharded model's weights equal the replay's to 1e-5.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,10 +42,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import hvdlite.torch as hvd
+
+if "--hvdlite-fully-shard" in sys.argv:  # hvdlite's fully_shard, under FSDP2's names: nothing else changes
+    from hvdlite.torch import FullyShardedModule as FSDPModule
+    from hvdlite.torch import MixedPrecisionPolicy, fully_shard
+else:
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 128, 32, 4, 4, 16, 4  # BATCH: sequences per rank
 # eps well above float32's rounding of the gradients: Adam divides by sqrt(v) + eps, and for an entry
@@ -178,6 +190,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--checkpoint-dir", default="checkpoints")
     parser.add_argument("--check", action="store_true", help="compare with one process (fp32 only)")
+    parser.add_argument("--hvdlite-fully-shard", action="store_true", help="hvdlite's fully_shard for torch's")
     args = parser.parse_args()
 
     hvd.init()

@@ -77,15 +77,26 @@ def _fsdp2_example(np, checkpoints, *flags):
     return result.lines(0)
 
 
-@pytest.mark.parametrize(("api", "first", "then"), [("--dcp-api", 2, 3), ("--dtensor-api", 3, 2)])
-def test_fsdp2_example_trains_saves_and_resumes_at_another_size_as_one_process(tmp_path, api, first, then):
+SHARDING = {"torch": [], "hvdlite": ["--hvdlite-fully-shard"]}  # whose fully_shard the example imports
+
+
+@pytest.mark.parametrize(("api", "first", "then", "first_sharding", "then_sharding"), [
+    ("--dcp-api", 2, 3, "torch", "hvdlite"), ("--dtensor-api", 3, 2, "hvdlite", "torch"),
+    ("--dcp-api", 3, 2, "hvdlite", "hvdlite"), ("--dtensor-api", 2, 3, "torch", "torch")])
+def test_fsdp2_example_trains_saves_and_resumes_at_another_size_as_one_process(tmp_path, api, first, then,
+                                                                                first_sharding, then_sharding):
+    """pytorch/examples' FSDP2 recipe, on torch's fully_shard or (only the imports changed) hvdlite's,
+    resumed from the other's checkpoint at another number of ranks."""
     flags = ["--check", "--explicit-prefetching"] + ([api] if api == "--dcp-api" else [])
     assert any(line.startswith(f"equal to one process after 3 steps (ranks per step {[first] * 3})")
-               for line in _fsdp2_example(first, tmp_path, *flags))
-    resumed = _fsdp2_example(then, tmp_path, *flags)
+               for line in _fsdp2_example(first, tmp_path, *flags, *SHARDING[first_sharding]))
+    resumed = _fsdp2_example(then, tmp_path, *flags, *SHARDING[then_sharding])
     assert any(line.startswith(f"equal to one process after 6 steps (ranks per step {[first] * 3 + [then] * 3})")
                for line in resumed), resumed
 
 
-def test_fsdp2_example_mixed_precision_gathers_bf16(tmp_path):
-    assert "trained to step 3; checkpoint in" in " ".join(_fsdp2_example(2, tmp_path, "--mixed-precision"))
+@pytest.mark.parametrize("sharding", sorted(SHARDING))
+def test_fsdp2_example_mixed_precision_gathers_bf16(tmp_path, sharding):
+    # (the example's inspect_model asserts the root's parameters are full and bf16 after model.unshard())
+    assert "trained to step 3; checkpoint in" in " ".join(_fsdp2_example(2, tmp_path, "--mixed-precision",
+                                                                          *SHARDING[sharding]))

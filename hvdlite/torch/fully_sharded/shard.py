@@ -209,6 +209,7 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     module.__class__ = _sharded_class(type(module))
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True, prepend=True)
     module.register_forward_hook(_post_forward)
+    module.register_load_state_dict_post_hook(_after_load)
     return module
 
 
@@ -264,6 +265,11 @@ def _pre_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tu
         ties.check_none_waiting(module, _units_under(module))
         ShardedRoot(module)
     return unit.root.pre_forward(unit, args, kwargs)
+
+
+def _after_load(module: torch.nn.Module, _incompatible_keys: Any) -> None:
+    """``load_state_dict(assign=True)`` put new Parameters in the shards' places: they become the shards."""
+    module._hvdlite_unit.adopt_shards("load_state_dict(assign=True)")
 
 
 def _post_forward(module: torch.nn.Module, _args: tuple, output: Any) -> Any:

@@ -137,6 +137,20 @@ def mark_one(tensor: torch.Tensor, sharded: ShardedParam) -> None:
     tensor._hvdlite_sharded_as = weakref.ref(sharded)
 
 
+def _check_replacement(tensor: torch.Tensor, param: ShardedParam, local_shape: torch.Size, where: str) -> None:
+    """A Parameter put in a shard's place must be this rank's rows of the same tensor, placed alike."""
+    expected = param.as_dtensor(torch.empty(local_shape, device="meta"))
+    if not isinstance(tensor, DTensor) or tensor.placements != expected.placements or tensor.shape != expected.shape \
+            or tensor._local_tensor.shape != local_shape or tensor.device_mesh.mesh.tolist() != param.mesh.mesh.tolist():
+        got = (f"a DTensor {tuple(tensor.shape)} placed {tensor.placements} on ranks {tensor.device_mesh.mesh.tolist()}, "
+               f"local {tuple(tensor._local_tensor.shape)}" if isinstance(tensor, DTensor)
+               else f"a {type(tensor).__name__} {tuple(tensor.shape)}")
+        raise ValueError(f"fully_shard: parameter '{where}' was replaced by {got}; the shard is a DTensor "
+                         f"{tuple(expected.shape)} placed {expected.placements} on ranks {param.mesh.mesh.tolist()}, "
+                         f"local {tuple(local_shape)}: load with distribute_tensor(full, p.device_mesh, p.placements), "
+                         "or without assign=True (or hvd.load_full_state_dict)")
+
+
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local tensor; any other tensor itself."""
     return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
@@ -225,17 +239,22 @@ class ShardedUnit:
             setattr(result, key, value if key in immutable else copy.deepcopy(value, memo))
         return result
 
-    def adopt_shards(self) -> None:
-        """Take the Parameters the modules hold as the shards (after ``Module._apply`` replaced them)."""
-        for param in self.params:
+    def adopt_shards(self, by: str = "_apply (to_empty, .to)") -> None:
+        """Take the Parameters the modules hold as the shards, after ``by`` replaced them
+        (``Module._apply`` on a plain tensor, ``load_state_dict(assign=True)``); a replacement must
+        be placed as the shard was (FSDP2's ``distribute_tensor(full, p.device_mesh, p.placements)``)."""
+        rank = self.process_set.rank()
+        for param, layout in zip(self.params, self.layout.params, strict=True):
             module, attribute = param.owners[0]
             current = module._parameters[attribute]
-            if current is not param.shard:
-                stale.mark_replaced(param.shard, f"{type(module).__name__}._apply (to_empty, .to) replaced this shard")
-                current._hvdlite_fully_sharded = True
-                mark_one(current, param)
-                param.shard = current
-                param.put_on_owners(current)
+            if current is param.shard:
+                continue
+            _check_replacement(current, param, layout.local_shape(rank), f"{layout.name} ({by})")
+            stale.mark_replaced(param.shard, f"{type(module).__name__}.{by} replaced this shard")
+            current._hvdlite_fully_sharded = True
+            mark_one(current, param)
+            param.shard = current
+            param.put_on_owners(current)
 
     # ---- all-gather ------------------------------------------------------------------------------
     def unshard(self) -> None:
