@@ -11,7 +11,6 @@ import copy
 import sys
 
 import torch
-from torch.distributed.tensor import DTensor
 from fully_sharded_common import (
     BATCH,
     DEVICE,
@@ -25,6 +24,7 @@ from fully_sharded_common import (
     shard,
 )
 from fully_sharded_wrapping import WRAPPING_CASES, load_tied, save_tied
+from torch.distributed.tensor import DTensor
 
 import hvdlite.torch as hvd
 
