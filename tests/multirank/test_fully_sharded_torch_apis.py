@@ -6,7 +6,7 @@ import pytest
 from .harness import run_script, shared_script
 
 pytestmark = pytest.mark.multirank
-CASES = ["clip", "model_state_dict", "optimizer_state_dict", "full_tensor", "unshard"]
+CASES = ["clip", "model_state_dict", "optimizer_state_dict", "full_tensor", "unshard", "collectives_refuse"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from ...core.runtime import caller_waits
 from ...core.work import dtypes
@@ -82,6 +83,13 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_
     (a :class:`DeviceArray`) on a GPU the GPU plane can use, else a host copy."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor {name or ''!r} must be a torch.Tensor, got {type(tensor).__name__}")
+    if isinstance(tensor, DTensor):  # (its data pointer is not its data: the core would read garbage)
+        raise UnsupportedOperationError(
+            f"tensor {name or f'of shape {tuple(tensor.shape)}'!r} is a DTensor (placements {tensor.placements}, "
+            f"mesh ranks {tensor.device_mesh.mesh.tolist()}): each rank holds only its part of it, and hvdlite's "
+            "collectives take whole tensors. For hvd.fully_shard's parameters use hvd.full_state_dict / "
+            "hvd.load_full_state_dict (or torch's get_model_state_dict / set_model_state_dict); pass "
+            "tensor.to_local() to reduce this rank's part itself")
     # A dense CUDA tensor of a supported dtype, first and with the fewest questions to torch (each
     # costs ~0.1 us): every GPU collective comes through here. Anything else meets the checks below.
     if tensor.is_cuda and gpu_arrays.device_count() > 0:

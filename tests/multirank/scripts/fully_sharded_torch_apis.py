@@ -10,6 +10,7 @@ No case calls dist.init_process_group: hvd.init() and fully_shard make the group
   on from the loaded state matches one process.
 - full_tensor: every parameter's and gradient's full_tensor() is the one-process tensor.
 - unshard: model.unshard() registers the root's full parameters (plain tensors); reshard() the shards.
+- collectives_refuse: hvdlite's own collectives refuse a DTensor, naming it and what to call instead.
 - dcp_save DIRECTORY: dcp.save of the sharded model and Adam state (and the one-process reference);
 - dcp_load DIRECTORY (at another number of ranks): dcp.load into hvd.fully_shard's model, into torch's
   own fully_shard (FSDP2) model, saved again from FSDP2 and loaded back into hvdlite's: all equal.
@@ -139,6 +140,19 @@ def unshard() -> None:
     assert all(isinstance(p, DTensor) for p in model.parameters())
 
 
+def collectives_refuse() -> None:
+    """hvdlite's own collectives take whole tensors: a DTensor is refused by name, on every rank."""
+    _, model, _ = trained(steps=1)
+    for call in (lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0),
+                 lambda: hvd.allreduce(model[0][0].weight, name="weight")):
+        try:
+            call()
+        except hvd.UnsupportedOperationError as error:
+            assert "is a DTensor (placements (Shard(dim=0),)" in str(error) and "hvd.full_state_dict" in str(error), error
+        else:
+            raise AssertionError("a DTensor went through one of hvdlite's collectives")
+
+
 def dcp_save(directory: str) -> None:
     reference, model, (_, optimizer) = trained()
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)},
@@ -183,7 +197,7 @@ def dcp_load(directory: str) -> None:
 
 
 CASES = {"clip": clip, "model_state_dict": model_state_dict, "optimizer_state_dict": optimizer_state_dict,
-         "full_tensor": full_tensor, "unshard": unshard}
+         "full_tensor": full_tensor, "unshard": unshard, "collectives_refuse": collectives_refuse}
 WITH_DIRECTORY = {"dcp_save": dcp_save, "dcp_load": dcp_load}
 
 
