@@ -17,6 +17,11 @@ def test_torch_tools_on_fully_sharded_parameters_give_the_one_process_answers(np
         assert f"ok {case}" in result.lines(rank), result.output
 
 
+def test_hybrid_sharding_parameters_live_on_a_two_dimensional_mesh():
+    result = run_script("fully_sharded_torch_apis.py", 4, "hybrid", timeout=120)
+    assert result.returncode == 0 and result.output.count("ok hybrid") == 4, result.output
+
+
 @pytest.mark.parametrize(("saved_at", "loaded_at"), [(2, 3), (3, 2)])
 def test_a_dcp_checkpoint_of_shards_loads_at_another_size_into_either_fully_shard_and_back(tmp_path, saved_at,
                                                                                           loaded_at):

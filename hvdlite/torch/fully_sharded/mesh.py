@@ -24,8 +24,9 @@ from ...process_sets import ProcessSet
 from ..distributed import BACKEND_NAME, CollectivesOnly
 
 _started_here = False  # whether this module started the default group (then it may restart it)
-_meshes: dict[tuple, DeviceMesh] = {}
-_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+# By process set (the object: a set removed and registered again is another set, with another group).
+_meshes: dict[tuple[ProcessSet, ProcessSet | None, str], DeviceMesh] = {}
+_groups: dict[ProcessSet, dist.ProcessGroup] = {}
 
 
 def _default_group_ready() -> None:
@@ -52,31 +53,33 @@ def renew_after_world_change() -> None:
     _default_group_ready()
 
 
-def _group(ranks: tuple[int, ...]) -> dist.ProcessGroup:
-    """A group of these job ranks on hvdlite's backend (created by the members alone)."""
-    if ranks not in _groups:
-        default = dist.group.WORLD
-        if ranks == tuple(range(basics.size())) and dist.get_backend(default) == BACKEND_NAME:
-            _groups[ranks] = default
+def _ranks(process_set: ProcessSet) -> list[int]:
+    return list(process_set.ranks or range(basics.size()))
+
+
+def _group(process_set: ProcessSet) -> dist.ProcessGroup:
+    """The group of ``process_set``'s ranks on hvdlite's backend (created by the members alone)."""
+    if process_set not in _groups:
+        ranks = _ranks(process_set)
+        if ranks == list(range(basics.size())) and dist.get_backend(dist.group.WORLD) == BACKEND_NAME:
+            _groups[process_set] = dist.group.WORLD
         else:
-            _groups[ranks] = dist.new_group(list(ranks), backend=BACKEND_NAME, use_local_synchronization=True,
-                                            pg_options=CollectivesOnly())
-    return _groups[ranks]
+            _groups[process_set] = dist.new_group(ranks, backend=BACKEND_NAME, use_local_synchronization=True,
+                                                  pg_options=CollectivesOnly())
+    return _groups[process_set]
 
 
 def mesh_for(process_set: ProcessSet, replicas: ProcessSet | None, device_type: str) -> DeviceMesh:
     """The mesh of a unit sharded over ``process_set`` (and replicated over ``replicas``): 1-D over
     the shard set, or 2-D (replicate, shard) with one row per replica."""
     _default_group_ready()
-    shard_ranks = tuple(process_set.ranks or range(basics.size()))
-    replica_ranks = None if replicas is None else tuple(replicas.ranks or range(basics.size()))
-    key = (shard_ranks, replica_ranks, device_type)
+    key = (process_set, replicas, device_type)
     if key not in _meshes:
         if replicas is None:
-            _meshes[key] = DeviceMesh.from_group(_group(shard_ranks), device_type)
+            _meshes[key] = DeviceMesh.from_group(_group(process_set), device_type)
         else:
-            rows = allgather_object(list(shard_ranks), name="fully_shard.mesh", process_set=replicas)
-            _meshes[key] = DeviceMesh.from_group([_group(replica_ranks), _group(shard_ranks)], device_type,
+            rows = allgather_object(_ranks(process_set), name="fully_shard.mesh", process_set=replicas)
+            _meshes[key] = DeviceMesh.from_group([_group(replicas), _group(process_set)], device_type,
                                                  mesh=torch.tensor(rows, dtype=torch.int),
                                                  mesh_dim_names=("replicate", "shard"))
     return _meshes[key]

@@ -10,6 +10,7 @@ No case calls dist.init_process_group: hvd.init() and fully_shard make the group
   on from the loaded state matches one process.
 - full_tensor: every parameter's and gradient's full_tensor() is the one-process tensor.
 - unshard: model.unshard() registers the root's full parameters (plain tensors); reshard() the shards.
+- hybrid (np=4): hybrid sharding's parameters are (Replicate(), Shard(0)) on a 2 x 2 mesh; norm and state dict.
 - collectives_refuse: hvdlite's own collectives refuse a DTensor, naming it and what to call instead.
 - dcp_save DIRECTORY: dcp.save of the sharded model and Adam state (and the one-process reference);
 - dcp_load DIRECTORY (at another number of ranks): dcp.load into hvd.fully_shard's model, into torch's
@@ -31,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import hvdlite.torch as hvd
 
@@ -153,6 +154,28 @@ def collectives_refuse() -> None:
             raise AssertionError("a DTensor went through one of hvdlite's collectives")
 
 
+def hybrid() -> None:
+    """Sharded within {0, 1} and {2, 3}, replicated across {0, 2} and {1, 3} (np=4): the parameters are
+    (Replicate(), Shard(0)) DTensors on a 2-D mesh, and torch's norm and full state dict are right."""
+    shard_sets = [hvd.add_process_set(ranks) for ranks in ([0, 1], [2, 3])]  # every rank registers every set
+    replica_sets = [hvd.add_process_set(ranks) for ranks in ([0, 2], [1, 3])]
+    shard_set, replica_set = shard_sets[hvd.rank() // 2], replica_sets[hvd.rank() % 2]
+    reference = build()
+    model = shard(copy.deepcopy(reference), process_set=shard_set, replicate_process_set=replica_set)
+    param = model[0][0].weight
+    assert param.placements == (Replicate(), Shard(0)), param.placements
+    assert param.device_mesh.mesh.tolist() == [[0, 1], [2, 3]], param.device_mesh.mesh.tolist()
+    optimizers = tuple(torch.optim.Adam(m.parameters(), lr=0.01) for m in (reference, model))
+    for x, y in batches():
+        step_both(reference, model, optimizers, x, y)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
+    assert_close(whole(norm), expected, "clip_grad_norm_ on the 2-D mesh")
+    full = get_model_state_dict(model, options=FULL)
+    for key, value in reference.state_dict().items():
+        assert_close(full[key], value, f"get_model_state_dict['{key}'] on the 2-D mesh")
+
+
 def dcp_save(directory: str) -> None:
     reference, model, (_, optimizer) = trained()
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)},
@@ -199,10 +222,11 @@ def dcp_load(directory: str) -> None:
 CASES = {"clip": clip, "model_state_dict": model_state_dict, "optimizer_state_dict": optimizer_state_dict,
          "full_tensor": full_tensor, "unshard": unshard, "collectives_refuse": collectives_refuse}
 WITH_DIRECTORY = {"dcp_save": dcp_save, "dcp_load": dcp_load}
+CASES["hybrid"] = hybrid  # (np=4 only)
 
 
 def main() -> None:
-    hvd.init()
+    hvd.init(process_sets="dynamic")  # the hybrid case adds its sets
     for case in sys.argv[1].split(","):
         if case in WITH_DIRECTORY:
             WITH_DIRECTORY[case](sys.argv[2])
