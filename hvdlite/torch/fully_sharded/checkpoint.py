@@ -19,8 +19,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .layout import ParamLayout
+from .param import local_tensor
 from .state import keys_of, sharded_params, units_under
-from .unit import local_tensor
 
 LAYOUT = "layout.json"
 

@@ -32,8 +32,9 @@ from ...ops import ReduceOp
 from ..collectives.async_ops import alltoall_async, broadcast_async_, reducescatter_async, synchronize
 from .layout import ParamLayout, UnitLayout
 from .mesh import mesh_for, renew_after_world_change
+from .param import local_tensor
 from .state import units_under
-from .unit import ShardedUnit, local_tensor
+from .unit import ShardedUnit
 
 
 @dataclasses.dataclass(frozen=True)

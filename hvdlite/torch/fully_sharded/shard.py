@@ -14,8 +14,9 @@ from ...process_sets import ProcessSet, global_process_set
 from . import stale, ties
 from .layout import UnitLayout
 from .mesh import mesh_device_type, mesh_for
+from .param import ShardedParam
 from .root import ShardedRoot
-from .unit import MixedPrecisionPolicy, ShardedParam, ShardedUnit, UnitOptions
+from .unit import MixedPrecisionPolicy, ShardedUnit, UnitOptions
 
 
 class FullyShardedModule:
@@ -196,8 +197,7 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
                                    lambda param: None if offload is None else _compute_device(param.full))
     layout = UnitLayout.plan([(name, param.shape) for name, _, param in own]
                              + [(name, param.full.shape) for name, param in taken], process_set.size())
-    device = _unit_device(own, taken, offload)
-    mesh = mesh_for(process_set, replicate_process_set, mesh_device_type(device)) if device is not None else None
+    mesh = _unit_mesh(own, taken, offload, process_set, replicate_process_set)
     params = [_shard_parameter(owners, param, param_layout.local_of(param.detach(), process_set.rank()), process_set,
                                mesh, _compute_device(param) if offload is not None else None)
               for (_name, owners, param), param_layout in zip(own, layout.params[:len(own)], strict=True)]
@@ -213,12 +213,15 @@ def fully_shard(module: torch.nn.Module, *, process_set: ProcessSet = global_pro
     return module
 
 
-def _unit_device(own: list, taken: list[tuple[str, ShardedParam]], offload: Any) -> torch.device | None:
-    """Where the unit computes (what its mesh's device type follows); None: it has no parameters."""
+def _unit_mesh(own: list, taken: list[tuple[str, ShardedParam]], offload: Any, process_set: ProcessSet,
+               replicas: ProcessSet | None) -> DeviceMesh | None:
+    """The mesh of the unit's DTensors, of the device type where it computes; None if it has no
+    parameters of its own (then no group is made: all ranks skip it alike)."""
     params = [param for _, _, param in own] + [param.full for _, param in taken]
     if not params:
         return None
-    return (_compute_device(params[0]) if offload is not None else None) or params[0].device
+    device = (_compute_device(params[0]) if offload is not None else None) or params[0].device
+    return mesh_for(process_set, replicas, mesh_device_type(device))
 
 
 def _compute_device(param: torch.nn.Parameter) -> torch.device | None:

@@ -11,7 +11,8 @@ from torch.distributed.tensor import DTensor
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..collectives.async_ops import allgather_async, allreduce_async, synchronize
-from .unit import ShardedParam, ShardedUnit, local_tensor
+from .param import ShardedParam, local_tensor
+from .unit import ShardedUnit
 
 
 def units_under(module: torch.nn.Module) -> list[ShardedUnit]:

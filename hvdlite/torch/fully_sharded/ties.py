@@ -22,7 +22,8 @@ from collections.abc import Callable
 import torch
 
 from ...process_sets import ProcessSet
-from .unit import ShardedParam, ShardedUnit, mark_one, sharded_as
+from .param import ShardedParam, mark_one, sharded_as
+from .unit import ShardedUnit
 
 Owners = list[tuple[torch.nn.Module, str]]
 
