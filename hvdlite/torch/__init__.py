@@ -73,11 +73,14 @@ distributed.register()  # dist.init_process_group("hvdlite") works once hvd.init
 
 def init(comm=None, process_sets=None) -> None:
     """Start hvdlite (:func:`hvdlite.init`), and set the variables torch's ``env://`` rendezvous reads
-    where they are unset, so that ``dist.init_process_group("hvdlite")`` follows (collective)."""
+    where they are unset, so that ``dist.init_process_group("hvdlite")`` follows (collective); a
+    ``dist.init_process_group()`` without a backend, and ``init_device_mesh`` without a group, start
+    the ``"hvdlite"`` backend too."""
     from ..core.runtime import current
 
     _init(comm, process_sets)
     _publish_rendezvous(current())
+    distributed.make_default()
 
 __all__ = [
     *_common_names, "fully_shard", "FullyShardedModule", "MixedPrecisionPolicy", "full_state_dict", "load_full_state_dict", "clip_grad_norm_",

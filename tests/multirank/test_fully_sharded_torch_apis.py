@@ -17,6 +17,12 @@ def test_torch_tools_on_fully_sharded_parameters_give_the_one_process_answers(np
         assert f"ok {case}" in result.lines(rank), result.output
 
 
+@pytest.mark.parametrize("np", [2, 3])
+def test_init_device_mesh_after_hvd_init_alone_is_on_hvdlite(np):
+    result = run_script("fully_sharded_torch_apis.py", np, "device_mesh", timeout=120)
+    assert result.returncode == 0 and result.output.count("ok device_mesh") == np, result.output
+
+
 def test_hybrid_sharding_parameters_live_on_a_two_dimensional_mesh():
     result = run_script("fully_sharded_torch_apis.py", 4, "hybrid", timeout=120)
     assert result.returncode == 0 and result.output.count("ok hybrid") == 4, result.output

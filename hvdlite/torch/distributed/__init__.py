@@ -28,7 +28,7 @@ from .p2p import PointToPoint
 from .process_group import BACKEND_NAME, ProcessGroupHvdlite
 from .work import HvdliteWork
 
-__all__ = ["BACKEND_NAME", "CollectivesOnly", "ProcessGroupHvdlite", "HvdliteWork", "register"]
+__all__ = ["BACKEND_NAME", "CollectivesOnly", "ProcessGroupHvdlite", "HvdliteWork", "make_default", "register"]
 
 
 class CollectivesOnly:
@@ -55,6 +55,13 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
                                              CallNames())
     p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(base.Dup(), runtime.config.comm_timeout)
     return ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks), p2p, names)
+
+
+def make_default() -> None:
+    """After ``hvd.init()``: torch's ``init_process_group()`` without a backend (which
+    ``init_device_mesh`` calls when no group exists) starts this backend, for CPU and CUDA tensors."""
+    for device in ("cpu", "cuda"):
+        dist.Backend.default_device_backend_map[device] = BACKEND_NAME
 
 
 def register() -> None:

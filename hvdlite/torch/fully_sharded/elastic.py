@@ -198,8 +198,8 @@ class ShardedModelHandler:
         commit = self._commit
         mine = None if commit is None else (commit.rank, commit.size)
         places = allgather_object(mine, name="fully_shard.elastic.places")
-        # Nothing committed anywhere (the job starts): every rank holds its shards of the model as built.
         self._renew_meshes()
+        # Nothing committed anywhere (the job starts): every rank holds its shards of the model as built.
         if any(places) and places != [(rank, basics.size()) for rank in range(basics.size())]:
             self._reshard(places)
         replicated = self._replicated_tensors(self._shard_ids())

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ... import basics
 from ...objects import allgather_object
 from ...process_sets import ProcessSet
-from ..distributed import BACKEND_NAME, CollectivesOnly
+from ..distributed import BACKEND_NAME, CollectivesOnly, ProcessGroupHvdlite
 
 _started_here = False  # whether this module started the default group (then it may restart it)
 # By process set (the object: a set removed and registered again is another set, with another group).
@@ -61,7 +61,7 @@ def _group(process_set: ProcessSet) -> dist.ProcessGroup:
     """The group of ``process_set``'s ranks on hvdlite's backend (created by the members alone)."""
     if process_set not in _groups:
         ranks = _ranks(process_set)
-        if ranks == list(range(basics.size())) and dist.get_backend(dist.group.WORLD) == BACKEND_NAME:
+        if ranks == list(range(basics.size())) and isinstance(dist.group.WORLD, ProcessGroupHvdlite):
             _groups[process_set] = dist.group.WORLD
         else:
             _groups[process_set] = dist.new_group(ranks, backend=BACKEND_NAME, use_local_synchronization=True,

@@ -98,4 +98,4 @@ def check_none_waiting(root: torch.nn.Module, units: list[ShardedUnit]) -> None:
                      "before the first forward")
 
 
-__all__ = ["check_none_waiting", "mark", "mark_one", "sharded_as", "take_ties"]
+__all__ = ["check_none_waiting", "mark", "sharded_as", "take_ties"]

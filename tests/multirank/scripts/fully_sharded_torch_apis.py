@@ -11,6 +11,7 @@ No case calls dist.init_process_group: hvd.init() and fully_shard make the group
 - full_tensor: every parameter's and gradient's full_tensor() is the one-process tensor.
 - unshard: model.unshard() registers the root's full parameters (plain tensors); reshard() the shards.
 - hybrid (np=4): hybrid sharding's parameters are (Replicate(), Shard(0)) on a 2 x 2 mesh; norm and state dict.
+- device_mesh (first, alone): init_device_mesh after hvd.init() alone runs on hvdlite's backend.
 - collectives_refuse: hvdlite's own collectives refuse a DTensor, naming it and what to call instead.
 - dcp_save DIRECTORY: dcp.save of the sharded model and Adam state (and the one-process reference);
 - dcp_load DIRECTORY (at another number of ranks): dcp.load into hvd.fully_shard's model, into torch's
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import hvdlite.torch as hvd
+from hvdlite.torch.distributed import ProcessGroupHvdlite
 
 FULL = StateDictOptions(full_state_dict=True)
 
@@ -176,6 +178,20 @@ def hybrid() -> None:
         assert_close(full[key], value, f"get_model_state_dict['{key}'] on the 2-D mesh")
 
 
+def device_mesh() -> None:
+    """After hvd.init() alone, torch's init_device_mesh starts the default group on hvdlite's backend."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", (hvd.size(),))
+    assert isinstance(dist.group.WORLD, ProcessGroupHvdlite), dist.get_backend_config()
+    whole = torch.arange(35, dtype=torch.float32).reshape(7, 5)
+    tensor = distribute_tensor(whole, mesh, [Shard(0)])
+    assert_close(tensor.full_tensor(), whole, "distribute_tensor(...).full_tensor()")
+    _, model, _ = trained(steps=1)  # hvd.fully_shard on the same default group
+    assert model[0][0].weight.device_mesh.get_group() is dist.group.WORLD
+
+
 def dcp_save(directory: str) -> None:
     reference, model, (_, optimizer) = trained()
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)},
@@ -223,6 +239,7 @@ CASES = {"clip": clip, "model_state_dict": model_state_dict, "optimizer_state_di
          "full_tensor": full_tensor, "unshard": unshard, "collectives_refuse": collectives_refuse}
 WITH_DIRECTORY = {"dcp_save": dcp_save, "dcp_load": dcp_load}
 CASES["hybrid"] = hybrid  # (np=4 only)
+CASES["device_mesh"] = device_mesh  # (first: before any case starts the default group)
 
 
 def main() -> None:
@@ -233,7 +250,7 @@ def main() -> None:
         else:
             CASES[case]()
         print(f"ok {case}", flush=True)
-    assert dist.get_backend() == "hvdlite"  # the default group fully_shard started
+    assert isinstance(dist.group.WORLD, ProcessGroupHvdlite)  # the default group fully_shard (or torch) started
 
 
 if __name__ == "__main__":
