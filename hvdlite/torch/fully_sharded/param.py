@@ -49,7 +49,7 @@ class ShardedParam:
         its optimizer state."""
         placement = Shard(0) if self.full.dim() else Replicate()
         placements = (placement,) if self.mesh.ndim == 1 else (Replicate(), placement)
-        meta = TensorMeta(self.full.shape, _contiguous_stride(self.full.shape), local.dtype)
+        meta = TensorMeta(self.full.shape, self.full.stride(), local.dtype)  # (full: contiguous, made empty)
         return DTensor(local, DTensorSpec(self.mesh, placements, tensor_meta=meta), requires_grad=False)
 
     def replace_local(self, local: torch.Tensor) -> None:
@@ -118,14 +118,6 @@ def check_replacement(tensor: torch.Tensor, param: ShardedParam, local_shape: to
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local tensor; any other tensor itself."""
     return tensor._local_tensor if isinstance(tensor, DTensor) else tensor
-
-
-def _contiguous_stride(shape: torch.Size) -> tuple[int, ...]:
-    stride, step = [], 1
-    for size in reversed(shape):
-        stride.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(stride))
 
 
 def free(tensor: torch.Tensor) -> None:
