@@ -50,6 +50,7 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
+from .diloco import DiLoCo
 from .distributed.rendezvous import publish as _publish_rendezvous
 from .fully_sharded import (
     FullyShardedModule,
@@ -90,5 +91,5 @@ __all__ = [
     "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "broadcast_",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
-    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "sparse_allreduce", "sparse_allreduce_async",
+    "broadcast_parameters", "broadcast_optimizer_state", "DistributedOptimizer", "DiLoCo", "Compression", "Compressor", "sparse_allreduce", "sparse_allreduce_async",
 ]

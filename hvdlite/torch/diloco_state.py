@@ -1,0 +1,106 @@
+"""DiLoCo's checkpoints: the outer state, in one layout for torch, Keras and JAX.
+
+``{"format": "hvdlite.diloco/1", "sync_every", "fragments", "delay", "inner_steps", "syncs",
+"global": {name: tensor}, "outer_optimizer": <the outer optimizer's own state>, "in_flight": None or
+{"fragment", "sent_at", "average": {name: tensor}, "anchor": {name: tensor} or None},
+"residuals": {name: tensor}}``. Every tensor is shaped like its parameter: a DTensor placed like a
+``fully_shard`` parameter for a sharded one (so that DCP saves and reshards it), else a plain
+tensor, the same on every rank of a group (so that rank 0 may save it and any number of ranks load
+it). An exchange in flight is waited for and saved with its result, and lands at its own step after
+a restore, as it would have without the checkpoint. The model and the inner optimizer are saved as
+usual, beside it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .diloco_exchange import InFlight, done
+
+if TYPE_CHECKING:
+    from .diloco import DiLoCo
+
+FORMAT = "hvdlite.diloco/1"
+
+
+def _shaped_like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's values of ``param``) as a tensor placed like ``param``."""
+    local = local.detach().clone().reshape(param.to_local().shape if isinstance(param, DTensor) else param.shape)
+    if isinstance(param, DTensor):
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+    return local
+
+
+def _local_of(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def _by_name(diloco: DiLoCo, indices: list[int], values: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {diloco.names[i]: _shaped_like(diloco.params[i], value) for i, value in zip(indices, values, strict=True)}
+
+
+def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
+    """The checkpoint of ``diloco`` (see the module's doc)."""
+    schedule, flight = diloco.schedule, diloco._in_flight
+    in_flight = None
+    if flight is not None:
+        averages = flight.pending.wait()
+        flight.pending = done(averages)  # training goes on as if nothing was saved
+        indices = diloco.fragments[flight.fragment]
+        in_flight = {"fragment": flight.fragment, "sent_at": flight.sent_at,
+                     "average": _by_name(diloco, indices, averages),
+                     "anchor": None if flight.anchors is None else _by_name(diloco, indices, flight.anchors)}
+    everything = list(range(len(diloco.params)))
+    residuals = getattr(diloco._exchange, "residuals", {})
+    return {"format": FORMAT, "sync_every": schedule.sync_every, "fragments": schedule.fragments,
+            "delay": schedule.delay, "inner_steps": diloco.inner_steps, "syncs": diloco.syncs,
+            "global": _by_name(diloco, everything, diloco.global_params),
+            "outer_optimizer": diloco.outer_optimizer.state_dict(), "in_flight": in_flight,
+            "residuals": {name: _shaped_like(diloco.params[diloco.names.index(name)], value)
+                          for name, value in residuals.items()}}
+
+
+def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
+    """Restore ``diloco`` from :func:`diloco_state_dict`'s checkpoint, checked first."""
+    _check_loadable(diloco, state)
+    with torch.no_grad():
+        for name, target in zip(diloco.names, diloco.global_params, strict=True):
+            target.copy_(_local_of(state["global"][name]).reshape(target.shape))
+    diloco.outer_optimizer.load_state_dict(state["outer_optimizer"])
+    diloco.inner_steps, diloco.syncs = int(state["inner_steps"]), int(state["syncs"])
+    diloco._in_flight = None
+    flight = state["in_flight"]
+    if flight is not None:
+        indices = diloco.fragments[flight["fragment"]]
+        names = [diloco.names[i] for i in indices]
+        averages = [_local_of(flight["average"][name]).clone() for name in names]
+        anchors = None if flight["anchor"] is None else [_local_of(flight["anchor"][name]).clone() for name in names]
+        diloco._in_flight = InFlight(flight["fragment"], flight["sent_at"], anchors, done(averages))
+    residuals = getattr(diloco._exchange, "residuals", None)
+    if residuals is not None:
+        residuals.clear()
+        residuals.update({name: _local_of(value).reshape(-1).clone() for name, value in state["residuals"].items()})
+
+
+def _check_loadable(diloco: DiLoCo, state: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another format, schedule or model, naming what differs."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a DiLoCo checkpoint ({FORMAT}): format is {found!r}")
+    schedule = diloco.schedule
+    mine = {"sync_every": schedule.sync_every, "fragments": schedule.fragments, "delay": schedule.delay}
+    differing = {key: (state[key], value) for key, value in mine.items() if state[key] != value}
+    if differing:
+        raise ValueError("DiLoCo checkpoint was saved with another schedule: "
+                         + ", ".join(f"{key}={saved} there, {now} here" for key, (saved, now) in differing.items()))
+    missing = [name for name in diloco.names if name not in state["global"]]
+    extra = [name for name in state["global"] if name not in diloco.names]
+    if missing or extra:
+        raise ValueError(f"DiLoCo checkpoint does not match the model: missing {missing}, unexpected {extra}")
+
+
+__all__ = ["diloco_state_dict", "load_diloco_state_dict", "FORMAT"]

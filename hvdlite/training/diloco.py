@@ -1,0 +1,103 @@
+"""DiLoCo's schedule and fragments, written once for torch, Keras and JAX (see :mod:`hvdlite.torch.diloco`).
+
+DiLoCo (Douillard et al., 2023): each group of ranks trains on its own for ``sync_every`` (H) inner
+steps; then every rank's pseudo-gradient ``global - local`` is averaged over the DiLoCo process set
+and an outer optimizer applies it to the global parameters, which every rank then trains from.
+
+Streaming DiLoCo (Douillard et al., 2025) splits the parameters into ``fragments`` (F) and syncs
+fragment ``p`` after inner steps ``(p + 1) * H / F + k * H`` (counting from 1), so that only 1/F of
+the model crosses the link at a time; with ``delay`` (tau) each fragment's exchange runs while the
+next tau inner steps compute and lands after them. As in torchft, H must be a multiple of F and
+tau smaller than H / F, so at most one exchange is in flight.
+
+Counts here are the number of inner steps taken so far (1 after the first), the same on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .options import check_count
+
+
+@dataclasses.dataclass(frozen=True)
+class DiLoCoSchedule:
+    """After which inner steps each fragment is sent and lands."""
+
+    sync_every: int
+    fragments: int = 1
+    delay: int = 0
+
+    def __post_init__(self) -> None:
+        sync_every = check_count(self.sync_every, "sync_every", minimum=1)
+        fragments = check_count(self.fragments, "fragments", minimum=1)
+        delay = check_count(self.delay, "delay", minimum=0)
+        if sync_every % fragments:
+            raise ValueError(f"sync_every={sync_every} must be a multiple of fragments={fragments}: "
+                             "fragment p syncs after (p + 1) * sync_every / fragments + k * sync_every inner steps")
+        if delay >= sync_every // fragments:
+            raise ValueError(f"delay={delay} must be smaller than sync_every / fragments = {sync_every // fragments}: "
+                             "a fragment's exchange must land before the next fragment is sent")
+        object.__setattr__(self, "sync_every", sync_every)
+        object.__setattr__(self, "fragments", fragments)
+        object.__setattr__(self, "delay", delay)
+
+    @property
+    def stride(self) -> int:
+        """Inner steps between two consecutive fragments' sends (H / F)."""
+        return self.sync_every // self.fragments
+
+    def sent_after(self, count: int) -> int | None:
+        """The fragment sent right after inner step ``count``, or None."""
+        if count < 1 or count % self.stride:
+            return None
+        return (count // self.stride - 1) % self.fragments
+
+    def lands_after(self, count: int) -> int | None:
+        """The fragment whose exchange lands right after inner step ``count`` (``delay`` steps after
+        it was sent), or None."""
+        return self.sent_after(count - self.delay)
+
+    def in_flight_after(self, count: int) -> tuple[int, int] | None:
+        """``(fragment, sent at)`` of the exchange still in flight after inner step ``count`` (sent, not
+        landed), or None: with ``delay`` 0 an exchange lands when it is sent."""
+        for sent_at in range(count, count - self.delay, -1):
+            fragment = self.sent_after(sent_at)
+            if fragment is not None:
+                return fragment, sent_at
+        return None
+
+
+def split_fragments(sizes: Sequence[int], fragments: int, names: Sequence[str] | None = None) -> list[list[int]]:
+    """Split parameters (in model order, ``sizes`` elements each) into ``fragments`` runs of
+    consecutive parameters with about equal element counts; every run holds at least one.
+
+    Consecutive runs are whole layers, as in the Streaming DiLoCo paper (which fragments by blocks
+    of layers); cutting where the running total passes ``k / F`` of the whole balances the bytes
+    each sync sends."""
+    count = check_count(fragments, "fragments", minimum=1)
+    if len(sizes) < count:
+        listed = f" ({', '.join(names)})" if names else ""
+        raise ValueError(f"fragments={count} needs at least {count} parameters, the model has {len(sizes)}{listed}")
+    total, cuts, running = sum(sizes), [], 0
+    for index, size in enumerate(sizes):
+        running += size
+        left_after = len(sizes) - index - 1
+        still_needed = count - 1 - len(cuts)
+        if still_needed and (running * count >= total * (len(cuts) + 1) or left_after == still_needed):
+            cuts.append(index + 1)
+    bounds = [0, *cuts, len(sizes)]
+    return [list(range(start, end)) for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def describe_mismatch(what: str, per_rank: Sequence[object], ranks: Sequence[int]) -> str | None:
+    """A message naming the ranks whose ``what`` differs from the first rank's, or None if all agree."""
+    differing = [rank for rank, value in zip(ranks, per_rank, strict=True) if value != per_rank[0]]
+    if not differing:
+        return None
+    return (f"DiLoCo: {what} differs across the process set {list(ranks)}: rank {ranks[0]} has {per_rank[0]!r}, "
+            + ", ".join(f"rank {rank} has {per_rank[ranks.index(rank)]!r}" for rank in differing))
+
+
+__all__ = ["DiLoCoSchedule", "split_fragments", "describe_mismatch"]

@@ -1,0 +1,234 @@
+"""DiLoCo with real ranks: every rank's parameters after every step against a replay in one process.
+
+Usage: torch_diloco.py GROUP_SIZE RUN,... Ranks form groups of GROUP_SIZE consecutive ranks. Inside a
+group the ranks train synchronously (a DistributedOptimizer over the group's set, SGD with momentum;
+``sharded`` runs: the model ``fully_shard``-ed over the group, a plain SGD); across groups DiLoCo
+averages pseudo-gradients over the ranks holding the same place in each group and steps a Nesterov
+outer SGD (lr 0.7, momentum 0.9). RUN is ``MODE[/FRAGMENTS/DELAY[/COMPRESSION]]`` with MODE ``plain``
+or ``sharded``. Rank r computes its gradient on its own batch (x = r + 1 + step/10).
+
+The replay keeps one model per group (its ranks step alike on their averaged gradient), one global
+model and one outer optimizer; fragment p is sent after steps (p + 1) * H / F + k * H and lands
+DELAY steps later as ``new global + local progress since it was sent``. With ``int8``/``bf16`` the
+replay rounds each group's pseudo-gradient with the library's codec (error feedback included).
+A run checks a checkpoint too: the DiLoCo state is saved at step CHECKPOINT_AT, training goes on,
+then a fresh DiLoCo loads it and repeats the rest, which must end the same.
+Prints 'ok diloco RUN RANK' per run.
+"""
+
+import copy
+import sys
+
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.torch.diloco_exchange import dequantize_int8, quantize_int8
+from hvdlite.training.diloco import DiLoCoSchedule, split_fragments
+
+SYNC_EVERY, STEPS, CHECKPOINT_AT = 4, 13, 6
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3), torch.nn.Tanh(),
+                               torch.nn.Linear(3, 1))
+
+
+def loss_of(model: torch.nn.Module, rank: int, step: int) -> torch.Tensor:
+    x = torch.linspace(-1, 1, 8).view(2, 4) * (rank + 1 + step / 10)
+    return ((model(x) - (rank % 3)) ** 2).mean()
+
+
+def outer_of(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+
+def inner_of(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.5)
+
+
+class Replay:
+    """Every group's model after every step, with DiLoCo's outer steps, in this process."""
+
+    def __init__(self, size: int, group_size: int, fragments: int, delay: int, compression: str) -> None:
+        self.groups = [list(range(g, g + group_size)) for g in range(0, size, group_size)]
+        self.models = [make_model() for _ in self.groups]
+        self.inner = [inner_of(m.parameters()) for m in self.models]
+        self.global_model = make_model()
+        self.outer = outer_of(self.global_model.parameters())
+        self.schedule = DiLoCoSchedule(SYNC_EVERY, fragments, delay)
+        self.fragments = split_fragments([p.numel() for p in self.global_model.parameters()], fragments)
+        self.compression, self.residuals = compression, {}
+        self.flight = None
+
+    def step(self, step: int) -> None:
+        for model, optimizer, ranks in zip(self.models, self.inner, self.groups, strict=True):
+            grads = []
+            for rank in ranks:
+                model.zero_grad()
+                loss_of(model, rank, step).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            for index, param in enumerate(model.parameters()):
+                param.grad = torch.stack([g[index] for g in grads]).mean(0)
+            optimizer.step()
+        count = step + 1
+        if self.schedule.delay and self.schedule.lands_after(count) is not None:
+            self.land()
+        fragment = self.schedule.sent_after(count)
+        if fragment is not None:
+            self.send(fragment)
+            if not self.schedule.delay:
+                self.land()
+
+    def params(self, model: torch.nn.Module, fragment: int) -> list[torch.Tensor]:
+        every = list(model.parameters())
+        return [every[i] for i in self.fragments[fragment]]
+
+    def send(self, fragment: int) -> None:
+        with torch.no_grad():
+            deltas = [[g - p for g, p in zip(self.params(self.global_model, fragment), self.params(m, fragment),
+                                               strict=True)] for m in self.models]
+            deltas = [[self.rounded(group, fragment, i, d) for i, d in enumerate(ds)] for group, ds in enumerate(deltas)]
+            average = [torch.stack(ds).mean(0) for ds in zip(*deltas, strict=True)]
+            anchors = [[p.clone() for p in self.params(m, fragment)] for m in self.models]
+        self.flight = (fragment, average, anchors)
+
+    def rounded(self, group: int, fragment: int, index: int, delta: torch.Tensor) -> torch.Tensor:
+        """``delta`` as the codec delivers it (int8 with error feedback per group and parameter)."""
+        if self.compression == "bf16":
+            return delta.to(torch.bfloat16).float()
+        if self.compression != "int8":
+            return delta
+        key = (group, fragment, index)
+        flat = delta.reshape(-1) + self.residuals.get(key, 0)
+        decoded = dequantize_int8(*quantize_int8(flat), flat.numel())
+        self.residuals[key] = flat - decoded
+        return decoded.reshape(delta.shape)
+
+    def land(self) -> None:
+        fragment, average, anchors = self.flight
+        outer_params = self.params(self.global_model, fragment)
+        for param in self.global_model.parameters():
+            param.grad = None
+        for param, mean in zip(outer_params, average, strict=True):
+            param.grad = mean.clone()
+        self.outer.step()
+        with torch.no_grad():
+            for model, anchor in zip(self.models, anchors, strict=True):
+                for param, own, new in zip(self.params(model, fragment), anchor, outer_params, strict=True):
+                    param.copy_(new + (param - own))
+
+    def flat(self, group: int) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in self.models[group].parameters()])
+
+
+def full_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten()
+                      for p in model.parameters()])
+
+
+def build(mode: str, group_set, cross_set, fragments: int, delay: int, compression: str | None):
+    model = make_model()
+    if mode == "sharded":
+        hvd.fully_shard(model, process_set=group_set)
+        inner = inner_of(model.parameters())
+    else:
+        inner = hvd.DistributedOptimizer(inner_of(model.parameters()), named_parameters=model.named_parameters(),
+                                         process_set=group_set)
+    diloco = hvd.DiLoCo(model, inner, outer_of(model.parameters()), sync_every=SYNC_EVERY, process_set=cross_set,
+                        fragments=fragments, delay=delay, compression=compression)
+    return model, diloco
+
+
+def expect_refusal(message: str, build_it) -> None:
+    try:
+        build_it()
+    except ValueError as error:
+        assert message in str(error), (message, str(error))
+        return
+    raise AssertionError(f"not refused: {message}")
+
+
+def check_refusals(group_size: int, sets: dict) -> None:
+    """What DiLoCo cannot run is a ValueError on every rank, naming what is wrong."""
+    rank, size = hvd.rank(), hvd.size()
+    group_set = sets["group"][rank // group_size]
+    model = make_model()
+    local_sgd = hvd.DistributedOptimizer(inner_of(model.parameters()), named_parameters=model.named_parameters(),
+                                         process_set=group_set, local_sgd_period=4)
+    expect_refusal("DistributedOptimizer with local_sgd_period set",
+                   lambda: hvd.DiLoCo(model, local_sgd, outer_of(model.parameters()), sync_every=4))
+    model = make_model()
+    outer = hvd.DistributedOptimizer(outer_of(model.parameters()), named_parameters=model.named_parameters(),
+                                     process_set=group_set)
+    expect_refusal("outer_optimizer must be a plain torch optimizer",
+                   lambda: hvd.DiLoCo(model, inner_of(model.parameters()), outer, sync_every=4))
+    model = make_model()
+    every = 4 if rank == 0 else 8  # rank 0 disagrees with every other rank
+    expect_refusal(f"the schedule (sync_every, fragments, delay) differs across the process set {list(range(size))}: "
+                   "rank 0 has (4, 1, 0), "
+                   "rank 1 has (8, 1, 0)",
+                   lambda: hvd.DiLoCo(model, inner_of(model.parameters()), outer_of(model.parameters()),
+                                      sync_every=every))
+    others = sets["group"][(rank // group_size + 1) % len(sets["group"])]
+    expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}",
+                   lambda: hvd.DiLoCo(model, inner_of(model.parameters()), outer_of(model.parameters()),
+                                      sync_every=4, process_set=others))
+    print(f"ok diloco refusals {rank}", flush=True)
+
+
+def check(run: str, group_size: int, sets: dict) -> None:
+    if run == "refusals":
+        return check_refusals(group_size, sets)
+    mode, *rest = run.split("/")
+    fragments, delay = (int(rest[0]), int(rest[1])) if rest else (1, 0)
+    compression = rest[2] if len(rest) > 2 else None
+    rank, size = hvd.rank(), hvd.size()
+    group_set, cross_set = sets["group"][rank // group_size], sets["cross"][rank % group_size]
+    replay = Replay(size, group_size, fragments, delay, compression or "")
+    model, diloco = build(mode, group_set, cross_set, fragments, delay, compression)
+    saved = None
+    for step in range(STEPS):
+        if step == CHECKPOINT_AT:
+            saved = (copy.deepcopy(diloco.state_dict()), copy.deepcopy(model.state_dict()),
+                     copy.deepcopy(diloco.inner_optimizer.state_dict()), replay.flat(rank // group_size))
+        diloco.zero_grad()
+        loss_of(model, rank, step).backward()
+        diloco.step()
+        replay.step(step)
+        mine, want = full_params(model), replay.flat(rank // group_size)
+        assert torch.allclose(mine, want, atol=1e-5), (run, rank, step, (mine - want).abs().max().item())
+    final = full_params(model)
+    resumed_model, resumed = build(mode, group_set, cross_set, fragments, delay, compression)
+    resumed_model.load_state_dict(saved[1])
+    resumed.inner_optimizer.load_state_dict(saved[2])
+    resumed.load_state_dict(saved[0])
+    for step in range(CHECKPOINT_AT, STEPS):
+        resumed.zero_grad()
+        loss_of(resumed_model, rank, step).backward()
+        resumed.step()
+    again = full_params(resumed_model)
+    assert torch.allclose(again, final, atol=1e-6), (run, rank, "resumed", (again - final).abs().max().item())
+    assert diloco.syncs == resumed.syncs == len([c for c in range(1, STEPS + 1)
+                                                 if replay.schedule.lands_after(c) is not None])
+    print(f"ok diloco {run} {rank}", flush=True)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    from mpi4py import MPI
+
+    size, group_size = MPI.COMM_WORLD.Get_size(), int(sys.argv[1])
+    sets = {"group": [hvd.ProcessSet(range(g, g + group_size)) for g in range(0, size, group_size)],
+            "cross": [hvd.ProcessSet(range(place, size, group_size)) for place in range(group_size)]}
+    unique = {tuple(s.ranks): s for s in sets["group"] + sets["cross"] if len(s.ranks) < size}
+    hvd.init(process_sets=list(unique.values()))
+    for kind in sets:  # a set of every rank is the global set
+        sets[kind] = [unique.get(tuple(s.ranks), hvd.global_process_set) for s in sets[kind]]
+    for run in sys.argv[2].split(","):
+        check(run, group_size, sets)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""DiLoCo through the real launcher: every rank's parameters equal a one-process replay after every step.
+
+One job per layout runs every case in turn (torch_diloco.py); each test checks its own case.
+"""
+
+import pytest
+
+from .harness import shared_script
+
+# np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
+# averaged between the ranks holding the same place in each group); np=3 in groups of one.
+RUNS = {(4, 2): "refusals,plain,sharded,plain/2/1,sharded/2/1,plain/2/0/int8,plain/1/0/bf16",
+        (3, 1): "refusals,plain,plain/2/1/int8,plain/2/1/bf16"}
+
+
+def _diloco_ok(np: int, group_size: int, run: str) -> None:
+    result = shared_script("torch_diloco.py", np, str(group_size), RUNS[(np, group_size)], timeout=240)
+    assert result.output.count(f"ok diloco {run} ") == np, result.output
+
+
+@pytest.mark.parametrize(("np", "group_size"), [(4, 2), (3, 1)])
+def test_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size):
+    _diloco_ok(np, group_size, "plain")
+
+
+def test_diloco_over_groups_that_fully_shard_the_model_exchanges_each_ranks_shard_like_the_replay():
+    _diloco_ok(4, 2, "sharded")
+
+
+@pytest.mark.parametrize(("np", "group_size", "run"), [(4, 2, "plain/2/1"), (4, 2, "sharded/2/1"),
+                                                       (3, 1, "plain/2/1/int8")])
+def test_streaming_diloco_lands_each_fragment_delay_steps_late_keeping_local_progress(np, group_size, run):
+    _diloco_ok(np, group_size, run)
+
+
+@pytest.mark.parametrize(("np", "group_size", "run"), [(4, 2, "plain/2/0/int8"), (4, 2, "plain/1/0/bf16"),
+                                                       (3, 1, "plain/2/1/bf16")])
+def test_compressed_diloco_averages_what_the_codec_delivers_with_error_feedback(np, group_size, run):
+    _diloco_ok(np, group_size, run)
+
+
+@pytest.mark.parametrize(("np", "group_size"), [(4, 2), (3, 1)])
+def test_diloco_refuses_local_sgd_inside_a_distributed_outer_optimizer_disagreeing_ranks_and_non_members(np, group_size):
+    _diloco_ok(np, group_size, "refusals")
