@@ -97,19 +97,31 @@ class DiLoCo:
                 self._land()
         return loss
 
+    def sync(self) -> None:
+        """Land the exchange in flight, then sync every fragment now (an outer step each), as the
+        schedule would at its next syncs: call it at the end of training, so that every group holds
+        the same model. The step count is not advanced."""
+        if self._in_flight is not None:
+            self._land()
+        for fragment in range(len(self.fragments)):
+            self._send(fragment, background=False)
+            self._land()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``."""
         self.inner_optimizer.zero_grad(set_to_none=set_to_none)
 
-    def _send(self, fragment: int) -> None:
-        """Start averaging the fragment's pseudo-gradients ``global - local`` over the process set."""
+    def _send(self, fragment: int, background: bool | None = None) -> None:
+        """Start averaging the fragment's pseudo-gradients ``global - local`` over the process set (on
+        a helper thread with a ``delay``, unless ``background`` says otherwise)."""
+        background = bool(self.schedule.delay) if background is None else background
         indices = self.fragments[fragment]
         with torch.no_grad():
             locals_ = [_local(self.params[i]) for i in indices]
             deltas = [self.global_params[i] - local for i, local in zip(indices, locals_, strict=True)]
-            anchors = [local.clone() for local in locals_] if self.schedule.delay else None
+            anchors = [local.clone() for local in locals_] if background else None
         names = [self.names[i] for i in indices]
-        pending = self._exchange.start(deltas, names, f"diloco.{fragment}", background=bool(self.schedule.delay))
+        pending = self._exchange.start(deltas, names, f"diloco.{fragment}", background=background)
         self._in_flight = InFlight(fragment, self.inner_steps, anchors, pending)
 
     def _land(self) -> None:

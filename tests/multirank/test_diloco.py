@@ -42,3 +42,14 @@ def test_compressed_diloco_averages_what_the_codec_delivers_with_error_feedback(
 @pytest.mark.parametrize(("np", "group_size"), [(4, 2), (3, 1)])
 def test_diloco_refuses_local_sgd_inside_a_distributed_outer_optimizer_disagreeing_ranks_and_non_members(np, group_size):
     _diloco_ok(np, group_size, "refusals")
+
+
+def test_diloco_with_h16_reaches_synchronous_accuracy_on_digits_in_two_groups_of_two():
+    result = shared_script("torch_diloco_digits.py", 4, "2", timeout=300)
+    assert result.output.count("ok diloco digits") == 4, result.output
+    accuracy = {mode: float(value) for mode, value in
+                (line.split()[1:3] for line in result.lines(0) if line.startswith("accuracy "))}
+    assert set(accuracy) == {"sync", "diloco", "diloco_f4", "diloco_bf16", "diloco_int8", "diloco_f4_int8"}, accuracy
+    assert accuracy["sync"] > 90, accuracy  # the synchronous run itself learned the digits
+    behind = {mode: accuracy["sync"] - value for mode, value in accuracy.items() if accuracy["sync"] - value > 1.0}
+    assert not behind, f"more than 1 point below synchronous training: {behind}; all: {accuracy}"
