@@ -78,7 +78,9 @@ class DiLoCo:
         self.inner_optimizer, self.outer_optimizer, self.process_set = inner_optimizer, outer_optimizer, process_set
         self.fragments = split_fragments([param.numel() for param in self.params], fragments, self.names)
         self._exchange: Exchange = make_exchange(compression, process_set)
-        self._check_agreement()
+        group = _replica_group(inner_optimizer, self.params)
+        if self._check_agreement(group):
+            self._exchange = make_exchange(compression, process_set, group)
         self.global_params = [_local(param).detach().clone() for param in self.params]
         self.inner_steps = 0  # inner steps taken (the schedule's count)
         self.syncs = 0  # fragment exchanges landed
@@ -158,19 +160,23 @@ class DiLoCo:
             for param, grad in zip(self.params, stashed, strict=True):
                 param.grad = grad
 
-    def _check_agreement(self) -> None:
-        """Refuse, on every rank of the set, options or shards that differ between its ranks."""
+    def _check_agreement(self, group: ProcessSet | None) -> bool:
+        """Refuse, on every rank of the set, options or shards that differ between its ranks; return
+        whether the exchange can be sliced over ``group`` (every rank of the set holds the same place
+        in a group of identical replicas of the same size)."""
         mine = {"the schedule (sync_every, fragments, delay)": (self.schedule.sync_every, self.schedule.fragments,
                                                                 self.schedule.delay),
                 "compression": self._exchange.label,
                 "the (local) parameters' names, shapes and dtypes": [
                     (name, tuple(_local(p).shape), str(p.dtype)) for name, p in zip(self.names, self.params, strict=True)]}
-        every = allgather_object(mine, name="diloco.check", process_set=self.process_set)
+        place = None if group is None or group.size() == 1 else (group.rank(), group.size())
+        every = allgather_object((mine, place), name="diloco.check", process_set=self.process_set)
         ranks = self.process_set.ranks or list(range(len(every)))
         for what in mine:
-            message = describe_mismatch(what, [theirs[what] for theirs in every], ranks)
+            message = describe_mismatch(what, [theirs[what] for theirs, _ in every], ranks)
             if message:
                 raise ValueError(message)
+        return place is not None and all(theirs == place for _, theirs in every)
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -206,6 +212,15 @@ def _check_optimizers(inner: Any, outer: Any, names: list[str], params: list[tor
         raise ValueError(f"DiLoCo's outer_optimizer does not hold parameter(s) {', '.join(missing)}: build it over the "
                          "model's own parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, "
                          "nesterov=True)")
+
+
+def _replica_group(inner: torch.optim.Optimizer, params: list[torch.Tensor]) -> ProcessSet | None:
+    """The ranks holding the same parameters as this one: the process set of an inner
+    ``DistributedOptimizer`` that averages gradients (not of sharded parameters), else None."""
+    group = getattr(getattr(inner, "_hvdlite_reducer", None), "process_set", None)
+    if group is None or any(isinstance(param, DTensor) for param in params):
+        return None
+    return group
 
 
 def _check_member(process_set: ProcessSet) -> None:

@@ -14,9 +14,16 @@ and the values rounded to the nearest multiple of it; 1.016 bytes per element. E
 (Seide et al., 2014; Karimireddy et al., 2019): what rounding dropped from a rank's pseudo-gradient
 is added to its next one, so no part of an update is lost for good, only delayed.
 
+Sliced (:class:`SlicedExchange`): where the ranks of a group hold the same parameters (the inner
+optimizer is a ``DistributedOptimizer`` over the group) and each rank of ``process_set`` holds the
+same place in its group, the rank at place ``i`` of a group of ``N`` exchanges only slice ``i`` of
+the fragment's pseudo-gradients (flattened into one buffer) across groups, and the group then
+all-gathers the averaged slices over its own, fast, link: each byte of the model crosses the slow
+link once per group instead of ``N`` times.
+
 An exchange runs on the calling thread (``delay=0``), or on a helper thread during the next inner
-steps, where a blocking collective runs the engine's cycles itself (see
-:class:`hvdlite.torch.local_sgd._BackgroundAverage`).
+steps, where its blocking collectives run the engine's cycles themselves, at the training thread's
+priority (see :class:`hvdlite.torch.local_sgd._BackgroundAverage` for why that matters).
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from collections.abc import Callable
 import torch
 
 from ..process_sets import ProcessSet
-from .local_sgd import _BackgroundAverage
 
 BLOCK = 256  # elements per int8 scale: 4 bytes of scale per 256 of values (1.6 %)
 
@@ -68,18 +74,18 @@ class Exchange:
         self.process_set = process_set
 
     def start(self, deltas: list[torch.Tensor], names: list[str], request: str, background: bool) -> Pending:
-        """Start averaging ``deltas`` (owned by the exchange from here on) over the process set."""
-        if background:
-            average = _BackgroundAverage(deltas, request, self.process_set)
-            return Pending(lambda: (average.wait(), deltas)[1])
+        """Start averaging ``deltas`` (owned by the exchange from here on) over the process set, on a
+        helper thread with ``background``."""
+        if not background:
+            return done(self.average(deltas, names, request))
+        return _in_thread(lambda: self.average(deltas, names, request))
+
+    def average(self, deltas: list[torch.Tensor], names: list[str], request: str) -> list[torch.Tensor]:
+        """``deltas`` averaged over the process set (in place), now."""
         from ..ops import Average
         from .collectives.async_ops import grouped_allreduce_
 
-        grouped_allreduce_(deltas, op=Average, name=request, process_set=self.process_set)
-        return done(deltas)
-
-    def reset(self) -> None:
-        """Forget what the exchange carries from one sync to the next (a new world)."""
+        return grouped_allreduce_(deltas, op=Average, name=request, process_set=self.process_set)
 
 
 class CompressedExchange(Exchange):
@@ -88,28 +94,11 @@ class CompressedExchange(Exchange):
     def __init__(self, process_set: ProcessSet, label: str) -> None:
         super().__init__(process_set)
         self.label = label
-        self.residuals: dict[str, torch.Tensor] = {}  # int8's error feedback, per parameter name
+        self.residuals: dict[str, torch.Tensor] = {}  # int8's error feedback, per name of what is sent
 
-    def start(self, deltas: list[torch.Tensor], names: list[str], request: str, background: bool) -> Pending:
+    def average(self, deltas: list[torch.Tensor], names: list[str], request: str) -> list[torch.Tensor]:
         payload = [part for delta, name in zip(deltas, names, strict=True) for part in self._encode(delta, name)]
-        result: dict[str, list[torch.Tensor]] = {}
-
-        def gather() -> None:
-            from .collectives.async_ops import grouped_allgather_async, synchronize
-
-            result["gathered"] = synchronize(grouped_allgather_async(payload, name=request, process_set=self.process_set))
-
-        def finish() -> list[torch.Tensor]:
-            if thread is not None:
-                thread.join()
-                if "error" in result:
-                    raise result["error"]
-            return self._average(result["gathered"], deltas)
-
-        thread = _run_in_thread(gather, result) if background else None
-        if thread is None:
-            gather()
-        return Pending(finish)
+        return self._decode_average(_gather(payload, request, self.process_set), deltas)
 
     def _encode(self, delta: torch.Tensor, name: str) -> list[torch.Tensor]:
         if self.label == "bf16":
@@ -122,7 +111,7 @@ class CompressedExchange(Exchange):
         self.residuals[name] = flat - dequantize_int8(values, scales, flat.numel())
         return [values, scales]
 
-    def _average(self, gathered: list[torch.Tensor], deltas: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _decode_average(self, gathered: list[torch.Tensor], deltas: list[torch.Tensor]) -> list[torch.Tensor]:
         """Decode every rank's encoding of each delta and average them, in rank order."""
         size = self.process_set.size()
         parts = 1 if self.label == "bf16" else 2
@@ -140,8 +129,36 @@ class CompressedExchange(Exchange):
             return parts[0].view(torch.bfloat16).float()
         return dequantize_int8(parts[0], parts[1], count)
 
-    def reset(self) -> None:
-        self.residuals.clear()
+
+class SlicedExchange(Exchange):
+    """Each rank of a group of identical replicas exchanges its slice, then the group all-gathers."""
+
+    def __init__(self, across: Exchange, group: ProcessSet) -> None:
+        super().__init__(across.process_set)
+        self.across, self.group, self.label = across, group, across.label
+
+    @property
+    def residuals(self) -> dict[str, torch.Tensor]:
+        return getattr(self.across, "residuals", {})
+
+    def average(self, deltas: list[torch.Tensor], names: list[str], request: str) -> list[torch.Tensor]:
+        flat = torch.cat([delta.reshape(-1) for delta in deltas])
+        size, place = self.group.size(), self.group.rank()
+        width = -(-flat.numel() // size)
+        padded = torch.nn.functional.pad(flat, (0, width * size - flat.numel()))
+        mine = padded[place * width:(place + 1) * width].clone()
+        averaged = self.across.average([mine], [f"{request}.slice{place}"], f"{request}.slice")[0]
+        every = _gather([averaged], f"{request}.group", self.group)[0][:flat.numel()]
+        return [part.view_as(delta) for part, delta in zip(every.split([d.numel() for d in deltas]), deltas,
+                                                           strict=True)]
+
+
+def _gather(tensors: list[torch.Tensor], request: str, process_set: ProcessSet) -> list[torch.Tensor]:
+    """Every rank's ``tensors``, concatenated in rank order, now (blocking: the caller drives the engine)."""
+    from .. import api
+    from .collectives.async_ops import grouped_allgather_async, synchronize
+
+    return synchronize(api.blocking(lambda: grouped_allgather_async(tensors, name=request, process_set=process_set)))
 
 
 def quantize_int8(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,26 +175,39 @@ def dequantize_int8(values: torch.Tensor, scales: torch.Tensor, count: int) -> t
     return (values.view(-1, BLOCK).float() * scales[:, None]).reshape(-1)[:count]
 
 
-def _run_in_thread(work: Callable[[], None], result: dict) -> threading.Thread:
+def _in_thread(work: Callable[[], list[torch.Tensor]]) -> Pending:
+    """Run ``work`` on a helper thread; the pending result raises what it raised."""
+    result: dict[str, object] = {}
+
     def run() -> None:
         try:
-            work()
+            result["value"] = work()
         except BaseException as error:  # noqa: BLE001 - raised again on the training thread, in wait()
             result["error"] = error
 
     thread = threading.Thread(target=run, name="hvdlite-diloco-exchange", daemon=True)
     thread.start()
-    return thread
+
+    def wait() -> list[torch.Tensor]:
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    return Pending(wait)
 
 
-def make_exchange(compression: object, process_set: ProcessSet) -> Exchange:
-    """The exchange for DiLoCo's ``compression`` argument, or a ValueError naming what is accepted."""
+def make_exchange(compression: object, process_set: ProcessSet, group: ProcessSet | None = None) -> Exchange:
+    """The exchange for DiLoCo's ``compression`` argument (sliced over ``group``, a set of identical
+    replicas, when given), or a ValueError naming what is accepted."""
     if compression is None or compression == "none":
-        return Exchange(process_set)
-    if compression in ("bf16", "int8"):
-        return CompressedExchange(process_set, str(compression))
-    raise ValueError(f"DiLoCo's compression must be None, 'bf16' or 'int8', got {compression!r}")
+        across = Exchange(process_set)
+    elif compression in ("bf16", "int8"):
+        across = CompressedExchange(process_set, str(compression))
+    else:
+        raise ValueError(f"DiLoCo's compression must be None, 'bf16' or 'int8', got {compression!r}")
+    return across if group is None else SlicedExchange(across, group)
 
 
-__all__ = ["InFlight", "Exchange", "CompressedExchange", "Pending", "done", "make_exchange", "quantize_int8", "dequantize_int8",
+__all__ = ["InFlight", "Exchange", "CompressedExchange", "SlicedExchange", "Pending", "done", "make_exchange", "quantize_int8", "dequantize_int8",
            "BLOCK"]

@@ -3,11 +3,13 @@
 ``{"format": "hvdlite.diloco/1", "sync_every", "fragments", "delay", "inner_steps", "syncs",
 "global": {name: tensor}, "outer_optimizer": <the outer optimizer's own state>, "in_flight": None or
 {"fragment", "sent_at", "average": {name: tensor}, "anchor": {name: tensor} or None},
-"residuals": {name: tensor}}``. Every tensor is shaped like its parameter: a DTensor placed like a
+"residuals": {name: tensor}, "residuals_world_size"}``. Every tensor is shaped like its parameter: a DTensor placed like a
 ``fully_shard`` parameter for a sharded one (so that DCP saves and reshards it), else a plain
 tensor, the same on every rank of a group (so that rank 0 may save it and any number of ranks load
 it). An exchange in flight is waited for and saved with its result, and lands at its own step after
-a restore, as it would have without the checkpoint. The model and the inner optimizer are saved as
+a restore, as it would have without the checkpoint. int8's error-feedback residuals belong to
+each rank (what its own rounding dropped): they are restored at the same number of ranks, and at
+another error feedback starts again from zero (a rounding error of the last sync is lost). The model and the inner optimizer are saved as
 usual, beside it.
 """
 
@@ -56,12 +58,14 @@ def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
                      "anchor": None if flight.anchors is None else _by_name(diloco, indices, flight.anchors)}
     everything = list(range(len(diloco.params)))
     residuals = getattr(diloco._exchange, "residuals", {})
+    from ..core.runtime import current
+
     return {"format": FORMAT, "sync_every": schedule.sync_every, "fragments": schedule.fragments,
             "delay": schedule.delay, "inner_steps": diloco.inner_steps, "syncs": diloco.syncs,
             "global": _by_name(diloco, everything, diloco.global_params),
             "outer_optimizer": diloco.outer_optimizer.state_dict(), "in_flight": in_flight,
-            "residuals": {name: _shaped_like(diloco.params[diloco.names.index(name)], value)
-                          for name, value in residuals.items()}}
+            "residuals": {name: value.clone() for name, value in residuals.items()},
+            "residuals_world_size": current().topology.size}
 
 
 def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
@@ -82,8 +86,11 @@ def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
         diloco._in_flight = InFlight(flight["fragment"], flight["sent_at"], anchors, done(averages))
     residuals = getattr(diloco._exchange, "residuals", None)
     if residuals is not None:
+        from ..core.runtime import current
+
         residuals.clear()
-        residuals.update({name: _local_of(value).reshape(-1).clone() for name, value in state["residuals"].items()})
+        if state.get("residuals_world_size") == current().topology.size:  # else error feedback starts again from zero
+            residuals.update({name: value.clone() for name, value in state["residuals"].items()})
 
 
 def _check_loadable(diloco: DiLoCo, state: dict[str, Any]) -> None:

@@ -109,6 +109,11 @@ class GradientSubmitter:
         self._bucket_of: dict[torch.Tensor, Bucket] = {}
 
     @property
+    def process_set(self) -> ProcessSet:
+        """The ranks whose gradients are averaged."""
+        return self._process_set
+
+    @property
     def in_flight(self) -> bool:
         """True while some gradient has been handed over and not yet waited for."""
         return bool(self._finishers or self._ready or any(b.arrived for b in self._buckets or ()))

@@ -52,6 +52,11 @@ class GradientReducer(SkippableSynchronize):
             self._hooks.append(optimizer.register_step_post_hook(local_sgd.after_step))
 
     @property
+    def process_set(self) -> ProcessSet:
+        """The ranks whose gradients are averaged (which therefore hold the same parameters)."""
+        return self._submitter.process_set
+
+    @property
     def communicating(self) -> bool:
         """False in local SGD's local phase: gradients stay on their rank, parameters are averaged."""
         return self.local_sgd is None or self.local_sgd.synchronous

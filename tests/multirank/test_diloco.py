@@ -9,7 +9,7 @@ from .harness import shared_script
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
 # averaged between the ranks holding the same place in each group); np=3 in groups of one.
-RUNS = {(4, 2): "refusals,plain,sharded,plain/2/1,sharded/2/1,plain/2/0/int8,plain/1/0/bf16",
+RUNS = {(4, 2): "refusals,plain,sharded,plain/2/1,sharded/2/1,plain/2/0/int8,plain/1/0/bf16,wide/2/1/int8",
         (3, 1): "refusals,plain,plain/2/1/int8,plain/2/1/bf16"}
 
 
@@ -34,7 +34,7 @@ def test_streaming_diloco_lands_each_fragment_delay_steps_late_keeping_local_pro
 
 
 @pytest.mark.parametrize(("np", "group_size", "run"), [(4, 2, "plain/2/0/int8"), (4, 2, "plain/1/0/bf16"),
-                                                       (3, 1, "plain/2/1/bf16")])
+                                                       (3, 1, "plain/2/1/bf16"), (4, 2, "wide/2/1/int8")])
 def test_compressed_diloco_averages_what_the_codec_delivers_with_error_feedback(np, group_size, run):
     _diloco_ok(np, group_size, run)
 

@@ -4,8 +4,10 @@ Usage: torch_diloco.py GROUP_SIZE RUN,... Ranks form groups of GROUP_SIZE consec
 group the ranks train synchronously (a DistributedOptimizer over the group's set, SGD with momentum;
 ``sharded`` runs: the model ``fully_shard``-ed over the group, a plain SGD); across groups DiLoCo
 averages pseudo-gradients over the ranks holding the same place in each group and steps a Nesterov
-outer SGD (lr 0.7, momentum 0.9). RUN is ``MODE[/FRAGMENTS/DELAY[/COMPRESSION]]`` with MODE ``plain``
-or ``sharded``. Rank r computes its gradient on its own batch (x = r + 1 + step/10).
+outer SGD (lr 0.7, momentum 0.9). RUN is ``MODE[/FRAGMENTS/DELAY[/COMPRESSION]]`` with MODE ``plain``,
+``sharded`` or ``wide`` (as plain, DiLoCo's set being every rank). In ``plain`` groups of two or more,
+the rank at place i of a group exchanges slice i of each fragment (it must: the test checks) and the
+group all-gathers the averaged slices; the replay rounds int8 slice by slice then. Rank r computes its gradient on its own batch (x = r + 1 + step/10).
 
 The replay keeps one model per group (its ranks step alike on their averaged gradient), one global
 model and one outer optimizer; fragment p is sent after steps (p + 1) * H / F + k * H and lands
@@ -22,7 +24,7 @@ import sys
 import torch
 
 import hvdlite.torch as hvd
-from hvdlite.torch.diloco_exchange import dequantize_int8, quantize_int8
+from hvdlite.torch.diloco_exchange import SlicedExchange, dequantize_int8, quantize_int8
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments
 
 SYNC_EVERY, STEPS, CHECKPOINT_AT = 4, 13, 6
@@ -50,7 +52,8 @@ def inner_of(params) -> torch.optim.Optimizer:
 class Replay:
     """Every group's model after every step, with DiLoCo's outer steps, in this process."""
 
-    def __init__(self, size: int, group_size: int, fragments: int, delay: int, compression: str) -> None:
+    def __init__(self, size: int, group_size: int, fragments: int, delay: int, compression: str,
+                 slices: int) -> None:
         self.groups = [list(range(g, g + group_size)) for g in range(0, size, group_size)]
         self.models = [make_model() for _ in self.groups]
         self.inner = [inner_of(m.parameters()) for m in self.models]
@@ -58,7 +61,7 @@ class Replay:
         self.outer = outer_of(self.global_model.parameters())
         self.schedule = DiLoCoSchedule(SYNC_EVERY, fragments, delay)
         self.fragments = split_fragments([p.numel() for p in self.global_model.parameters()], fragments)
-        self.compression, self.residuals = compression, {}
+        self.compression, self.residuals, self.slices = compression, {}, slices
         self.flight = None
 
     def step(self, step: int) -> None:
@@ -88,22 +91,34 @@ class Replay:
         with torch.no_grad():
             deltas = [[g - p for g, p in zip(self.params(self.global_model, fragment), self.params(m, fragment),
                                                strict=True)] for m in self.models]
-            deltas = [[self.rounded(group, fragment, i, d) for i, d in enumerate(ds)] for group, ds in enumerate(deltas)]
+            deltas = [self.rounded(group, fragment, ds) for group, ds in enumerate(deltas)]
             average = [torch.stack(ds).mean(0) for ds in zip(*deltas, strict=True)]
             anchors = [[p.clone() for p in self.params(m, fragment)] for m in self.models]
         self.flight = (fragment, average, anchors)
 
-    def rounded(self, group: int, fragment: int, index: int, delta: torch.Tensor) -> torch.Tensor:
-        """``delta`` as the codec delivers it (int8 with error feedback per group and parameter)."""
+    def rounded(self, group: int, fragment: int, deltas: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A group's ``deltas`` as the codec delivers them: int8 with error feedback, per parameter, or
+        per slice of the flattened fragment where each rank of a group of replicas sends its slice."""
         if self.compression == "bf16":
-            return delta.to(torch.bfloat16).float()
+            return [delta.to(torch.bfloat16).float() for delta in deltas]
         if self.compression != "int8":
-            return delta
-        key = (group, fragment, index)
-        flat = delta.reshape(-1) + self.residuals.get(key, 0)
-        decoded = dequantize_int8(*quantize_int8(flat), flat.numel())
-        self.residuals[key] = flat - decoded
-        return decoded.reshape(delta.shape)
+            return deltas
+        if self.slices == 1:
+            return [self.int8((group, fragment, index), delta.reshape(-1)).view_as(delta)
+                    for index, delta in enumerate(deltas)]
+        flat = torch.cat([delta.reshape(-1) for delta in deltas])
+        width = -(-flat.numel() // self.slices)
+        padded = torch.nn.functional.pad(flat, (0, width * self.slices - flat.numel()))
+        decoded = torch.cat([self.int8((group, fragment, place), padded[place * width:(place + 1) * width])
+                             for place in range(self.slices)])[:flat.numel()]
+        return [part.view_as(delta) for part, delta in zip(decoded.split([d.numel() for d in deltas]), deltas,
+                                                           strict=True)]
+
+    def int8(self, key: tuple, flat: torch.Tensor) -> torch.Tensor:
+        corrected = flat + self.residuals.get(key, 0)
+        decoded = dequantize_int8(*quantize_int8(corrected), corrected.numel())
+        self.residuals[key] = corrected - decoded
+        return decoded
 
     def land(self) -> None:
         fragment, average, anchors = self.flight
@@ -185,8 +200,14 @@ def check(run: str, group_size: int, sets: dict) -> None:
     compression = rest[2] if len(rest) > 2 else None
     rank, size = hvd.rank(), hvd.size()
     group_set, cross_set = sets["group"][rank // group_size], sets["cross"][rank % group_size]
-    replay = Replay(size, group_size, fragments, delay, compression or "")
+    if mode == "wide":  # pseudo-gradients averaged over every rank, not between places
+        cross_set = hvd.global_process_set
     model, diloco = build(mode, group_set, cross_set, fragments, delay, compression)
+    # Replicas in groups of two or more exchange one slice each (sharded models: each rank its shard).
+    sliced = mode == "plain" and group_size > 1  # not "wide": its set spans places
+
+    assert isinstance(diloco._exchange, SlicedExchange) == sliced, (run, type(diloco._exchange))
+    replay = Replay(size, group_size, fragments, delay, compression or "", group_size if sliced else 1)
     saved = None
     for step in range(STEPS):
         if step == CHECKPOINT_AT:
