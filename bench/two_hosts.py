@@ -19,6 +19,11 @@ UCX would use shared memory between namespaces of one machine). It then runs, ov
    which is another "host" here).
 
 This is where fusion and negotiation cost is seen when bandwidth, not the CPU, is scarce.
+
+``--layout hybrid`` runs ``hybrid_step.py`` instead: two ranks on each host (``-H hostA:2,hostB:2``),
+synchronous averaging, PowerSGD and local SGD over all four ranks against DiLoCo (synchronous inside
+a host, H=16 across hosts; one and four fragments, with and without int8), each with its step
+efficiency against ``nocomm`` and the bytes on the link per step.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ def main() -> None:
                         help="torch_training_step.py modes")
     parser.add_argument("--sections", default="sweep,mix", help="allreduce_vs_mpi4py.py sections ('' for none)")
     parser.add_argument("--update-readme", action="store_true", help="write the tables into bench/README.md")
+    parser.add_argument("--layout", choices=("one", "hybrid"), default="one",
+                        help="one rank per host, or two per host with hybrid_step.py's modes")
     args = parser.parse_args()
     reason = unavailable()
     if reason:
@@ -68,6 +75,8 @@ def main() -> None:
         hosts = make_two_hosts(Path(workdir))
         try:
             hosts.rate_limit(args.rate)
+            if args.layout == "hybrid":
+                return hybrid(hosts, args, hvdliterun)
             launch = ["-H", "hostA:1,hostB:1", "--launcher-agent", hosts.agent, "--network-interface", IFACE,
                       "-x", "UCX_TLS=tcp,self"]
             wrap = hosts.command_on("hostA", [])
@@ -87,6 +96,31 @@ def main() -> None:
     if args.update_readme:
         # Without the collectives sections only the training table is written, beside the full run's block.
         replace_block(f"two_hosts {args.rate}" + ("" if args.sections else " training"), text)
+
+
+def hybrid(hosts: object, args: argparse.Namespace, hvdliterun: str) -> None:
+    """Run hybrid_step.py with two ranks per host and print (and with --update-readme write) its table."""
+    import json
+    import statistics
+
+    output = run(hosts.command_on("hostA", []) + [
+        hvdliterun, "-np", "4", "-H", "hostA:2,hostB:2", "--launcher-agent", hosts.agent, "--network-interface",
+        IFACE, "-x", "UCX_TLS=tcp,self", sys.executable, str(ROOT / "bench" / "hybrid_step.py"),
+        "--reps", str(args.reps), "--steps", str(args.steps)])
+    rows = [json.loads(line.split("TRAINSTEP_RESULT ", 1)[1]) for line in output.splitlines() if "TRAINSTEP_RESULT " in line]
+    medians = {row["mode"]: statistics.median(row["rep_s"]) for row in rows}
+    lines = [f"np=4, two ranks on each of two hosts, veth shaped to {args.rate} (tc tbf), UCX over TCP, "
+             f"{os.cpu_count()} cores, {args.reps} reps, median [min-max]", "",
+             "| mode | step ms | efficiency vs nocomm | link MB sent/step |", "|---|---|---|---|"]
+    for row in rows:
+        values = row["rep_s"]
+        lines.append(f"| {row['mode']} | {medians[row['mode']] * 1e3:.1f} [{min(values) * 1e3:.1f}-"
+                     f"{max(values) * 1e3:.1f}] | {medians['nocomm'] / medians[row['mode']]:.2f} | "
+                     f"{row['sent'] / 1e6:.2f} |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if args.update_readme:
+        replace_block(f"two_hosts hybrid {args.rate}", text)
 
 
 if __name__ == "__main__":
