@@ -20,10 +20,10 @@ SYNC_EVERY = 16
 MODES = {
     "sync": None,
     "diloco": {},
-    "diloco_f4": {"fragments": 4, "delay": 1},
+    "diloco_f4": {"fragments": 4, "delay": 3},
     "diloco_bf16": {"compression": "bf16"},
     "diloco_int8": {"compression": "int8"},
-    "diloco_f4_int8": {"fragments": 4, "delay": 1, "compression": "int8"},
+    "diloco_f4_int8": {"fragments": 4, "delay": 3, "compression": "int8"},
 }
 
 
