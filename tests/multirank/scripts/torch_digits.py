@@ -8,6 +8,7 @@ test accuracy ('accuracy <mode> <percent>'); every rank prints 'ok digits <rank>
 """
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,13 @@ def fit(train_x: torch.Tensor, train_y: torch.Tensor, epochs: int, lr: float,
     model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
                                          named_parameters=model.named_parameters(), **options)
+    run_epochs(model, optimizer, train_x, train_y, epochs)
+    return model, optimizer
+
+
+def run_epochs(model: torch.nn.Module, optimizer: Any, train_x: torch.Tensor, train_y: torch.Tensor,
+               epochs: int) -> None:
+    """Train on this rank's stride, the same number of batches on every rank, in a seeded order."""
     mine_x, mine_y = train_x[hvd.rank()::hvd.size()], train_y[hvd.rank()::hvd.size()]
     steps = len(mine_x) // BATCH  # the same on every rank: the stride leaves at most one sample more
     steps = min(hvd.allgather_object(steps))
@@ -58,7 +66,6 @@ def fit(train_x: torch.Tensor, train_y: torch.Tensor, epochs: int, lr: float,
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(mine_x[batch]), mine_y[batch]).backward()
             optimizer.step()
-    return model, optimizer
 
 
 def report(mode: str, model: torch.nn.Module, test_x: torch.Tensor, test_y: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ and a final ``sync()`` before the test. Rank 0 prints 'accuracy <mode> <percent>
 import sys
 
 import torch
-from torch_digits import BATCH, EPOCHS, data, report
+from torch_digits import EPOCHS, data, report, run_epochs
 
 import hvdlite.torch as hvd
 
@@ -37,15 +37,7 @@ def fit(mode: str, sets: dict, train_x: torch.Tensor, train_y: torch.Tensor) -> 
     optimizer = inner if options is None else hvd.DiLoCo(
         model, inner, torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True),
         sync_every=SYNC_EVERY, process_set=sets["cross"], **options)
-    mine_x, mine_y = train_x[hvd.rank()::hvd.size()], train_y[hvd.rank()::hvd.size()]
-    steps = min(hvd.allgather_object(len(mine_x) // BATCH))
-    for epoch in range(EPOCHS):
-        order = torch.randperm(len(mine_x), generator=torch.Generator().manual_seed(epoch))
-        for step in range(steps):
-            batch = order[step * BATCH:(step + 1) * BATCH]
-            optimizer.zero_grad()
-            torch.nn.functional.cross_entropy(model(mine_x[batch]), mine_y[batch]).backward()
-            optimizer.step()
+    run_epochs(model, optimizer, train_x, train_y, EPOCHS)
     if options is not None:
         optimizer.sync()
     return model
