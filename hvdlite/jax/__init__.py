@@ -46,6 +46,7 @@ from .collectives import (
     reducescatter,
 )
 from .compression import Compression, Compressor
+from .diloco import DiLoCo
 from .optimizer import DistributedOptimizer
 from .sharding import shard_indices
 from .state import broadcast_optimizer_state, broadcast_parameters
@@ -53,5 +54,5 @@ from .state import broadcast_optimizer_state, broadcast_parameters
 __all__ = [
     *_common_names, "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "barrier", "join", "broadcast_parameters",
-    "broadcast_optimizer_state", "DistributedOptimizer", "Compression", "Compressor", "shard_indices", "elastic",
+    "broadcast_optimizer_state", "DistributedOptimizer", "DiLoCo", "Compression", "Compressor", "shard_indices", "elastic",
 ]

@@ -97,6 +97,12 @@ def _run(kind: str, tree: Any, name: str | None, host: Host, result_specs: Resul
     return jax.tree.unflatten(treedef, list(results))
 
 
+def run_on_host(tree: Any, name: str, host: Host, process_set: ProcessSet) -> Any:
+    """``host`` (NumPy arrays in, arrays of the same shapes and dtypes out) on ``tree``'s leaves, now or,
+    under a trace, as an ordered host callback: for exchanges that run several collectives (DiLoCo's)."""
+    return _run("grouped_allreduce", tree, name, host, _same, process_set=process_set)
+
+
 def _traced_name(kind: str, treedef: Any, specs: list[jax.ShapeDtypeStruct], detail: Any) -> str:
     signature = repr((kind, str(treedef), [(s.shape, s.dtype.name) for s in specs], detail))
     return f"jit.{kind}.{hashlib.sha1(signature.encode()).hexdigest()[:12]}"

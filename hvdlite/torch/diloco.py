@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..objects import allgather_object
 from ..process_sets import ProcessSet, global_process_set
-from ..training.diloco import DiLoCoSchedule, describe_mismatch, split_fragments
+from ..training.diloco import DiLoCoSchedule, check_agreement, check_member, split_fragments
 from .diloco_exchange import Exchange, InFlight, make_exchange
 
 
@@ -74,7 +73,7 @@ class DiLoCo:
         self.schedule = DiLoCoSchedule(sync_every, fragments, delay)
         self.names, self.params = _named(model_or_params)
         _check_optimizers(inner_optimizer, outer_optimizer, self.names, self.params)
-        _check_member(process_set)
+        check_member(process_set)
         self.inner_optimizer, self.outer_optimizer, self.process_set = inner_optimizer, outer_optimizer, process_set
         self.fragments = split_fragments([param.numel() for param in self.params], fragments, self.names)
         self._exchange: Exchange = make_exchange(compression, process_set)
@@ -170,13 +169,8 @@ class DiLoCo:
                 "the (local) parameters' names, shapes and dtypes": [
                     (name, tuple(_local(p).shape), str(p.dtype)) for name, p in zip(self.names, self.params, strict=True)]}
         place = None if group is None or group.size() == 1 else (group.rank(), group.size())
-        every = allgather_object((mine, place), name="diloco.check", process_set=self.process_set)
-        ranks = self.process_set.ranks or list(range(len(every)))
-        for what in mine:
-            message = describe_mismatch(what, [theirs[what] for theirs, _ in every], ranks)
-            if message:
-                raise ValueError(message)
-        return place is not None and all(theirs == place for _, theirs in every)
+        places = check_agreement(mine, self.process_set, place)
+        return place is not None and all(theirs == place for theirs in places)
 
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -221,18 +215,6 @@ def _replica_group(inner: torch.optim.Optimizer, params: list[torch.Tensor]) -> 
     if group is None or any(isinstance(param, DTensor) for param in params):
         return None
     return group
-
-
-def _check_member(process_set: ProcessSet) -> None:
-    from ..core.runtime import current
-
-    current()  # NotInitializedError before hvd.init()
-    if process_set.included() is None:
-        raise ValueError(f"DiLoCo's process_set {process_set.ranks} is not registered: pass it to hvd.init(process_sets=...) "
-                         "or hvd.add_process_set() first")
-    if not process_set.included():
-        raise ValueError(f"this rank is not in DiLoCo's process_set {process_set.ranks}: every rank averages its "
-                         "pseudo-gradients with the ranks of one set")
 
 
 __all__ = ["DiLoCo"]

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..training.diloco import FORMAT, check_loadable
 from .diloco_exchange import InFlight, done
 
 if TYPE_CHECKING:
     from .diloco import DiLoCo
-
-FORMAT = "hvdlite.diloco/1"
 
 
 def _shaped_like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
@@ -70,7 +69,7 @@ def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
 
 def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
     """Restore ``diloco`` from :func:`diloco_state_dict`'s checkpoint, checked first."""
-    _check_loadable(diloco, state)
+    check_loadable(diloco.schedule, diloco.names, state)
     with torch.no_grad():
         for name, target in zip(diloco.names, diloco.global_params, strict=True):
             target.copy_(_local_of(state["global"][name]).reshape(target.shape))
@@ -91,23 +90,6 @@ def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
         residuals.clear()
         if state.get("residuals_world_size") == current().topology.size:  # else error feedback starts again from zero
             residuals.update({name: value.clone() for name, value in state["residuals"].items()})
-
-
-def _check_loadable(diloco: DiLoCo, state: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another format, schedule or model, naming what differs."""
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"not a DiLoCo checkpoint ({FORMAT}): format is {found!r}")
-    schedule = diloco.schedule
-    mine = {"sync_every": schedule.sync_every, "fragments": schedule.fragments, "delay": schedule.delay}
-    differing = {key: (state[key], value) for key, value in mine.items() if state[key] != value}
-    if differing:
-        raise ValueError("DiLoCo checkpoint was saved with another schedule: "
-                         + ", ".join(f"{key}={saved} there, {now} here" for key, (saved, now) in differing.items()))
-    missing = [name for name in diloco.names if name not in state["global"]]
-    extra = [name for name in state["global"] if name not in diloco.names]
-    if missing or extra:
-        raise ValueError(f"DiLoCo checkpoint does not match the model: missing {missing}, unexpected {extra}")
 
 
 __all__ = ["diloco_state_dict", "load_diloco_state_dict", "FORMAT"]

@@ -18,7 +18,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ..objects import allgather_object
+from ..process_sets import ProcessSet
 from .options import check_count
+
+FORMAT = "hvdlite.diloco/1"  # the checkpoint layout every adapter's state_dict() writes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,4 +104,46 @@ def describe_mismatch(what: str, per_rank: Sequence[object], ranks: Sequence[int
             + ", ".join(f"rank {rank} has {per_rank[ranks.index(rank)]!r}" for rank in differing))
 
 
-__all__ = ["DiLoCoSchedule", "split_fragments", "describe_mismatch"]
+def check_member(process_set: ProcessSet) -> None:
+    """Refuse (ValueError) a process set this rank is not in, or one not registered."""
+    from ..core.runtime import current
+
+    current()  # NotInitializedError before hvd.init()
+    if process_set.included() is None:
+        raise ValueError(f"DiLoCo's process_set {process_set.ranks} is not registered: pass it to "
+                         "hvd.init(process_sets=...) or hvd.add_process_set() first")
+    if not process_set.included():
+        raise ValueError(f"this rank is not in DiLoCo's process_set {process_set.ranks}: every rank averages its "
+                         "pseudo-gradients with the ranks of one set")
+
+
+def check_agreement(mine: dict[str, object], process_set: ProcessSet, extra: object = None) -> list[object]:
+    """Refuse, on every rank of the set, a value of ``mine`` (what must agree: schedule, compression,
+    parameters) that differs between its ranks, naming ranks and values; return every rank's ``extra``."""
+    every = allgather_object((mine, extra), name="diloco.check", process_set=process_set)
+    ranks = process_set.ranks or list(range(len(every)))
+    for what in mine:
+        message = describe_mismatch(what, [theirs[what] for theirs, _ in every], ranks)
+        if message:
+            raise ValueError(message)
+    return [theirs for _, theirs in every]
+
+
+def check_loadable(schedule: DiLoCoSchedule, names: Sequence[str], state: object) -> None:
+    """Refuse a checkpoint of another format, schedule or model, naming what differs."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"not a DiLoCo checkpoint ({FORMAT}): format is {found!r}")
+    mine = {"sync_every": schedule.sync_every, "fragments": schedule.fragments, "delay": schedule.delay}
+    differing = {key: (state[key], value) for key, value in mine.items() if state[key] != value}
+    if differing:
+        raise ValueError("DiLoCo checkpoint was saved with another schedule: "
+                         + ", ".join(f"{key}={saved} there, {now} here" for key, (saved, now) in differing.items()))
+    missing = [name for name in names if name not in state["global"]]
+    extra = [name for name in state["global"] if name not in names]
+    if missing or extra:
+        raise ValueError(f"DiLoCo checkpoint does not match the model: missing {missing}, unexpected {extra}")
+
+
+__all__ = ["FORMAT", "DiLoCoSchedule", "split_fragments", "describe_mismatch", "check_member", "check_agreement",
+           "check_loadable"]

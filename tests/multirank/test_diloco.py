@@ -53,3 +53,15 @@ def test_diloco_with_h16_reaches_synchronous_accuracy_on_digits_in_two_groups_of
     assert accuracy["sync"] > 90, accuracy  # the synchronous run itself learned the digits
     behind = {mode: accuracy["sync"] - value for mode, value in accuracy.items() if accuracy["sync"] - value > 1.0}
     assert not behind, f"more than 1 point below synchronous training: {behind}; all: {accuracy}"
+
+
+# JAX (optax): np=4 in two groups of two under jax.jit, np=3 in groups of one eagerly (jax_diloco.py).
+JAX_RUNS = {(4, 2, "jit"): "refusals,1/0,2/1,2/1/int8,1/0/bf16", (3, 1, "eager"): "refusals,1/0,2/1/int8,2/1/bf16"}
+
+
+@pytest.mark.parametrize(("np", "group_size", "mode", "run"),
+                         [(np, group_size, mode, run) for (np, group_size, mode), runs in JAX_RUNS.items()
+                          for run in runs.split(",")])
+def test_jax_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, mode, run):
+    result = shared_script("jax_diloco.py", np, str(group_size), mode, JAX_RUNS[(np, group_size, mode)], timeout=240)
+    assert result.output.count(f"ok jax diloco {run} ") == np, result.output
