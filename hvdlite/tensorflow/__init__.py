@@ -44,6 +44,7 @@ from .collectives import (
     reducescatter,
 )
 from .compression import Compression, Compressor
+from .diloco import DiLoCo
 from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
 from .gradients import DistributedGradientTape, PartialDistributedGradientTape
 from .legacy import BroadcastGlobalVariablesHook
@@ -75,7 +76,7 @@ __all__ = [
     *_common_names, "rank_op", "size_op", "process_set_included_op", "local_rank_op", "local_size_op", "allreduce", "grouped_allreduce",
     "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
-    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "PartialDistributedOptimizer",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "PartialDistributedOptimizer", "DiLoCo",
     "BroadcastGlobalVariablesHook", "Compression",
     "Compressor", "broadcast_object_fn", "SyncBatchNormalization", "elastic",
 ]

@@ -199,6 +199,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         target, LocalSGDSchedule(local_sgd_period, local_sgd_warmup_steps), local_sgd_average_state, process_set)
     refusal = ("op=Adasum combines the variables' changes, not gradients" if resolved is ReduceOp.ADASUM else
                "local SGD averages the variables themselves" if local is not None else None)
+    if local is not None:
+        target._hvdlite_local_sgd = local  # DiLoCo refuses an inner optimizer that already trains locally
     _track_local_variables(optimizer, target, scale_local_gradients, refusal)
     _average_before_clipping(target, averaging, local)
     setattr(optimizer, _MARK, averaging)

@@ -28,41 +28,12 @@ priority (see :class:`hvdlite.torch.local_sgd._BackgroundAverage` for why that m
 
 from __future__ import annotations
 
-import dataclasses
-import threading
-from collections.abc import Callable
-
 import torch
 
 from ..process_sets import ProcessSet
+from ..training.diloco_exchange import InFlight, Pending, done, in_thread
 
 BLOCK = 256  # elements per int8 scale: 4 bytes of scale per 256 of values (1.6 %)
-
-
-class Pending:
-    """An exchange started: :meth:`wait` returns the averaged pseudo-gradients (or raises its error)."""
-
-    def __init__(self, wait: Callable[[], list[torch.Tensor]]) -> None:
-        self._wait = wait
-
-    def wait(self) -> list[torch.Tensor]:
-        return self._wait()
-
-
-@dataclasses.dataclass
-class InFlight:
-    """An exchange sent after inner step ``sent_at``: its fragment, the parameters' local values then
-    (None with ``delay`` 0) and the exchange's pending average."""
-
-    fragment: int
-    sent_at: int
-    anchors: list[torch.Tensor] | None
-    pending: Pending
-
-
-def done(tensors: list[torch.Tensor]) -> Pending:
-    """A pending exchange whose result is already known (a checkpoint's, restored)."""
-    return Pending(lambda: tensors)
 
 
 class Exchange:
@@ -78,7 +49,7 @@ class Exchange:
         helper thread with ``background``."""
         if not background:
             return done(self.average(deltas, names, request))
-        return _in_thread(lambda: self.average(deltas, names, request))
+        return in_thread(lambda: self.average(deltas, names, request))
 
     def average(self, deltas: list[torch.Tensor], names: list[str], request: str) -> list[torch.Tensor]:
         """``deltas`` averaged over the process set (in place), now."""
@@ -173,28 +144,6 @@ def quantize_int8(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_int8(values: torch.Tensor, scales: torch.Tensor, count: int) -> torch.Tensor:
     """The float32 values :func:`quantize_int8` encoded, its padding dropped."""
     return (values.view(-1, BLOCK).float() * scales[:, None]).reshape(-1)[:count]
-
-
-def _in_thread(work: Callable[[], list[torch.Tensor]]) -> Pending:
-    """Run ``work`` on a helper thread; the pending result raises what it raised."""
-    result: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = work()
-        except BaseException as error:  # noqa: BLE001 - raised again on the training thread, in wait()
-            result["error"] = error
-
-    thread = threading.Thread(target=run, name="hvdlite-diloco-exchange", daemon=True)
-    thread.start()
-
-    def wait() -> list[torch.Tensor]:
-        thread.join()
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-    return Pending(wait)
 
 
 def make_exchange(compression: object, process_set: ProcessSet, group: ProcessSet | None = None) -> Exchange:

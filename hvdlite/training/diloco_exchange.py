@@ -13,6 +13,11 @@ keeps them in its own state: an optax state under ``jax.jit``, or a Keras object
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .. import api
@@ -21,6 +26,55 @@ from ..process_sets import ProcessSet
 
 BLOCK = 256  # elements per int8 scale, as in torch's exchange
 COMPRESSIONS = (None, "bf16", "int8")
+
+
+class Pending:
+    """An exchange started: :meth:`wait` returns its result (the averaged pseudo-gradients) or raises its error."""
+
+    def __init__(self, wait: Callable[[], Any]) -> None:
+        self._wait = wait
+
+    def wait(self) -> Any:
+        return self._wait()
+
+
+@dataclasses.dataclass
+class InFlight:
+    """An exchange sent after inner step ``sent_at``: its fragment, the parameters' local values then
+    (None with ``delay`` 0: nothing to merge) and the exchange's pending average."""
+
+    fragment: int
+    sent_at: int
+    anchors: list[Any] | None
+    pending: Pending
+
+
+def done(result: Any) -> Pending:
+    """A pending exchange whose result is already known (run on the calling thread, or a checkpoint's)."""
+    return Pending(lambda: result)
+
+
+def in_thread(work: Callable[[], Any]) -> Pending:
+    """Run ``work`` on a helper thread (an exchange during the next inner steps: its blocking
+    collectives run the engine's cycles themselves); the pending result raises what it raised."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as error:  # noqa: BLE001 - raised again on the training thread, in wait()
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="hvdlite-diloco-exchange", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    return Pending(wait)
 
 
 def check_compression(compression: object) -> str | None:
@@ -96,5 +150,5 @@ def _decode_average(gathered: list[np.ndarray], deltas: list[np.ndarray], compre
     return averages
 
 
-__all__ = ["BLOCK", "check_compression", "quantize_int8", "dequantize_int8", "to_bf16_bits", "from_bf16_bits",
+__all__ = ["Pending", "InFlight", "done", "in_thread", "BLOCK", "check_compression", "quantize_int8", "dequantize_int8", "to_bf16_bits", "from_bf16_bits",
            "average_deltas"]

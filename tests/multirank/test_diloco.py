@@ -1,4 +1,4 @@
-"""DiLoCo through the real launcher: every rank's parameters equal a one-process replay after every step.
+"""DiLoCo through the real launcher (torch, JAX, Keras): every rank's parameters equal a one-process replay after every step.
 
 One job per layout runs every case in turn (torch_diloco.py); each test checks its own case.
 """
@@ -65,3 +65,16 @@ JAX_RUNS = {(4, 2, "jit"): "refusals,1/0,2/1,2/1/int8,1/0/bf16", (3, 1, "eager")
 def test_jax_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, mode, run):
     result = shared_script("jax_diloco.py", np, str(group_size), mode, JAX_RUNS[(np, group_size, mode)], timeout=240)
     assert result.output.count(f"ok jax diloco {run} ") == np, result.output
+
+
+# Keras 3: np=4 in two groups of two through an eager loop, np=3 in groups of one through model.fit (keras_diloco.py).
+KERAS_RUNS = {(4, 2, "eager"): "refusals,1/0,2/1,2/1/int8,1/0/bf16", (3, 1, "fit"): "refusals,1/0,2/1/int8,2/1/bf16"}
+
+
+@pytest.mark.parametrize(("np", "group_size", "mode", "run"),
+                         [(np, group_size, mode, run) for (np, group_size, mode), runs in KERAS_RUNS.items()
+                          for run in runs.split(",")])
+def test_keras_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, mode, run):
+    result = shared_script("keras_diloco.py", np, str(group_size), mode, KERAS_RUNS[(np, group_size, mode)],
+                           timeout=240)
+    assert result.output.count(f"ok keras diloco {run} ") == np, result.output

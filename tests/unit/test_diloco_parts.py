@@ -92,3 +92,25 @@ def test_valid_diloco_arguments_still_need_init():
     hvd, model, inner = _model_and_optimizers()
     with pytest.raises(hvd.NotInitializedError):
         hvd.DiLoCo(model, inner, torch.optim.SGD(model.parameters(), lr=0.7), sync_every=4)
+
+
+def test_numpy_codecs_round_as_torch_does_so_every_framework_sends_the_same_bytes():
+    from hvdlite.training import diloco_exchange as numpy_codec
+
+    values = torch.randn(3 * BLOCK + 17) * torch.logspace(-3, 3, 3 * BLOCK + 17)
+    bits = numpy_codec.to_bf16_bits(values.numpy())
+    assert (bits == values.to(torch.bfloat16).view(torch.int16).numpy()).all()
+    assert (numpy_codec.from_bf16_bits(bits) == values.to(torch.bfloat16).float().numpy()).all()
+    torch_values, torch_scales = quantize_int8(values)
+    numpy_values, numpy_scales = numpy_codec.quantize_int8(values.numpy())
+    assert (numpy_values == torch_values.numpy()).all() and (numpy_scales == torch_scales.numpy()).all()
+    decoded = numpy_codec.dequantize_int8(numpy_values, numpy_scales, values.numel())
+    assert decoded.shape == (values.numel(),) and abs(decoded - values.numpy()).max() <= numpy_scales.max() / 2
+
+
+def test_numpy_exchange_refuses_unknown_compression_naming_what_it_accepts():
+    from hvdlite.training.diloco_exchange import check_compression
+
+    assert check_compression("none") is None and check_compression("int8") == "int8"
+    with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'int8', got 'int4'"):
+        check_compression("int4")

@@ -18,6 +18,7 @@ from ...compression import Compressor, NoneCompressor
 from ...ops import ReduceOp
 from .. import collectives
 from ..compression import Compression
+from ..diloco import DiLoCo
 from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
 from ..optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import callbacks, elastic
@@ -48,6 +49,6 @@ def reducescatter(value: Any, name: str | None = None, op: ReduceOp | None = Non
 
 
 __all__ = [
-    *_common_names, "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables", "load_model", "allreduce", "allgather",
+    *_common_names, "DistributedOptimizer", "PartialDistributedOptimizer", "DiLoCo", "broadcast_global_variables", "load_model", "allreduce", "allgather",
     "broadcast", "reducescatter", "callbacks", "elastic", "Compression",
 ]

@@ -1,0 +1,202 @@
+"""DiLoCo for Keras 3: groups train on their own and exchange pseudo-gradients every H inner steps.
+
+The same method, schedule, merge rule and checkpoint layout as torch's :class:`hvdlite.torch.DiLoCo`
+(see :mod:`hvdlite.torch.diloco` and :mod:`hvdlite.training.diloco`). The object is a Keras callback,
+so ``model.fit`` runs it after every inner step::
+
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                                     process_set=my_group), loss="mse")
+    diloco = hvd.DiLoCo(model, model.optimizer, keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True),
+                        sync_every=16, process_set=my_place)
+    model.fit(x, y, callbacks=[diloco])
+    diloco.sync()
+
+In a custom training loop, ``diloco.apply(grads)`` (or ``apply_gradients``) replaces the inner
+optimizer's. The outer optimizer, built by the user, steps the model's own variables, one fragment
+at a time (Keras optimizers accept a subset of the variables they were built over, so the other
+fragments' momentum is left alone; its ``iterations`` counts fragment syncs). The exchange runs on
+the host (NumPy, :mod:`hvdlite.training.diloco_exchange`); with a ``delay`` it runs on a helper
+thread during the next inner steps, as torch's does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from ..process_sets import ProcessSet, global_process_set
+from ..training.diloco import DiLoCoSchedule, check_agreement, check_member, split_fragments
+from ..training.diloco_exchange import InFlight, average_deltas, check_compression, done, in_thread
+
+
+class DiLoCo(keras.callbacks.Callback):
+    """DiLoCo (and streaming DiLoCo) around a Keras inner and outer optimizer (see the module's doc).
+
+    ``model_or_variables``: a built Keras model (its trainable variables) or a list of variables.
+    ``inner_optimizer`` makes every inner step (usually the model's compiled optimizer, a
+    ``DistributedOptimizer`` over the group); ``outer_optimizer`` (DiLoCo: SGD, lr 0.7, momentum 0.9,
+    Nesterov) steps on the pseudo-gradients averaged over ``process_set``, one fragment every
+    ``sync_every / fragments`` inner steps, landing ``delay`` steps after it is sent.
+    ``compression``: None, ``"bf16"`` or ``"int8"`` (with error feedback).
+    """
+
+    def __init__(self, model_or_variables: keras.Model | list[Any], inner_optimizer: keras.optimizers.Optimizer,
+                 outer_optimizer: keras.optimizers.Optimizer, *, sync_every: int,
+                 process_set: ProcessSet = global_process_set, fragments: int = 1, delay: int = 0,
+                 compression: str | None = None) -> None:
+        super().__init__()
+        self.schedule = DiLoCoSchedule(sync_every, fragments, delay)
+        self.compression = check_compression(compression)
+        self.variables = _variables(model_or_variables)
+        # Position and name ("0.kernel"): Keras' paths ("sequential_3/dense_7/kernel") change with every
+        # model built in the process, and a checkpoint must load into a model built again.
+        self.names = [f"{index}.{variable.name}" for index, variable in enumerate(self.variables)]
+        _check_optimizers(inner_optimizer, outer_optimizer)
+        check_member(process_set)
+        self.inner_optimizer, self.outer_optimizer, self.process_set = inner_optimizer, outer_optimizer, process_set
+        self.fragments = split_fragments([int(np.prod(v.shape)) for v in self.variables], fragments, self.names)
+        self._check_ranks_agree()
+        if not outer_optimizer.built:
+            outer_optimizer.build(self.variables)
+        self.global_params = [np.array(variable.numpy()) for variable in self.variables]
+        self.residuals: dict[str, np.ndarray] = {}  # int8's error feedback, per variable name
+        self.inner_steps = 0
+        self.syncs = 0
+        self._in_flight: InFlight | None = None
+
+    # the inner step
+    def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
+        """The inner optimizer's ``apply``, then DiLoCo's schedule (a custom training loop's step)."""
+        self.inner_optimizer.apply(grads, trainable_variables)
+        self.after_inner_step()
+
+    def apply_gradients(self, grads_and_vars: Any) -> None:
+        """The inner optimizer's ``apply_gradients``, then DiLoCo's schedule."""
+        self.inner_optimizer.apply_gradients(grads_and_vars)
+        self.after_inner_step()
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        every = getattr(self.model, "steps_per_execution", 1)
+        if int(every) != 1:
+            raise ValueError(f"DiLoCo runs after every inner step: compile the model with steps_per_execution=1, "
+                             f"not {int(every)}")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.after_inner_step()
+
+    def after_inner_step(self) -> None:
+        """Count an inner step; on the schedule, land the exchange in flight and send the next fragment."""
+        self.inner_steps += 1
+        if self.schedule.delay and self.schedule.lands_after(self.inner_steps) is not None:
+            self._land()
+        fragment = self.schedule.sent_after(self.inner_steps)
+        if fragment is not None:
+            self._send(fragment)
+            if not self.schedule.delay:
+                self._land()
+
+    def sync(self) -> None:
+        """Land the exchange in flight, then sync every fragment now (an outer step each): call it at
+        the end of training, so that every group holds the same model. The step count stays."""
+        if self._in_flight is not None:
+            self._land()
+        for fragment in range(len(self.fragments)):
+            self._send(fragment, background=False)
+            self._land()
+
+    def _send(self, fragment: int, background: bool | None = None) -> None:
+        """Start averaging the fragment's pseudo-gradients ``global - local`` over the process set."""
+        background = bool(self.schedule.delay) if background is None else background
+        indices = self.fragments[fragment]
+        locals_ = [np.array(self.variables[i].numpy()) for i in indices]
+        deltas = [self.global_params[i] - local for i, local in zip(indices, locals_, strict=True)]
+        names = [self.names[i] for i in indices]
+
+        def exchange() -> list[np.ndarray]:
+            residuals = [self.residuals.get(name, np.zeros(delta.size, np.float32))
+                         for name, delta in zip(names, deltas, strict=True)] if self.compression == "int8" else None
+            averages, new_residuals = average_deltas(deltas, residuals, self.compression, self.process_set,
+                                                     f"diloco.{fragment}")
+            self.residuals.update(zip(names, new_residuals or [], strict=False))
+            return averages
+
+        pending = in_thread(exchange) if background else done(exchange())
+        self._in_flight = InFlight(fragment, self.inner_steps, locals_ if background else None, pending)
+
+    def _land(self) -> None:
+        """Apply the exchange in flight: the outer step on the fragment, then the merge rule."""
+        flight, self._in_flight = self._in_flight, None
+        averages = flight.pending.wait()
+        indices = self.fragments[flight.fragment]
+        variables = [self.variables[i] for i in indices]
+        progress = None
+        if flight.anchors is not None:  # local(now) - local(sent), kept across the outer step
+            progress = [variable.numpy() - anchor for variable, anchor in zip(variables, flight.anchors, strict=True)]
+        for i, variable in zip(indices, variables, strict=True):
+            variable.assign(self.global_params[i])
+        self.outer_optimizer.apply([keras.ops.convert_to_tensor(a) for a in averages], variables)
+        for position, (i, variable) in enumerate(zip(indices, variables, strict=True)):
+            self.global_params[i] = np.array(variable.numpy())
+            if progress is not None:
+                variable.assign(self.global_params[i] + progress[position])
+        self.syncs += 1
+
+    def _check_ranks_agree(self) -> None:
+        """Refuse, on every rank of the set, a schedule, codec or variables that differ between ranks."""
+        schedule = self.schedule
+        check_agreement({"the schedule (sync_every, fragments, delay)": (schedule.sync_every, schedule.fragments,
+                                                                        schedule.delay),
+                         "compression": self.compression,
+                         "the variables' names, shapes and dtypes": [
+                             (name, tuple(v.shape), str(v.dtype)) for name, v in zip(self.names, self.variables,
+                                                                                     strict=True)]},
+                        self.process_set)
+
+    # checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The outer state in the layout torch's and JAX's DiLoCo write (``hvdlite.diloco/1``)."""
+        from .diloco_state import diloco_state_dict
+
+        return diloco_state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s outer state (at the same or another number of ranks)."""
+        from .diloco_state import load_diloco_state_dict
+
+        load_diloco_state_dict(self, state)
+
+
+def _variables(model_or_variables: keras.Model | list[Any]) -> list[Any]:
+    """The trainable variables of a built model, or the given list; a ValueError if there are none."""
+    if isinstance(model_or_variables, keras.Model):
+        variables = list(model_or_variables.trainable_variables)
+        if not variables:
+            raise ValueError("DiLoCo needs a built model: its trainable variables do not exist yet; call "
+                             "model.build(input_shape) or the model on a batch first")
+        return variables
+    variables = list(model_or_variables)
+    if not variables:
+        raise ValueError("DiLoCo was given no variables")
+    return variables
+
+
+def _check_optimizers(inner: Any, outer: Any) -> None:
+    """Refuse optimizers DiLoCo cannot step: not Keras optimizers, an inner one that already does local
+    SGD, or an outer one that is a DistributedOptimizer."""
+    from .optimizer import is_distributed
+
+    for role, optimizer in (("inner_optimizer", inner), ("outer_optimizer", outer)):
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(f"DiLoCo's {role} must be a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
+    inner_target = getattr(inner, "inner_optimizer", inner)  # a LossScaleOptimizer's
+    if getattr(inner_target, "_hvdlite_local_sgd", None) is not None:
+        raise ValueError("DiLoCo's inner_optimizer is a DistributedOptimizer with local_sgd_period set: DiLoCo "
+                         "already trains locally between syncs; keep the inner optimizer synchronous (no local SGD)")
+    if is_distributed(outer):
+        raise ValueError("DiLoCo's outer_optimizer must be a plain Keras optimizer, not a DistributedOptimizer: "
+                         "DiLoCo averages the pseudo-gradients itself, over process_set")
+
+
+__all__ = ["DiLoCo"]
