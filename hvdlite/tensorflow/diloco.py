@@ -27,11 +27,11 @@ import keras
 import numpy as np
 
 from ..process_sets import ProcessSet, global_process_set
-from ..training.diloco import DiLoCoSchedule, check_agreement, check_member, split_fragments
+from ..training.diloco import DiLoCoSchedule, ScheduledExchanges, check_agreement, check_member, split_fragments
 from ..training.diloco_exchange import InFlight, average_deltas, check_compression, done, in_thread
 
 
-class DiLoCo(keras.callbacks.Callback):
+class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
     """DiLoCo (and streaming DiLoCo) around a Keras inner and outer optimizer (see the module's doc).
 
     ``model_or_variables``: a built Keras model (its trainable variables) or a list of variables.
@@ -85,26 +85,6 @@ class DiLoCo(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.after_inner_step()
-
-    def after_inner_step(self) -> None:
-        """Count an inner step; on the schedule, land the exchange in flight and send the next fragment."""
-        self.inner_steps += 1
-        if self.schedule.delay and self.schedule.lands_after(self.inner_steps) is not None:
-            self._land()
-        fragment = self.schedule.sent_after(self.inner_steps)
-        if fragment is not None:
-            self._send(fragment)
-            if not self.schedule.delay:
-                self._land()
-
-    def sync(self) -> None:
-        """Land the exchange in flight, then sync every fragment now (an outer step each): call it at
-        the end of training, so that every group holds the same model. The step count stays."""
-        if self._in_flight is not None:
-            self._land()
-        for fragment in range(len(self.fragments)):
-            self._send(fragment, background=False)
-            self._land()
 
     def _send(self, fragment: int, background: bool | None = None) -> None:
         """Start averaging the fragment's pseudo-gradients ``global - local`` over the process set."""

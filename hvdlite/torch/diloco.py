@@ -27,7 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ..process_sets import ProcessSet, global_process_set
-from ..training.diloco import DiLoCoSchedule, check_agreement, check_member, split_fragments
+from ..training.diloco import DiLoCoSchedule, ScheduledExchanges, check_agreement, check_member, split_fragments
 from .diloco_exchange import Exchange, InFlight, make_exchange
 
 
@@ -55,7 +55,7 @@ def _named(model_or_params: torch.nn.Module | Iterable[Any]) -> tuple[list[str],
     return [f"param.{index}" for index in range(len(items))], items
 
 
-class DiLoCo:
+class DiLoCo(ScheduledExchanges):
     """DiLoCo (and streaming DiLoCo) around an inner and an outer optimizer (see the module's doc).
 
     ``model_or_params``: the module (or its ``named_parameters()``, or its parameters) both
@@ -88,25 +88,8 @@ class DiLoCo:
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One inner step; then, on the schedule, land the exchange in flight and send the next fragment."""
         loss = self.inner_optimizer.step() if closure is None else self.inner_optimizer.step(closure)
-        self.inner_steps += 1
-        if self.schedule.lands_after(self.inner_steps) is not None and self.schedule.delay:
-            self._land()
-        fragment = self.schedule.sent_after(self.inner_steps)
-        if fragment is not None:
-            self._send(fragment)
-            if not self.schedule.delay:
-                self._land()
+        self.after_inner_step()
         return loss
-
-    def sync(self) -> None:
-        """Land the exchange in flight, then sync every fragment now (an outer step each), as the
-        schedule would at its next syncs: call it at the end of training, so that every group holds
-        the same model. The step count is not advanced."""
-        if self._in_flight is not None:
-            self._land()
-        for fragment in range(len(self.fragments)):
-            self._send(fragment, background=False)
-            self._land()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``."""

@@ -73,6 +73,47 @@ class DiLoCoSchedule:
         return None
 
 
+class ScheduledExchanges:
+    """The part of a DiLoCo object every adapter shares: when to send and land, counted in inner steps.
+
+    The adapter sets ``schedule``, ``fragments``, ``inner_steps`` (0), ``syncs`` (0) and
+    ``_in_flight`` (None), and defines ``_send(fragment, background=None)`` (start an exchange,
+    leaving it in ``_in_flight``) and ``_land()`` (apply ``_in_flight``'s and clear it)."""
+
+    schedule: DiLoCoSchedule
+    fragments: list[list[int]]
+    inner_steps: int
+    _in_flight: object
+
+    def _send(self, fragment: int, background: bool | None = None) -> None:
+        raise NotImplementedError
+
+    def _land(self) -> None:
+        raise NotImplementedError
+
+    def after_inner_step(self) -> None:
+        """Count an inner step; on the schedule, land the exchange in flight and send the next fragment
+        (landing it at once without a delay)."""
+        self.inner_steps += 1
+        if self.schedule.delay and self.schedule.lands_after(self.inner_steps) is not None:
+            self._land()
+        fragment = self.schedule.sent_after(self.inner_steps)
+        if fragment is not None:
+            self._send(fragment)
+            if not self.schedule.delay:
+                self._land()
+
+    def sync(self) -> None:
+        """Land the exchange in flight, then sync every fragment now (an outer step each), as the
+        schedule would at its next syncs: call it at the end of training, so that every group holds
+        the same model. The step count is not advanced."""
+        if self._in_flight is not None:
+            self._land()
+        for fragment in range(len(self.fragments)):
+            self._send(fragment, background=False)
+            self._land()
+
+
 def split_fragments(sizes: Sequence[int], fragments: int, names: Sequence[str] | None = None) -> list[list[int]]:
     """Split parameters (in model order, ``sizes`` elements each) into ``fragments`` runs of
     consecutive parameters with about equal element counts; every run holds at least one.
@@ -145,5 +186,5 @@ def check_loadable(schedule: DiLoCoSchedule, names: Sequence[str], state: object
         raise ValueError(f"DiLoCo checkpoint does not match the model: missing {missing}, unexpected {extra}")
 
 
-__all__ = ["FORMAT", "DiLoCoSchedule", "split_fragments", "describe_mismatch", "check_member", "check_agreement",
+__all__ = ["FORMAT", "DiLoCoSchedule", "ScheduledExchanges", "split_fragments", "describe_mismatch", "check_member", "check_agreement",
            "check_loadable"]

@@ -23,6 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, make_sets  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
@@ -50,7 +51,7 @@ def outer_tx():
     return optax.sgd(0.7, momentum=0.9, nesterov=True)
 
 
-class Replay:
+class Replay(ReplaySchedule):
     """Every group's parameters after every step, with DiLoCo's outer steps, in this process."""
 
     def __init__(self, size, group_size, fragments, delay, compression):
@@ -69,14 +70,7 @@ class Replay:
             mean = jax.tree.map(lambda *v: sum(v) / len(v), *grads)
             updates, self.inner[g] = inner_tx().update(mean, self.inner[g], self.params[g])
             self.params[g] = optax.apply_updates(self.params[g], updates)
-        count = step + 1
-        if self.schedule.delay and self.schedule.lands_after(count) is not None:
-            self.land()
-        fragment = self.schedule.sent_after(count)
-        if fragment is not None:
-            self.send(fragment)
-            if not self.schedule.delay:
-                self.land()
+        self.after_step(step)
 
     def send(self, fragment):
         part = self.fragments[fragment]
@@ -119,15 +113,6 @@ class Replay:
 
 def flat(params):
     return np.concatenate([np.ravel(v) for v in jax.tree.leaves(params)])
-
-
-def expect_refusal(message, build_it):
-    try:
-        build_it()
-    except ValueError as error:
-        assert message in str(error), (message, str(error))
-        return
-    raise AssertionError(f"not refused: {message}")
 
 
 def check_refusals(group_size, sets):
@@ -199,12 +184,7 @@ def main():
     from mpi4py import MPI
 
     size, group_size, mode = MPI.COMM_WORLD.Get_size(), int(sys.argv[1]), sys.argv[2]
-    sets = {"group": [hvd.ProcessSet(range(g, g + group_size)) for g in range(0, size, group_size)],
-            "cross": [hvd.ProcessSet(range(place, size, group_size)) for place in range(group_size)]}
-    unique = {tuple(s.ranks): s for s in sets["group"] + sets["cross"] if len(s.ranks) < size}
-    hvd.init(process_sets=list(unique.values()))
-    for kind in sets:  # a set of every rank is the global set
-        sets[kind] = [unique.get(tuple(s.ranks), hvd.global_process_set) for s in sets[kind]]
+    sets = make_sets(hvd, size, group_size)
     for run in sys.argv[3].split(","):
         check(run, group_size, mode, sets)
     hvd.shutdown()

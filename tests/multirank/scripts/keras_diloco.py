@@ -24,6 +24,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, make_sets  # noqa: E402
 
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
@@ -64,7 +65,7 @@ def flat(weights: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.ravel(w) for w in weights])
 
 
-class Replay:
+class Replay(ReplaySchedule):
     """Every group's weights after every step, with DiLoCo's outer steps, in this process."""
 
     def __init__(self, size: int, group_size: int, fragments: int, delay: int, compression: str) -> None:
@@ -82,14 +83,7 @@ class Replay:
             grads = [gradients(model, rank, step) for rank in ranks]
             optimizer.apply_gradients(zip([sum(g) / len(g) for g in zip(*grads, strict=True)],
                                           model.trainable_variables, strict=True))
-        count = step + 1
-        if self.schedule.delay and self.schedule.lands_after(count) is not None:
-            self.land()
-        fragment = self.schedule.sent_after(count)
-        if fragment is not None:
-            self.send(fragment)
-            if not self.schedule.delay:
-                self.land()
+        self.after_step(step)
 
     def send(self, fragment: int) -> None:
         part = self.fragments[fragment]
@@ -157,15 +151,6 @@ def train(model, diloco, mode: str, steps: range, checker: Checker) -> None:
         checker.on_train_batch_end(step)
 
 
-def expect_refusal(message: str, build_it) -> None:
-    try:
-        build_it()
-    except ValueError as error:
-        assert message in str(error), (message, str(error))
-        return
-    raise AssertionError(f"not refused: {message}")
-
-
 def check_refusals(group_size: int, sets: dict) -> None:
     """What DiLoCo cannot run is a ValueError on every rank, naming what is wrong."""
     rank, size = hvd.rank(), hvd.size()
@@ -221,12 +206,7 @@ def main() -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     size, group_size, mode = MPI.COMM_WORLD.Get_size(), int(sys.argv[1]), sys.argv[2]
-    sets = {"group": [hvd.ProcessSet(range(g, g + group_size)) for g in range(0, size, group_size)],
-            "cross": [hvd.ProcessSet(range(place, size, group_size)) for place in range(group_size)]}
-    unique = {tuple(s.ranks): s for s in sets["group"] + sets["cross"] if len(s.ranks) < size}
-    hvd.init(process_sets=list(unique.values()))
-    for kind in sets:  # a set of every rank is the global set
-        sets[kind] = [unique.get(tuple(s.ranks), hvd.global_process_set) for s in sets[kind]]
+    sets = make_sets(hvd, size, group_size)
     for run in sys.argv[3].split(","):
         check(run, group_size, mode, sets)
     hvd.shutdown()

@@ -22,6 +22,7 @@ import copy
 import sys
 
 import torch
+from diloco_common import ReplaySchedule, expect_refusal, make_sets
 
 import hvdlite.torch as hvd
 from hvdlite.torch.diloco_exchange import SlicedExchange, dequantize_int8, quantize_int8
@@ -49,7 +50,7 @@ def inner_of(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.5)
 
 
-class Replay:
+class Replay(ReplaySchedule):
     """Every group's model after every step, with DiLoCo's outer steps, in this process."""
 
     def __init__(self, size: int, group_size: int, fragments: int, delay: int, compression: str,
@@ -74,14 +75,7 @@ class Replay:
             for index, param in enumerate(model.parameters()):
                 param.grad = torch.stack([g[index] for g in grads]).mean(0)
             optimizer.step()
-        count = step + 1
-        if self.schedule.delay and self.schedule.lands_after(count) is not None:
-            self.land()
-        fragment = self.schedule.sent_after(count)
-        if fragment is not None:
-            self.send(fragment)
-            if not self.schedule.delay:
-                self.land()
+        self.after_step(step)
 
     def params(self, model: torch.nn.Module, fragment: int) -> list[torch.Tensor]:
         every = list(model.parameters())
@@ -153,15 +147,6 @@ def build(mode: str, group_set, cross_set, fragments: int, delay: int, compressi
     diloco = hvd.DiLoCo(model, inner, outer_of(model.parameters()), sync_every=SYNC_EVERY, process_set=cross_set,
                         fragments=fragments, delay=delay, compression=compression)
     return model, diloco
-
-
-def expect_refusal(message: str, build_it) -> None:
-    try:
-        build_it()
-    except ValueError as error:
-        assert message in str(error), (message, str(error))
-        return
-    raise AssertionError(f"not refused: {message}")
 
 
 def check_refusals(group_size: int, sets: dict) -> None:
@@ -240,12 +225,7 @@ def main() -> None:
     from mpi4py import MPI
 
     size, group_size = MPI.COMM_WORLD.Get_size(), int(sys.argv[1])
-    sets = {"group": [hvd.ProcessSet(range(g, g + group_size)) for g in range(0, size, group_size)],
-            "cross": [hvd.ProcessSet(range(place, size, group_size)) for place in range(group_size)]}
-    unique = {tuple(s.ranks): s for s in sets["group"] + sets["cross"] if len(s.ranks) < size}
-    hvd.init(process_sets=list(unique.values()))
-    for kind in sets:  # a set of every rank is the global set
-        sets[kind] = [unique.get(tuple(s.ranks), hvd.global_process_set) for s in sets[kind]]
+    sets = make_sets(hvd, size, group_size)
     for run in sys.argv[2].split(","):
         check(run, group_size, sets)
     hvd.shutdown()

@@ -1,0 +1,42 @@
+"""What the DiLoCo scripts of the three frameworks share: the process sets, the replay's schedule, refusals.
+
+Ranks form groups of GROUP_SIZE consecutive ranks (synchronous inside); DiLoCo's pseudo-gradients
+are averaged over the ranks holding the same place in each group.
+"""
+
+from collections.abc import Callable
+
+
+def make_sets(hvd, size: int, group_size: int) -> dict:
+    """``hvd.init`` with every group's and every place's set; returns {"group": [...], "cross": [...]}
+    (a set of every rank being the global set)."""
+    sets = {"group": [hvd.ProcessSet(range(g, g + group_size)) for g in range(0, size, group_size)],
+            "cross": [hvd.ProcessSet(range(place, size, group_size)) for place in range(group_size)]}
+    unique = {tuple(s.ranks): s for s in sets["group"] + sets["cross"] if len(s.ranks) < size}
+    hvd.init(process_sets=list(unique.values()))
+    return {kind: [unique.get(tuple(s.ranks), hvd.global_process_set) for s in every] for kind, every in sets.items()}
+
+
+class ReplaySchedule:
+    """A replay's sends and landings after each step; the replay defines ``schedule``, ``send(fragment)``
+    and ``land()``."""
+
+    def after_step(self, step: int) -> None:
+        count = step + 1
+        if self.schedule.delay and self.schedule.lands_after(count) is not None:
+            self.land()
+        fragment = self.schedule.sent_after(count)
+        if fragment is not None:
+            self.send(fragment)
+            if not self.schedule.delay:
+                self.land()
+
+
+def expect_refusal(message: str, build_it: Callable[[], object]) -> None:
+    """``build_it()`` raises a ValueError whose message contains ``message``."""
+    try:
+        build_it()
+    except ValueError as error:
+        assert message in str(error), (message, str(error))
+        return
+    raise AssertionError(f"not refused: {message}")
