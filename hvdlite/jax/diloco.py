@@ -128,7 +128,8 @@ def DiLoCo(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     def update_fn(grads: Any, state: DiLoCoState, params: Any = None, **extra_args: Any) -> tuple[Any, DiLoCoState]:
         if params is None:
             raise ValueError("DiLoCo steps from the parameters: pass them, tx.update(grads, state, params)")
-        config.describe(params)
+        if not config.names:  # init ran elsewhere (a restored state): name the parameters once
+            config.describe(params)
         inner_updates, inner_state = inner.update(grads, state.inner, params, **extra_args)
         leaves, treedef = jax.tree.flatten(params)
         moved = jax.tree.leaves(optax.apply_updates(params, inner_updates))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..training.diloco import FORMAT, check_loadable
-from ..training.diloco_exchange import InFlight, done
+from ..training.diloco_exchange import InFlight, done, settle
 
 if TYPE_CHECKING:
     from .diloco import DiLoCo
@@ -33,8 +33,7 @@ def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
     schedule, flight, names = diloco.schedule, diloco._in_flight, diloco.names
     in_flight = None
     if flight is not None:
-        averages = flight.pending.wait()
-        flight.pending = done(averages)  # training goes on as if nothing was saved
+        averages = settle(flight)
         indices = diloco.fragments[flight.fragment]
         in_flight = {"fragment": flight.fragment, "sent_at": flight.sent_at,
                      "average": {names[i]: np.array(a) for i, a in zip(indices, averages, strict=True)},

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from ..process_sets import ProcessSet
-from ..training.diloco_exchange import InFlight, Pending, done, in_thread
+from ..training.diloco_exchange import InFlight, Pending, check_compression, done, in_thread
 
 BLOCK = 256  # elements per int8 scale: 4 bytes of scale per 256 of values (1.6 %)
 
@@ -149,12 +149,8 @@ def dequantize_int8(values: torch.Tensor, scales: torch.Tensor, count: int) -> t
 def make_exchange(compression: object, process_set: ProcessSet, group: ProcessSet | None = None) -> Exchange:
     """The exchange for DiLoCo's ``compression`` argument (sliced over ``group``, a set of identical
     replicas, when given), or a ValueError naming what is accepted."""
-    if compression is None or compression == "none":
-        across = Exchange(process_set)
-    elif compression in ("bf16", "int8"):
-        across = CompressedExchange(process_set, str(compression))
-    else:
-        raise ValueError(f"DiLoCo's compression must be None, 'bf16' or 'int8', got {compression!r}")
+    label = check_compression(compression)
+    across = Exchange(process_set) if label is None else CompressedExchange(process_set, label)
     return across if group is None else SlicedExchange(across, group)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ..training.diloco import FORMAT, check_loadable
+from ..training.diloco_exchange import settle
 from .diloco_exchange import InFlight, done
 
 if TYPE_CHECKING:
@@ -49,8 +50,7 @@ def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
     schedule, flight = diloco.schedule, diloco._in_flight
     in_flight = None
     if flight is not None:
-        averages = flight.pending.wait()
-        flight.pending = done(averages)  # training goes on as if nothing was saved
+        averages = settle(flight)
         indices = diloco.fragments[flight.fragment]
         in_flight = {"fragment": flight.fragment, "sent_at": flight.sent_at,
                      "average": _by_name(diloco, indices, averages),

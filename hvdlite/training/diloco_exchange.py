@@ -54,6 +54,14 @@ def done(result: Any) -> Pending:
     return Pending(lambda: result)
 
 
+def settle(flight: InFlight) -> Any:
+    """Wait for ``flight``'s exchange (to save it) and keep its result in it, so that training goes on
+    as if nothing was saved: it lands at its own step."""
+    result = flight.pending.wait()
+    flight.pending = done(result)
+    return result
+
+
 def in_thread(work: Callable[[], Any]) -> Pending:
     """Run ``work`` on a helper thread (an exchange during the next inner steps: its blocking
     collectives run the engine's cycles themselves); the pending result raises what it raised."""
@@ -150,5 +158,5 @@ def _decode_average(gathered: list[np.ndarray], deltas: list[np.ndarray], compre
     return averages
 
 
-__all__ = ["Pending", "InFlight", "done", "in_thread", "BLOCK", "check_compression", "quantize_int8", "dequantize_int8", "to_bf16_bits", "from_bf16_bits",
+__all__ = ["Pending", "InFlight", "settle", "done", "in_thread", "BLOCK", "check_compression", "quantize_int8", "dequantize_int8", "to_bf16_bits", "from_bf16_bits",
            "average_deltas"]

@@ -6,6 +6,10 @@ are averaged over the ranks holding the same place in each group.
 
 from collections.abc import Callable
 
+import numpy as np
+
+from hvdlite.training.diloco_exchange import dequantize_int8, from_bf16_bits, quantize_int8, to_bf16_bits
+
 
 def make_sets(hvd, size: int, group_size: int) -> dict:
     """``hvd.init`` with every group's and every place's set; returns {"group": [...], "cross": [...]}
@@ -30,6 +34,20 @@ class ReplaySchedule:
             self.send(fragment)
             if not self.schedule.delay:
                 self.land()
+
+
+def rounded(compression: str, residuals: dict, key: tuple, delta: np.ndarray) -> np.ndarray:
+    """A group's pseudo-gradient ``delta`` as the library's NumPy codec delivers it: bf16, or int8 with
+    error feedback (``residuals[key]``: what the group's last rounding dropped)."""
+    flat = np.asarray(delta, dtype=np.float32).reshape(-1)
+    if compression == "bf16":
+        return from_bf16_bits(to_bf16_bits(flat)).reshape(np.shape(delta))
+    if compression != "int8":
+        return delta
+    corrected = flat + residuals.get(key, 0)
+    decoded = dequantize_int8(*quantize_int8(corrected), corrected.size)
+    residuals[key] = corrected - decoded
+    return decoded.reshape(np.shape(delta))
 
 
 def expect_refusal(message: str, build_it: Callable[[], object]) -> None:

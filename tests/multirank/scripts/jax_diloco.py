@@ -23,11 +23,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from diloco_common import ReplaySchedule, expect_refusal, make_sets  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, make_sets, rounded  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
-from hvdlite.training.diloco_exchange import dequantize_int8, from_bf16_bits, quantize_int8, to_bf16_bits  # noqa: E402
 
 SYNC_EVERY, STEPS, CHECKPOINT_AT = 4, 13, 6
 
@@ -75,22 +74,11 @@ class Replay(ReplaySchedule):
     def send(self, fragment):
         part = self.fragments[fragment]
         locals_ = [jax.tree.leaves(p) for p in self.params]
-        deltas = [[self.rounded((g, i), np.asarray(self.global_leaves[i] - leaves[i])) for i in part]
-                  for g, leaves in enumerate(locals_)]
+        deltas = [[rounded(self.compression, self.residuals, (g, i), np.asarray(self.global_leaves[i] - leaves[i]))
+                   for i in part] for g, leaves in enumerate(locals_)]
         average = [sum(d[k] for d in deltas) / len(deltas) for k in range(len(part))]
         anchors = [[leaves[i] for i in part] for leaves in locals_]
         self.flight = (fragment, average, anchors)
-
-    def rounded(self, key, delta):
-        flat = delta.reshape(-1).astype(np.float32)
-        if self.compression == "bf16":
-            return from_bf16_bits(to_bf16_bits(flat)).reshape(delta.shape)
-        if self.compression != "int8":
-            return delta
-        corrected = flat + self.residuals.get(key, 0)
-        decoded = dequantize_int8(*quantize_int8(corrected), corrected.size)
-        self.residuals[key] = corrected - decoded
-        return decoded.reshape(delta.shape)
 
     def land(self):
         fragment, average, anchors = self.flight

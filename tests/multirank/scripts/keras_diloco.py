@@ -24,11 +24,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from diloco_common import ReplaySchedule, expect_refusal, make_sets  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, make_sets, rounded  # noqa: E402
 
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
-from hvdlite.training.diloco_exchange import dequantize_int8, from_bf16_bits, quantize_int8, to_bf16_bits  # noqa: E402
 
 SYNC_EVERY, STEPS, CHECKPOINT_AT = 4, 13, 6
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
@@ -88,20 +87,10 @@ class Replay(ReplaySchedule):
     def send(self, fragment: int) -> None:
         part = self.fragments[fragment]
         weights = [m.get_weights() for m in self.models]
-        deltas = [[self.rounded((g, i), self.global_weights[i] - w[i]) for i in part] for g, w in enumerate(weights)]
+        deltas = [[rounded(self.compression, self.residuals, (g, i), self.global_weights[i] - w[i]) for i in part]
+                  for g, w in enumerate(weights)]
         average = [sum(d[k] for d in deltas) / np.float32(len(deltas)) for k in range(len(part))]
         self.flight = (fragment, average, [[w[i] for i in part] for w in weights])
-
-    def rounded(self, key: tuple, delta: np.ndarray) -> np.ndarray:
-        flat_delta = delta.reshape(-1).astype(np.float32)
-        if self.compression == "bf16":
-            return from_bf16_bits(to_bf16_bits(flat_delta)).reshape(delta.shape)
-        if self.compression != "int8":
-            return delta
-        corrected = flat_delta + self.residuals.get(key, 0)
-        decoded = dequantize_int8(*quantize_int8(corrected), corrected.size)
-        self.residuals[key] = corrected - decoded
-        return decoded.reshape(delta.shape)
 
     def land(self) -> None:
         fragment, average, anchors = self.flight
