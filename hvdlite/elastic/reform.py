@@ -53,6 +53,7 @@ def shrink() -> list[str]:
     timed_out = world.engine.fatal
     unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
     dead = [process_id for rank, process_id in enumerate(ids) if process_id in dead or rank in unreachable]
+    dynamic = world.communicators.dynamic
     runtime.stop_without_communicating(world, PeerFailedError(dead))
     survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
     _check_quorum(survivors, len(ids), world.topology.rank, dead)
@@ -62,7 +63,7 @@ def shrink() -> list[str]:
             book.record_failure(world.hosts[rank], now)
     _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died")
     comm = world.comm.Create_group(world.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
-    _restart(comm, book)
+    _restart(comm, book, dynamic)
     _record_removed(dead)
     if len(survivors) < config.elastic_min_np:
         _grow_to_min_np(dead)
@@ -111,6 +112,7 @@ def apply(plan: Plan) -> None:
     stay = [r for r in range(world.topology.size) if r not in plan.remove]
     _count_reset(book, world.config.elastic_reset_limit, "the hosts changed")
     leaving = [world.process_ids[r] for r in plan.remove]
+    dynamic = world.communicators.dynamic
     runtime.shutdown()  # collective: every member is healthy
     if rank in plan.remove:
         log.warning("this rank's host left the job's host list: it leaves the job")
@@ -120,7 +122,7 @@ def apply(plan: Plan) -> None:
     comm = base.Create_group(base.Get_group().Incl(stay), tag=_CREATE_TAG) if plan.remove else base
     if plan.spawn:
         comm = _spawn(comm, plan.spawn, book)
-    _restart(comm, book)
+    _restart(comm, book, dynamic)
     _record_removed(leaving)
 
 
@@ -160,8 +162,10 @@ def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any
     return merged
 
 
-def _restart(comm: Any, book: HostBook) -> None:
-    runtime.start(comm, book=book)
+def _restart(comm: Any, book: HostBook, dynamic: bool) -> None:
+    """hvdlite on the new world; ``dynamic``: the old one allowed ``add_process_set`` (``init(process_sets=
+    "dynamic")``), so the new one does too, for the reset callbacks that register its sets again."""
+    runtime.start(comm, "dynamic" if dynamic else None, book=book)
 
 
 def _grow_to_min_np(dead: list[str]) -> None:

@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from ..process_sets import ProcessSet, global_process_set
 from ..training.diloco import DiLoCoSchedule, ScheduledExchanges, check_agreement, check_member, split_fragments
 from .diloco_exchange import Exchange, InFlight, make_exchange
+from .optimizer import GradientReducer
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -76,10 +77,7 @@ class DiLoCo(ScheduledExchanges):
         check_member(process_set)
         self.inner_optimizer, self.outer_optimizer, self.process_set = inner_optimizer, outer_optimizer, process_set
         self.fragments = split_fragments([param.numel() for param in self.params], fragments, self.names)
-        self._exchange: Exchange = make_exchange(compression, process_set)
-        group = _replica_group(inner_optimizer, self.params)
-        if self._check_agreement(group):
-            self._exchange = make_exchange(compression, process_set, group)
+        self._connect(compression)
         self.global_params = [_local(param).detach().clone() for param in self.params]
         self.inner_steps = 0  # inner steps taken (the schedule's count)
         self.syncs = 0  # fragment exchanges landed
@@ -94,6 +92,33 @@ class DiLoCo(ScheduledExchanges):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``."""
         self.inner_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def regroup(self, process_set: ProcessSet, inner_process_set: ProcessSet | None = None) -> None:
+        """Elastic: carry on in a re-formed job. Call it on every rank from a reset callback, with the
+        new world's sets registered again (``hvd.add_process_set``; the old world's are gone):
+        ``process_set``, the ranks pseudo-gradients are averaged over now, and ``inner_process_set``,
+        the group an inner ``DistributedOptimizer`` averages gradients over now (None: leave the
+        inner optimizer as it is). An exchange in flight belonged to the old world and is dropped
+        (the elastic state's restore and sync bring back the committed one); int8's error feedback
+        starts again from zero. A joining rank builds its DiLoCo over the same sets instead."""
+        check_member(process_set)
+        if inner_process_set is not None:
+            reducer = getattr(self.inner_optimizer, "_hvdlite_reducer", None)
+            if not isinstance(reducer, GradientReducer):
+                raise ValueError("DiLoCo.regroup(inner_process_set=...) needs an inner DistributedOptimizer that "
+                                 "averages gradients (not Adasum, a sharded or a fully sharded one)")
+            check_member(inner_process_set)
+            reducer.world_changed(inner_process_set)
+        self.process_set, self._in_flight = process_set, None
+        self._connect(self._exchange.label)
+
+    def _connect(self, compression: str | None) -> None:
+        """Build the exchange over ``process_set`` (sliced over the inner group when every rank of the
+        set holds the same place in it), after checking that the set's ranks agree."""
+        self._exchange: Exchange = make_exchange(compression, self.process_set)
+        group = _replica_group(self.inner_optimizer, self.params)
+        if self._check_agreement(group):
+            self._exchange = make_exchange(compression, self.process_set, group)
 
     def _send(self, fragment: int, background: bool | None = None) -> None:
         """Start averaging the fragment's pseudo-gradients ``global - local`` over the process set (on

@@ -11,18 +11,24 @@ a restore, as it would have without the checkpoint. int8's error-feedback residu
 each rank (what its own rounding dropped): they are restored at the same number of ranks, and at
 another error feedback starts again from zero (a rounding error of the last sync is lost). The model and the inner optimizer are saved as
 usual, beside it.
+
+:class:`DiLoCoHandler` makes a DiLoCo object elastic state (``hvd.elastic.TorchState(model, diloco)``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from .. import objects
+from ..core.runtime import current
 from ..training.diloco import FORMAT, check_loadable
 from ..training.diloco_exchange import settle
 from .diloco_exchange import InFlight, done
+from .state import broadcast_optimizer_state
 
 if TYPE_CHECKING:
     from .diloco import DiLoCo
@@ -57,8 +63,6 @@ def diloco_state_dict(diloco: DiLoCo) -> dict[str, Any]:
                      "anchor": None if flight.anchors is None else _by_name(diloco, indices, flight.anchors)}
     everything = list(range(len(diloco.params)))
     residuals = getattr(diloco._exchange, "residuals", {})
-    from ..core.runtime import current
-
     return {"format": FORMAT, "sync_every": schedule.sync_every, "fragments": schedule.fragments,
             "delay": schedule.delay, "inner_steps": diloco.inner_steps, "syncs": diloco.syncs,
             "global": _by_name(diloco, everything, diloco.global_params),
@@ -85,11 +89,43 @@ def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
         diloco._in_flight = InFlight(flight["fragment"], flight["sent_at"], anchors, done(averages))
     residuals = getattr(diloco._exchange, "residuals", None)
     if residuals is not None:
-        from ..core.runtime import current
-
         residuals.clear()
         if state.get("residuals_world_size") == current().topology.size:  # else error feedback starts again from zero
             residuals.update({name: value.clone() for name, value in state["residuals"].items()})
 
 
-__all__ = ["diloco_state_dict", "load_diloco_state_dict", "FORMAT"]
+class DiLoCoHandler:
+    """Commits, restores and syncs a DiLoCo object in ``hvd.elastic.TorchState``: its outer state
+    (:func:`diloco_state_dict`) and its inner optimizer's state.
+
+    A sync gives every rank rank 0's: a joining group receives the global parameters, the outer
+    optimizer's state, the step counters and an exchange in flight, as the model handler gives it
+    rank 0's parameters. int8's error feedback starts again from zero on every rank (each rank's
+    residuals are its own and the world changed). A commit waits for an exchange in flight.
+    """
+
+    def __init__(self, diloco: DiLoCo) -> None:
+        if any(isinstance(param, DTensor) for param in diloco.params):
+            raise ValueError("TorchState: DiLoCo over fully sharded parameters cannot be elastic state yet (each "
+                             "rank's global parameters are its own shard); use a replicated model inside each group")
+        self.value = diloco
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy((self.value.state_dict(), self.value.inner_optimizer.state_dict()))
+
+    def restore(self) -> None:
+        # Copies again: torch's load_state_dict may keep the given tensors, which training then changes in place.
+        outer, inner = copy.deepcopy(self._saved)
+        self.value.load_state_dict(outer)
+        self.value.inner_optimizer.load_state_dict(inner)
+
+    def sync(self) -> None:
+        outer = self.value.state_dict() if current().topology.rank == 0 else None
+        outer = objects.broadcast_object(outer, 0, name="hvdlite.diloco.state")
+        outer.update(residuals={}, residuals_world_size=None)
+        self.value.load_state_dict(outer)
+        broadcast_optimizer_state(self.value.inner_optimizer, root_rank=0)
+
+
+__all__ = ["DiLoCoHandler", "diloco_state_dict", "load_diloco_state_dict", "FORMAT"]

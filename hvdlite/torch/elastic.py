@@ -20,6 +20,8 @@ import torch
 from .. import basics, objects
 from ..elastic import ObjectState, State, run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .diloco import DiLoCo
+from .diloco_state import DiLoCoHandler
 from .fully_sharded.elastic import ShardedModelHandler, ShardedOptimizerHandler, is_fully_sharded
 from .state import broadcast_optimizer_state, broadcast_parameters
 
@@ -101,7 +103,7 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-def _handler_for(value: Any) -> _Handler | None:
+def _handler_for(value: Any) -> _Handler | DiLoCoHandler | None:
     if is_fully_sharded(value) or (isinstance(value, torch.optim.Optimizer) and any(
             getattr(p, "_hvdlite_fully_sharded", False) for g in value.param_groups for p in g["params"])):
         raise ValueError("TorchState: a fully sharded model and its optimizer are elastic state only as "
@@ -109,6 +111,8 @@ def _handler_for(value: Any) -> _Handler | None:
                          "different shards, so they are committed and re-sharded together, not broadcast")
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
+    if isinstance(value, DiLoCo):
+        return DiLoCoHandler(value)
     if isinstance(value, torch.optim.Optimizer):
         if getattr(value, "_hvdlite_checkpoints", None) is not None:
             raise ValueError("TorchState: an optimizer with shard_optimizer_state=True cannot be elastic state yet "
@@ -132,8 +136,8 @@ def _sharded_handlers(model: Any, optimizer: Any) -> dict[str, Any]:
 class TorchState(ObjectState):
     """State of a PyTorch training process: ``model``, ``optimizer`` and any keyword attributes.
 
-    Models, optimizers, LR schedulers and ElasticSamplers (as any keyword) are saved through their
-    ``state_dict``; other attributes are deep-copied and broadcast as Python objects. A model that
+    Models, optimizers (a ``DiLoCo`` too: its outer state and its inner optimizer), LR schedulers and
+    ElasticSamplers (as any keyword) are saved through their ``state_dict``; other attributes are deep-copied and broadcast as Python objects. A model that
     ``fully_shard`` sharded (given as ``model``, with the ``optimizer`` that steps its shards) is
     committed as shards, each rank's also kept by the next rank, and re-sharded for the new world
     when the job shrinks or grows (:mod:`hvdlite.torch.fully_sharded.elastic`).
@@ -168,7 +172,8 @@ class TorchState(ObjectState):
     def on_reset(self) -> None:
         # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.
         for handler in self._handlers.values():
-            reducer = getattr(handler.value, "_hvdlite_reducer", None)
+            optimizer = handler.value.inner_optimizer if isinstance(handler.value, DiLoCo) else handler.value
+            reducer = getattr(optimizer, "_hvdlite_reducer", None)
             if reducer is not None:
                 reducer.world_changed()
         super().on_reset()

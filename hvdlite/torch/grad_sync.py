@@ -124,9 +124,12 @@ class GradientSubmitter:
         for bucket in self._buckets or ():
             bucket.arrived = 0
 
-    def restart(self) -> None:
-        """A new world (elastic): plan buckets again after the next step, as a rank that just joined does."""
+    def restart(self, process_set: ProcessSet | None = None) -> None:
+        """A new world (elastic): plan buckets again after the next step, as a rank that just joined does;
+        ``process_set``: average over that (registered) set from now on instead."""
         self.abandon()
+        if process_set is not None:
+            self._process_set = process_set
         self._prepared.clear()
         self._in_place_cpu.clear()
         if self._bucket_bytes:

@@ -107,9 +107,13 @@ class GradientReducer(SkippableSynchronize):
         for param in self._delay:
             self._delay[param] = self.backward_passes_per_step
 
-    def world_changed(self) -> None:
-        """Elastic: the job re-formed; requests start as in a new optimizer, the same on every rank."""
-        self._submitter.restart()
+    def world_changed(self, process_set: ProcessSet | None = None) -> None:
+        """Elastic: the job re-formed; requests start as in a new optimizer, the same on every rank.
+        ``process_set``: the new world's set to average over (the old world's sets are gone)."""
+        if process_set is not None and (self.local_sgd is not None or self.powersgd is not None):
+            raise ValueError("a DistributedOptimizer with local SGD or PowerSGD cannot move to another process set; "
+                             "build a new one over it")
+        self._submitter.restart(process_set)
         self._reset_delays()
         self._synchronized = False
         if self.local_sgd is not None:

@@ -152,7 +152,8 @@ def check_member(process_set: ProcessSet) -> None:
     current()  # NotInitializedError before hvd.init()
     if process_set.included() is None:
         raise ValueError(f"DiLoCo's process_set {process_set.ranks} is not registered: pass it to "
-                         "hvd.init(process_sets=...) or hvd.add_process_set() first")
+                         "hvd.init(process_sets=...) or hvd.add_process_set() first (an elastic job that re-formed: "
+                         "register the new world's sets and call regroup() from a reset callback)")
     if not process_set.included():
         raise ValueError(f"this rank is not in DiLoCo's process_set {process_set.ranks}: every rank averages its "
                          "pseudo-gradients with the ranks of one set")

@@ -5,7 +5,7 @@ One job per layout runs every case in turn (torch_diloco.py); each test checks i
 
 import pytest
 
-from .harness import shared_script
+from .harness import SCRIPTS, run_job, shared_script
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
 # averaged between the ranks holding the same place in each group); np=3 in groups of one.
@@ -78,3 +78,14 @@ def test_keras_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkp
     result = shared_script("keras_diloco.py", np, str(group_size), mode, KERAS_RUNS[(np, group_size, mode)],
                            timeout=240)
     assert result.output.count(f"ok keras diloco {run} ") == np, result.output
+
+
+def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_the_outer_state():
+    # np=4 in two groups of two: group 1 is killed, group 0 trains on alone, two new ranks refill the
+    # slots after the host's cooldown; every rank's parameters end equal to the replay of the sizes.
+    result = run_job(["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "python",
+                      str(SCRIPTS / "torch_diloco_elastic.py")], np=4, timeout=240)
+    assert result.returncode == 0, result.output
+    assert "the job went on without rank(s) [2, 3] and finished" in result.output, result.output
+    assert "started 2 rank(s)" in result.output, result.output
+    assert all(f"ok diloco elastic {rank} [2, 4]" in result.output for rank in range(4)), result.output

@@ -174,6 +174,10 @@ def check_refusals(group_size: int, sets: dict) -> None:
     expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}",
                    lambda: hvd.DiLoCo(model, inner_of(model.parameters()), outer_of(model.parameters()),
                                       sync_every=4, process_set=others))
+    plain = hvd.DiLoCo(model, inner_of(model.parameters()), outer_of(model.parameters()), sync_every=4)
+    expect_refusal("regroup(inner_process_set=...) needs an inner DistributedOptimizer",
+                   lambda: plain.regroup(hvd.global_process_set, inner_process_set=group_set))
+    expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}", lambda: plain.regroup(others))
     print(f"ok diloco refusals {rank}", flush=True)
 
 

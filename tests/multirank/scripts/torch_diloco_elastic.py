@@ -1,0 +1,131 @@
+"""Elastic DiLoCo: a whole group dies, the other trains on without a restart, and a group joins again.
+
+Run with ``hvdliterun -np 4 --min-np 2 --blacklist-cooldown-range 0.5 1``. Ranks form groups of two (a
+DistributedOptimizer over the group's set inside, SGD with momentum); DiLoCo averages pseudo-gradients
+over the ranks at the same place in each group every SYNC_EVERY steps (Nesterov outer SGD). Both ranks
+of group 1 are SIGKILLed at step KILL_AT. The survivors fail at their next collective across groups,
+restore their last commit, register the new world's sets in a reset callback (``diloco.regroup``) and
+train on as one group. After the host's cooldown two new ranks fill the slots at a commit: they build
+their DiLoCo over the new sets and receive, in the state's sync, rank 0's model, inner optimizer state,
+global parameters, outer optimizer state and step count.
+
+The state records the world size of each committed step. At the end every rank checks its parameters
+against a replay in one process of the groups each committed step ran with (a joining group starts as
+a copy of group 0), so a joiner that missed the global parameters or the outer momentum fails.
+Prints 'ok diloco elastic RANK SIZES'.
+"""
+
+import copy
+import os
+import signal
+import time
+
+import torch
+from torch_diloco import SYNC_EVERY, inner_of, loss_of, make_model, outer_of
+
+import hvdlite.torch as hvd
+
+GROUP_SIZE, KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 2, 5, 400, 2 * SYNC_EVERY + 1
+
+
+def register_sets() -> tuple[hvd.ProcessSet, hvd.ProcessSet]:
+    """This world's group (consecutive ranks) and place (the same index in every group) sets,
+    registered on every rank; a set of every rank is the global set."""
+    size, rank = hvd.size(), hvd.rank()
+    groups = [list(range(g, g + GROUP_SIZE)) for g in range(0, size, GROUP_SIZE)]
+    places = [list(range(p, size, GROUP_SIZE)) for p in range(GROUP_SIZE)]
+    registered = {}
+    for ranks in groups + places:
+        if len(ranks) < size and tuple(ranks) not in registered:
+            registered[tuple(ranks)] = hvd.add_process_set(ranks)
+    mine = [next(r for r in every if rank in r) for every in (groups, places)]
+    return tuple(registered.get(tuple(ranks), hvd.global_process_set) for ranks in mine)
+
+
+def replay(sizes: list[int]) -> list[torch.nn.Module]:
+    """Each group's model after the committed steps, run at ``sizes[step]`` ranks each."""
+    models = [make_model() for _ in range(2)]
+    inners = [inner_of(model.parameters()) for model in models]
+    global_model = make_model()
+    outer = outer_of(global_model.parameters())
+    live = 2
+    for step, size in enumerate(sizes):
+        if size // GROUP_SIZE > live:  # a group joined: it received group 0's state in the sync
+            models[1] = copy.deepcopy(models[0])
+            inners[1] = inner_of(models[1].parameters())
+            inners[1].load_state_dict(copy.deepcopy(inners[0].state_dict()))
+        live = size // GROUP_SIZE
+        for group in range(live):
+            inner_step(models[group], inners[group], group, step)
+        if (step + 1) % SYNC_EVERY == 0:
+            outer_step(global_model, outer, models[:live])
+    return models
+
+
+def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: int, step: int) -> None:
+    grads = []
+    for rank in range(group * GROUP_SIZE, (group + 1) * GROUP_SIZE):
+        model.zero_grad()
+        loss_of(model, rank, step).backward()
+        grads.append([param.grad.clone() for param in model.parameters()])
+    for index, param in enumerate(model.parameters()):
+        param.grad = torch.stack([g[index] for g in grads]).mean(0)
+    optimizer.step()
+
+
+def outer_step(global_model: torch.nn.Module, outer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
+    with torch.no_grad():
+        for index, param in enumerate(global_model.parameters()):
+            param.grad = torch.stack([param - list(m.parameters())[index] for m in models]).mean(0)
+        outer.step()
+        for model in models:
+            for param, value in zip(model.parameters(), global_model.parameters(), strict=True):
+                param.copy_(value)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    hvd.init(process_sets="dynamic")
+    first_rank, pid = hvd.rank(), os.getpid()
+    group, place = register_sets()
+    model = make_model()
+    inner = hvd.DistributedOptimizer(inner_of(model.parameters()), named_parameters=model.named_parameters(),
+                                      process_set=group)
+    diloco = hvd.DiLoCo(model, inner, outer_of(model.parameters()), sync_every=SYNC_EVERY, process_set=place)
+    state = hvd.elastic.TorchState(model, diloco, step=0, sizes=[], shrunk=False, joined_steps=0)
+
+    def regroup() -> None:
+        diloco.regroup(*reversed(register_sets()))
+        state.shrunk = state.shrunk or hvd.size() < 4
+        state.save()  # so that the sync carries it to joining ranks
+
+    state.register_reset_callbacks([regroup])
+
+    @hvd.elastic.run
+    def train(state):
+        for step in range(state.step, MAX_STEPS):
+            if state.joined_steps >= STEPS_AFTER_JOIN:
+                return
+            if first_rank >= GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
+            diloco.zero_grad()
+            loss_of(model, hvd.rank(), step).backward()
+            diloco.step()
+            state.sizes = [*state.sizes, hvd.size()]
+            state.joined_steps += state.shrunk and hvd.size() == 4
+            state.step = step + 1
+            state.commit()
+
+    train(state)
+    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == 4, (state.sizes, hvd.size())
+    assert diloco.inner_steps == len(state.sizes), (diloco.inner_steps, state.sizes)
+    expected = replay(state.sizes)[hvd.rank() // GROUP_SIZE]
+    for (name, param), want in zip(model.named_parameters(), expected.parameters(), strict=True):
+        assert torch.allclose(param, want, atol=1e-5), (hvd.rank(), name, param, want)
+    print(f"ok diloco elastic {hvd.rank()} {sorted(set(state.sizes))}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
