@@ -89,3 +89,12 @@ def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_th
     assert "the job went on without rank(s) [2, 3] and finished" in result.output, result.output
     assert "started 2 rank(s)" in result.output, result.output
     assert all(f"ok diloco elastic {rank} [2, 4]" in result.output for rank in range(4)), result.output
+
+
+def test_a_diloco_checkpoint_saved_at_np_4_resumes_at_np_2_and_3_like_the_replay(tmp_path):
+    path = str(tmp_path / "diloco.pt")
+    saved = run_job(["python", str(SCRIPTS / "torch_diloco_resize.py"), "save", path], np=4, timeout=180)
+    assert saved.returncode == 0 and saved.output.count("ok diloco resize save ") == 4, saved.output
+    for np in (2, 3):
+        loaded = run_job(["python", str(SCRIPTS / "torch_diloco_resize.py"), "load", path], np=np, timeout=180)
+        assert loaded.returncode == 0 and loaded.output.count("ok diloco resize load ") == np, loaded.output

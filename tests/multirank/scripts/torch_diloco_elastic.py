@@ -56,15 +56,16 @@ def replay(sizes: list[int]) -> list[torch.nn.Module]:
             inners[1].load_state_dict(copy.deepcopy(inners[0].state_dict()))
         live = size // GROUP_SIZE
         for group in range(live):
-            inner_step(models[group], inners[group], group, step)
+            inner_step(models[group], inners[group], range(group * GROUP_SIZE, (group + 1) * GROUP_SIZE), step)
         if (step + 1) % SYNC_EVERY == 0:
             outer_step(global_model, outer, models[:live])
     return models
 
 
-def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: int, step: int) -> None:
+def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: range, step: int) -> None:
+    """A group's synchronous step: the mean of its ranks' gradients."""
     grads = []
-    for rank in range(group * GROUP_SIZE, (group + 1) * GROUP_SIZE):
+    for rank in ranks:
         model.zero_grad()
         loss_of(model, rank, step).backward()
         grads.append([param.grad.clone() for param in model.parameters()])
@@ -74,6 +75,7 @@ def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: 
 
 
 def outer_step(global_model: torch.nn.Module, outer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
+    """DiLoCo's sync: the outer step on the groups' mean pseudo-gradient; every group starts from it."""
     with torch.no_grad():
         for index, param in enumerate(global_model.parameters()):
             param.grad = torch.stack([param - list(m.parameters())[index] for m in models]).mean(0)
