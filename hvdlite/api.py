@@ -27,7 +27,6 @@ from .core.arguments import (
 from .core.communicators import Communicator
 from .core.describe import describe_reduction, device_of
 from .core.runtime import Runtime, current
-from .core.work import dtypes
 from .core.work.naming import group_member_names
 from .core.work.request import GroupHandle, Handle, MappedHandle, Request, RequestMeta
 from .core.work.segments import Segments
@@ -35,6 +34,7 @@ from .errors import UnsupportedOperationError
 from .gpu.arrays import DeviceArray
 from .ops import Collective, ReduceOp, resolve_op
 from .process_sets import ProcessSet, global_process_set
+from .utils import dtypes
 
 _T = TypeVar("_T")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .core.work import dtypes
 from .training.powersgd import PowerSGD
+from .utils import dtypes
 
 
 class Compressor:

@@ -15,10 +15,10 @@ import numpy as np
 from ..errors import UnsupportedOperationError
 from ..gpu.arrays import DeviceArray
 from ..ops import Collective, ReduceOp
+from ..utils import dtypes
 from .communicators import Communicator
 from .describe import device_of
 from .runtime import current
-from .work import dtypes
 from .work.request import RequestMeta
 
 Pairs = list[tuple[RequestMeta, Any]]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.work import dtypes
+from ..utils import dtypes
 from . import completion
 
 DEVICE = "cuda"  # RequestMeta.device of every device tensor; host arrays are "cpu"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ..core.work import dtypes
 from ..ops import Collective, ReduceOp
+from ..utils import dtypes
 from ..utils.buffers import padded_count
 from .arrays import DEVICE
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.work import dtypes
 from ..gpu import arrays as gpu_arrays
+from ..utils import dtypes
 
 
 def is_traced(value: Any) -> bool:

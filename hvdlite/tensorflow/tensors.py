@@ -26,9 +26,9 @@ from tensorflow.python.framework import func_graph
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
-from ..core.work import dtypes
 from ..errors import UnsupportedOperationError
 from ..gpu import arrays as gpu_arrays
+from ..utils import dtypes
 from .errors import CONVERTED, as_tensorflow_error
 
 _TF_TO_CORE: dict[tf.dtypes.DType, str] = {

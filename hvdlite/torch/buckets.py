@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from .. import api
-from ..core.work import dtypes
 from ..core.work.request import Handle, RequestMeta
 from ..core.work.segments import Segments
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet
+from ..utils import dtypes
 from .collectives import tensors
 
 

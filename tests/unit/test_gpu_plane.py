@@ -21,7 +21,6 @@ from hvdlite.core.pipeline.execute import Executor
 from hvdlite.core.planes.host import HostPlane
 from hvdlite.core.planes.host import scale_in_place as host_scale_in_place
 from hvdlite.core.transport.shm import UFUNCS
-from hvdlite.core.work import dtypes
 from hvdlite.core.work.request import RequestMeta
 from hvdlite.core.work.response import Response
 from hvdlite.gpu import nccl, scaling, selection
@@ -29,6 +28,7 @@ from hvdlite.gpu.arrays import DEVICE, DeviceArray
 from hvdlite.gpu.plans import in_place_launch, member_offsets, reduction_plan
 from hvdlite.ops import Collective, ReduceOp
 from hvdlite.settings.config import load_config
+from hvdlite.utils import dtypes
 
 needs_nccl = pytest.mark.skipif(nccl.library_path() is None, reason="nvidia-nccl-cu12 is not installed")
 
@@ -236,7 +236,7 @@ def test_integer_scaling_is_the_hosts_float64_product_truncated_also_for_large_i
 
 
 def test_only_an_integer_average_cannot_be_split_into_hierarchical_stages() -> None:
-    from hvdlite.gpu.hierarchical import supports
+    from hvdlite.core.planes.hierarchical import supports
 
     assert not supports("int32", ReduceOp.AVERAGE) and not supports("uint8", ReduceOp.AVERAGE)
     assert supports("float32", ReduceOp.AVERAGE) and supports("bfloat16", ReduceOp.AVERAGE)

@@ -50,7 +50,7 @@ def test_resolve_op():
 def test_dtype_names_come_from_the_table_and_reject_byte_swapped_arrays():
     import ml_dtypes  # noqa: I001
 
-    from hvdlite.core.work import dtypes
+    from hvdlite.utils import dtypes
     from hvdlite.errors import UnsupportedOperationError
 
     for name, dtype in dtypes.SUPPORTED.items():
@@ -63,7 +63,7 @@ def test_dtype_names_come_from_the_table_and_reject_byte_swapped_arrays():
 
 
 def test_integer_scale_factors_are_accepted_on_the_host_and_on_a_gpu_but_not_for_bool():
-    from hvdlite.core.work import dtypes
+    from hvdlite.utils import dtypes
 
     dtypes.check_reduction("int32", ReduceOp.SUM, 0.5, 2.0, "t")  # scaled as Horovod does (any device)
     with pytest.raises(UnsupportedOperationError, match="'t': prescale_factor/postscale_factor need a numeric "

@@ -43,13 +43,14 @@ def _imported(module: str, path: Path, node: ast.Import | ast.ImportFrom, module
     return {target for target in targets if target in modules}
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Every import of every module, also those inside functions; ``TYPE_CHECKING`` imports are left out."""
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """Every import of every module, also those inside functions; ``TYPE_CHECKING`` imports are left
+    out unless ``type_only`` (a layer that names an upper one's types still depends on it)."""
     modules = _modules()
     graph = {}
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
-        free = _type_checking_nodes(tree)
+        free = set() if type_only else _type_checking_nodes(tree)
         graph[module] = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in free:
@@ -159,6 +160,39 @@ def test_no_two_folders_import_each_other():
     folders = folder_graph(import_graph())
     assert "hvdlite.core.pipeline" in folders["hvdlite.core"], "the core's engine runs the pipeline"
     assert cycles(folders) == [], "folders that import each other (move what both need below both)"
+
+
+def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with every module replaced by its top-level subpackage, subfolders included
+    (``hvdlite.core.work.request`` -> ``hvdlite.core``); top-level modules stay nodes of their own."""
+    modules = _modules()
+
+    def node(module: str) -> str:
+        for package, folder in PACKAGES.items():
+            if modules[module].is_relative_to(folder):
+                parts = modules[module].relative_to(folder).parts
+                return module if len(parts) == 1 else f"{package}.{parts[0]}"
+        return module
+
+    merged: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        merged.setdefault(node(module), set()).update(node(t) for t in targets)
+    return {package: targets - {package} for package, targets in merged.items()}
+
+
+def test_subpackage_graph_merges_subfolders():
+    graph = {"hvdlite.core.work.request": {"hvdlite.errors"}, "hvdlite.gpu.arrays": {"hvdlite.core.work.request"},
+             "hvdlite.core.arguments": {"hvdlite.gpu.arrays"}, "hvdlite.errors": set()}
+    merged = subpackage_graph(graph)
+    assert merged["hvdlite.core"] == {"hvdlite.errors", "hvdlite.gpu"} and merged["hvdlite.gpu"] == {"hvdlite.core"}
+    assert cycles(merged) == [["hvdlite.core", "hvdlite.gpu"]]
+
+
+def test_no_two_subpackages_import_each_other_even_for_types():
+    # core/ and gpu/ with all their subfolders are one layer each: "each folder imports only folders below it"
+    packages = subpackage_graph(import_graph(type_only=True))
+    assert "hvdlite.gpu" in packages["hvdlite.core"], "the core's device plane runs on gpu/"
+    assert cycles(packages) == [], "subpackages that import each other (move what both need below both)"
 
 
 def test_the_top_level_is_the_public_face():

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdlite.core.work import dtypes
 from hvdlite.core.work.naming import diverged_generated_names
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.ops import ReduceOp
@@ -13,6 +12,7 @@ from hvdlite.tensorflow.compression import Compression
 from hvdlite.tensorflow.gradients import DistributedGradientTape, predivide_scales
 from hvdlite.tensorflow.optimizer import DistributedOptimizer, is_distributed
 from hvdlite.tensorflow.tensors import as_tensor, core_dtype, graph_name, run_on_host
+from hvdlite.utils import dtypes
 
 
 @pytest.mark.parametrize("dtype", [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from hvdlite.core.work import dtypes
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.torch.collectives.tensors import from_numpy, is_aliased, to_numpy
 from hvdlite.torch.compression import Compression
 from hvdlite.torch.grad_sync import _split_groups, name_parameters
 from hvdlite.torch.sparse import empty_gradient
+from hvdlite.utils import dtypes
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,

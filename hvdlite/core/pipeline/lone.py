@@ -33,6 +33,7 @@ import numpy as np
 from ... import errors
 from ...gpu.arrays import DeviceArray
 from ...ops import Collective, resolve_op
+from ...utils import dtypes
 from ...utils.buffers import ALIGNMENT, small_storage_type
 from ...utils.interrupts import SigintGuard
 from ...utils.overflow import enter as _enter
@@ -41,7 +42,6 @@ from ...utils.overflow import restore as _restore
 from ..planes.host import HostPlane
 from ..transport.base import Carrier, SoleRankCarrier, VectorCarrier
 from ..transport.shm import UFUNCS
-from ..work import dtypes
 from ..work.request import Handle, Request, RequestMeta, checked_reduction
 from ..work.response import Response
 

@@ -188,15 +188,15 @@ class GpuChooser:
         return reducer
 
     def _host_groups(self) -> Any:
-        """This rank's host and cross-host MPI groups (:func:`~hvdlite.gpu.hierarchical.build_groups`). Collective."""
-        from ...gpu.hierarchical import build_groups
+        """This rank's host and cross-host MPI groups (:func:`~hvdlite.core.planes.hierarchical.build_groups`). Collective."""
+        from .hierarchical import build_groups
 
         return build_groups(self._data_comm, self._hosts, self._host.rank, self._config.chunk_bytes,
                             self._config.poll_time_ms / 1000, self._config.comm_timeout)
 
     def _reducer(self, device_id: int) -> Any:
         """NCCL inside this rank's host, MPI across hosts (a HierarchicalReducer). Collective."""
-        from ...gpu.hierarchical import HierarchicalReducer
+        from .hierarchical import HierarchicalReducer
 
         groups = self._host_groups()
         uid = exchange_unique_id(groups.local, groups.local_rank)

@@ -22,11 +22,11 @@ import numpy as np
 
 from ... import errors
 from ...ops import Collective, ReduceOp
+from ...utils import dtypes
 from ...utils.buffers import aligned_copy, aligned_empty, padded_count
 from ...utils.rows import scatter_rows
 from ..transport.base import Transport
 from ..transport.shm import UFUNCS
-from ..work import dtypes
 from ..work.item import WorkItem
 from ..work.request import Request, RequestMeta
 from ..work.response import Response

@@ -33,16 +33,16 @@ import numpy as np
 
 from ...gpu import completion
 from ...gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dtype
-from ...gpu.hierarchical import HierarchicalReducer, supports
 from ...gpu.nccl import Communicator, NcclError
 from ...gpu.plans import ReductionPlan, in_place_launch, member_offsets, reduction_plan
 from ...gpu.scaling import scale_in_place
 from ...ops import Collective, ReduceOp
+from ...utils import dtypes
 from ...utils.polling import WaitTimeout, wait_until
-from ..work import dtypes
 from ..work.request import Request, RequestMeta
 from ..work.response import Response
 from . import nccl_moves
+from .hierarchical import HierarchicalReducer, supports
 
 _MAX_REMEMBERED = 4096  # in-place launch plans kept (one per gradient of the models in use)
 
@@ -232,7 +232,7 @@ class NcclPlane:
             self._comm.allreduce(send, recv.data.ptr, count, wire, op, self._stream_ptr, factor)
 
     def _adasum(self, send: int, recv: Any, count: int, wire: str, responses: tuple[Response, ...]) -> None:
-        """Adasum across hosts of each host's average (:func:`~hvdlite.gpu.hierarchical.average_then_adasum`)."""
+        """Adasum across hosts of each host's average (:func:`~hvdlite.core.planes.hierarchical.average_then_adasum`)."""
         if self._hosts_hierarchy is None:  # one host: its average is the result
             self._comm.allreduce(send, recv.data.ptr, count, wire, ReduceOp.SUM, self._stream_ptr, 1.0 / self._comm.size)
             return

@@ -14,8 +14,8 @@ from ...gpu.arrays import DEVICE, DeviceArray, cupy_view, from_cupy, storage_dty
 from ...gpu.nccl import Communicator, group
 from ...gpu.plans import reduction_plan
 from ...gpu.scaling import scale_in_place
+from ...utils import dtypes
 from ...utils.rows import scatter_rows
-from ..work import dtypes
 from ..work.request import Request
 from ..work.response import Response
 

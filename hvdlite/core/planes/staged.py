@@ -7,7 +7,7 @@ tensors (fusion, widening of 16-bit floats, scaling), and results go back to dev
 the caller's output for in-place forms, else into new device arrays.
 
 Adasum is the exception: on GPU tensors it is the Adasum across hosts of each host's average, on
-every GPU plane (:func:`~hvdlite.gpu.hierarchical.average_then_adasum`), not the host path's Adasum
+every GPU plane (:func:`~hvdlite.core.planes.hierarchical.average_then_adasum`), not the host path's Adasum
 across all ranks.
 """
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from ...gpu import completion
 from ...gpu.arrays import DeviceArray, cupy_view, from_cupy, storage_dtype
-from ...gpu.hierarchical import Groups, average_then_adasum
 from ...ops import Collective, ReduceOp
-from ..work import dtypes
+from ...utils import dtypes
 from ..work.request import Request
 from ..work.response import Response
+from .hierarchical import Groups, average_then_adasum
 from .host import HostPlane
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import HvdliteError
 from ...ops import Collective, ReduceOp
-from . import dtypes
+from ...utils import dtypes
 
 
 class RequestMeta(NamedTuple):

@@ -7,7 +7,7 @@ import functools
 import math
 
 from ...ops import Collective, ReduceOp
-from . import dtypes
+from ...utils import dtypes
 from .params import Params
 from .request import RequestMeta
 

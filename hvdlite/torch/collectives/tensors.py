@@ -17,9 +17,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from ...core.runtime import caller_waits
-from ...core.work import dtypes
 from ...errors import UnsupportedOperationError
 from ...gpu import arrays as gpu_arrays
+from ...utils import dtypes
 
 _TORCH_TO_CORE: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",

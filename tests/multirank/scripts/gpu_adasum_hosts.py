@@ -1,7 +1,7 @@
 """GPU Adasum's MPI side on real ranks, without a GPU, with simulated host names.
 
 Usage: gpu_adasum_hosts.py (np=3: hosts a, a, b; np=4: a, b, a, c, three hosts of uneven size).
-Checks hvdlite.gpu.hierarchical.average_then_adasum (the host-staged plane's GPU Adasum) against
+Checks hvdlite.core.planes.hierarchical.average_then_adasum (the host-staged plane's GPU Adasum) against
 hvdlite.core.transport.adasum_math.reference of each host's average (hosts in order of first appearance, as the cross-host
 group orders its local roots), every rank with the same bits, in float32 and float64; and
 cross_host_adasum (the NCCL plane's step on the local roots) on bfloat16 storage. Prints "ok <check>".
@@ -12,8 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlite as hvd
+from hvdlite.core.planes.hierarchical import average_then_adasum, build_groups, cross_host_adasum
 from hvdlite.core.transport import adasum_math as adasum
-from hvdlite.gpu.hierarchical import average_then_adasum, build_groups, cross_host_adasum
 
 LENGTH = 37  # odd: the halving splits unevenly
 

@@ -13,10 +13,10 @@ from mpi4py import MPI
 import hvdlite as hvd
 from hvdlite import errors
 from hvdlite.core.planes.device import exchange_rows, exchange_unique_id
+from hvdlite.core.planes.hierarchical import build_groups, cross_host_allreduce
 from hvdlite.core.transport.mpi import MpiTransport
 from hvdlite.gpu import selection
 from hvdlite.gpu.arrays import DeviceArray
-from hvdlite.gpu.hierarchical import build_groups, cross_host_allreduce
 from hvdlite.ops import ReduceOp
 
 

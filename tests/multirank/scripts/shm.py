@@ -15,7 +15,7 @@ from mpi4py import MPI
 import hvdlite as hvd
 from hvdlite.core.runtime import current
 from hvdlite.core.transport.shm import SLOT_BYTES
-from hvdlite.core.work.dtypes import SUPPORTED
+from hvdlite.utils.dtypes import SUPPORTED
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()

@@ -19,10 +19,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..core.transport.mpi import MpiTransport
-from ..core.work import dtypes
-from ..ops import ReduceOp
-from .nccl import Communicator
+from ...gpu.nccl import Communicator
+from ...ops import ReduceOp
+from ...utils import dtypes
+from ..transport.mpi import MpiTransport
 
 
 @dataclasses.dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from ...errors import UnsupportedOperationError
-from ...ops import ReduceOp
+from ..errors import UnsupportedOperationError
+from ..ops import ReduceOp
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
