@@ -18,7 +18,7 @@ The small-op path, where a steady call goes:
 - negotiate: ``Negotiator.steady_exchange`` (the cache's answer, the vector)
 - exchange: the carrier's ``exchange`` (vector and tensor into this rank's slot, the peers' vectors
   compared), less "waiting for peers": the shared-memory barrier
-- reduce: the entry's ``reduce`` (every rank's copy summed in rank order into a fresh array)
+- reduce: the entry's ``finish`` (every rank's copy summed in rank order into a fresh array)
 
 The regular path, where a call goes when the steady state does not hold (its first call, a peer
 that wanted something else meanwhile): submit (``api.allreduce_async``), its negotiation
@@ -33,56 +33,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections import defaultdict
 
 import numpy as np
 from allreduce_vs_mpi4py import timed
 from mpi4py import MPI
+from stage_timers import SPENT, instrument_pipeline, wrap
 
 import hvdlite as hvd
-from hvdlite import api
-from hvdlite.core.engine import Engine
-from hvdlite.core.pipeline import communicator, negotiate
-from hvdlite.core.pipeline.execute import Executor
+from hvdlite.core.pipeline import negotiate
 from hvdlite.core.planes.host import HostPlane
 from hvdlite.core.runtime import current
-
-SPENT: dict[str, int] = defaultdict(int)
-_NESTED: list[int] = []  # for each timed call in progress, the time of the timed calls inside it
-
-
-def wrap(owner: object, attribute: str, stage: str) -> None:
-    """Replace ``owner.attribute`` by a version that adds its own time (less that of timed calls
-    inside it) to ``SPENT[stage]``: every stage's figure is exclusive, and they add up."""
-    original = getattr(owner, attribute)
-
-    def timed(*args, **kwargs):
-        start = time.perf_counter_ns()
-        _NESTED.append(0)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            elapsed = time.perf_counter_ns() - start
-            SPENT[stage] += elapsed - _NESTED.pop()
-            if _NESTED:
-                _NESTED[-1] += elapsed
-
-    setattr(owner, attribute, timed)
-
-
-def instrument_pipeline(submit: str, prefix: str = "") -> None:
-    """Timers on the stages every allreduce passes, host or device (``submit``: the core submit's
-    label; ``prefix``: before the others')."""
-    wrap(api, "allreduce_async", submit)
-    for name in ("agree", "lone_vector", "agree_lone"):
-        wrap(negotiate.Negotiator, name, prefix + "negotiate")
-    wrap(communicator.fuse, "plan", prefix + "fuse")
-    for name in ("start", "run", "finish"):
-        wrap(Executor, name, prefix + "execute")
-    wrap(HostPlane, "carriable", prefix + "execute")
-    wrap(communicator, "complete", prefix + "complete")
-    wrap(Engine, "_turn", prefix + "cycle")
 
 
 def instrument() -> None:
@@ -96,7 +56,7 @@ def instrument() -> None:
     for entry in pipeline.lone.entries.values():  # each remembered call's carrier and reduction
         if entry:
             wrap(entry.carrier, "exchange", "exchange")
-            wrap(entry, "reduce", "reduce")
+            wrap(entry, "finish", "reduce")
     band = getattr(pipeline.negotiator._control, "_shm", None)
     if band is not None:
         wrap(band._segments, "barrier", "waiting for peers")

@@ -38,7 +38,7 @@ import statistics
 import time
 
 from mpi4py import MPI
-from small_op_breakdown import SPENT, instrument_pipeline, wrap
+from stage_timers import SPENT, instrument_pipeline, wrap
 
 STAGES = ("submit, torch side", "submit, core", "negotiate", "fuse", "execute", "device plane", "CUDA events",
           "cudaStreamWaitEvent", "NCCL launch", "completion, handle side", "host wait", "complete", "cycle")

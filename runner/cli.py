@@ -184,7 +184,7 @@ def _elastic_environment(rank_env: dict[str, str], may_span_hosts: bool) -> dict
     rank_env = {**rank_env, "MPI4PY_RC_FINALIZE": "0"}  # MPI_Finalize waits for ever on a dead peer
     if may_span_hosts and "MPIR_CVAR_CH4_NETMOD" not in rank_env:
         # Across hosts UCX crashed in 7 of 48 MPI_Comm_create_group calls after a death, libfabric's
-        # TCP provider in none of 28 (bench/elastic-probe/FINDINGS.md); the user's own choice wins.
+        # TCP provider in none of 28 (docs/design/elastic-mpi.md); the user's own choice wins.
         rank_env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER=rank_env.get("FI_PROVIDER", "tcp"))
     return rank_env
 

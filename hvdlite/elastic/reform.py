@@ -3,7 +3,7 @@
 Every change is collective over the processes that stay, and ends with hvdlite started again on the
 new communicator (:func:`hvdlite.core.runtime.start`): ranks, sizes, topology, engines, shared memory,
 response caches, fusion buffers and autotune are the new world's; process sets are not carried
-over. What MPICH 5 + Hydra can do, measured: ``bench/elastic-probe/FINDINGS.md``.
+over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 
 - :func:`shrink`: a member died. The survivors agree on the dead from what every one of them sees
   alike (MPI's list of dead processes, and the status file each rank's wrapper writes), abandon the

@@ -13,7 +13,7 @@ from . import channel
 
 # Each rank runs under this shell, which outlives it: Hydra's proxy SIGKILLs every rank it started on
 # a host when one of them dies *by a signal*, even with -disable-auto-cleanup, but not when one exits
-# (bench/elastic-probe/FINDINGS.md). The shell turns a death into an exit status, ignores (and makes
+# (docs/design/elastic-mpi.md). The shell turns a death into an exit status, ignores (and makes
 # the rank ignore) Hydra's SIGUSR1 failure notice, and records the status: in the run directory,
 # where the rank's peers on this host see a spawned rank's death (MPI's list of dead processes
 # covers only their own launch), and through the control channel to hvdliterun, which decides the

@@ -2,7 +2,7 @@
 
 MPICH's ``MPIX_Comm_get_failed`` returns the processes that Hydra reported dead (its
 ``PMI_dead_processes``), within milliseconds of the death (measured 4-27 ms,
-``bench/elastic-probe/FINDINGS.md``). mpi4py's MPICH build does not bind the MPIX functions (its
+``docs/design/elastic-mpi.md``). mpi4py's MPICH build does not bind the MPIX functions (its
 ``Comm.Get_failed`` is a fallback that always returns an empty group), so it is called here through
 ctypes, from the libmpi that mpi4py loaded. It knows the processes of the original
 ``COMM_WORLD`` only.

@@ -195,6 +195,26 @@ def test_no_two_subpackages_import_each_other_even_for_types():
     assert cycles(packages) == [], "subpackages that import each other (move what both need below both)"
 
 
+def bench_graph() -> dict[str, set[str]]:
+    """Which ``bench/`` scripts import which (by bare name: they run as scripts, their folder on the path)."""
+    paths = {path.stem: path for path in (ROOT / "bench").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names if alias.name in paths}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module in paths:
+                graph[name].add(node.module)
+    return graph
+
+
+def test_no_import_cycle_among_the_benchmarks():
+    graph = bench_graph()
+    assert "stage_timers" in graph["small_op_breakdown_gpu"], "the breakdowns share their timers"
+    assert cycles(graph) == [], "benchmarks that import each other (move what both need into a helper)"
+
+
 def test_the_top_level_is_the_public_face():
     top = sorted(path.stem for path in PACKAGES["hvdlite"].glob("*.py"))
     assert "api" in top and "errors" in top
