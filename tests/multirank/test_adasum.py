@@ -7,7 +7,7 @@ import pytest
 from .harness import SCRIPTS, run_job
 
 pytestmark = pytest.mark.multirank
-CASES = ["core", "torch", "process set", "errors"]
+CASES = ["core", "torch", "tiny", "process set", "errors"]
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])

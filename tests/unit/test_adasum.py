@@ -3,6 +3,7 @@ ranks' recursive halving hands around (hvdlite.core.transport.adasum). Real rank
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -16,6 +17,31 @@ def test_parallel_vectors_are_averaged_and_orthogonal_ones_added() -> None:
     np.testing.assert_allclose(adasum.combine(a, a), a)
     e1, e2 = np.array([1.0, 0.0]), np.array([0.0, 5.0])
     np.testing.assert_array_equal(adasum.combine(e1, e2), e1 + e2)
+
+
+def tiny_vectors(dtype, count: int, ranks: int, parallel: bool) -> list[np.ndarray]:
+    """Every rank's vector of magnitudes near ``dtype``'s smallest normal number, as the host path holds
+    it (16-bit widened to float32): parallel ones are power-of-two multiples of one draw (exact in any
+    dtype), orthogonal ones the draw's disjoint parts."""
+    draw = np.random.default_rng(3).normal(0.0, float(ml_dtypes.finfo(dtype).tiny), count).astype(dtype)
+    wide = np.float32 if np.dtype(dtype).itemsize == 2 else dtype
+    if parallel:
+        return [(draw.astype(wide) * wide(2.0 ** rank)) for rank in range(ranks)]
+    return [np.where(np.arange(count) % ranks == rank, draw, 0).astype(wide) for rank in range(ranks)]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+@pytest.mark.parametrize("count", [1024, 3 * adasum.DOT_CHUNK + 5])  # widened whole, and BLAS chunks
+def test_tiny_parallel_vectors_are_averaged_and_tiny_orthogonal_ones_added(dtype, count: int) -> None:
+    # Their squared norms are far below float32's range: summed in float32, or taken as zero below a
+    # fixed threshold (Horovod's 1e-8), parallel vectors would be added instead of averaged.
+    parallel = tiny_vectors(dtype, count, 4, parallel=True)
+    want = np.mean([v.astype(np.float64) for v in parallel], axis=0)
+    # Each element is rounded to float32 once or twice by the combination, subnormal ones absolutely.
+    step = float(np.finfo(parallel[0].dtype).smallest_subnormal)
+    np.testing.assert_allclose(adasum.reference(parallel), want, rtol=1e-6, atol=4 * step)
+    orthogonal = tiny_vectors(dtype, count, 4, parallel=False)
+    np.testing.assert_array_equal(adasum.reference(orthogonal), np.sum(orthogonal, axis=0))
 
 
 def test_the_formula_on_random_vectors_and_a_zero_vector_is_neutral() -> None:

@@ -2,9 +2,11 @@
 
 Two gradients combine as ``(1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b`` (Maleki et al.,
 "Scaling Distributed Training with Adaptive Summation", MLSys 2021): parallel gradients are
-averaged, orthogonal ones added. A vector whose squared norm is below :data:`TINY` gets the
-coefficient 1 on the other's side, as in Horovod, so a zero vector (a rank that joined) is neutral:
-``adasum(0, b) == b``.
+averaged, orthogonal ones added, at any scale: the weights depend only on ratios of dot products
+and norms. A zero vector (a rank that joined) gets the coefficient 1 on the other's side, as in
+Horovod, so it is neutral: ``adasum(0, b) == b``. Any other vector, however small, is weighed
+(Horovod takes squared norms below 1e-8 as zero, which adds tiny parallel gradients instead of
+averaging them).
 
 **Order for any number of ranks.** With ``p`` the largest power of two not above ``n``, rank
 ``i + p`` (for ``i + p < n``) is first combined into rank ``i``: leaf ``i`` is ``adasum(g_i,
@@ -15,23 +17,30 @@ recursive vector halving (:mod:`hvdlite.core.transport.adasum`), where each dot 
 sum of partial sums over pieces of the vectors: the result differs from :func:`reference` only by
 the order of those additions (measured in the tests: relative differences of a few float32 ulps).
 
-Dot products and norms are accumulated in float64 (float32 ones over chunks of 16384 elements, each
-summed by BLAS in float32); the combination is computed in the buffer's
-own floating dtype (float32 for float16 and bfloat16 tensors, which the host path widens).
+Dot products and norms are accumulated in float64, where the products of any two float32 (so also
+float16 and bfloat16) values neither underflow nor overflow. Long float32 vectors are summed by BLAS
+in float32 over chunks of 16384 elements; a chunk whose float32 sum is near float32's underflow
+(below :data:`FLOAT32_TRUSTED`) or overflowed is summed again in float64, so tiny gradients are weighed
+exactly. float64 vectors are summed in float64: below about 1e-154 their squares underflow. The
+combination is computed in the buffer's own floating dtype (float32 for float16 and bfloat16
+tensors, which the host path widens).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-TINY = 1e-30  # a squared norm below this counts as zero (Horovod: the other vector is taken whole)
 DOT_CHUNK = 1 << 14  # float32 elements per BLAS dot product (its float32 sum stays short)
+# A chunk's float32 sum at least this large lost at most DOT_CHUNK products under float32's smallest
+# normal (1.2e-38) each: under 2e-34 in all, 1e-7 of it. A smaller one is summed again in float64.
+FLOAT32_TRUSTED = 1e-26
 
 
 def coefficients(dot: float, norm_a: float, norm_b: float) -> tuple[float, float]:
-    """The weights of ``a`` and ``b`` in their Adasum, from ``a.b``, ``|a|^2`` and ``|b|^2``."""
-    weight_a = 1.0 - dot / (2.0 * norm_a) if norm_a >= TINY else 1.0
-    weight_b = 1.0 - dot / (2.0 * norm_b) if norm_b >= TINY else 1.0
+    """The weights of ``a`` and ``b`` in their Adasum, from ``a.b``, ``|a|^2`` and ``|b|^2`` (a zero
+    vector's weight is 1: it leaves the other as it is)."""
+    weight_a = 1.0 - dot / (2.0 * norm_a) if norm_a > 0.0 else 1.0
+    weight_b = 1.0 - dot / (2.0 * norm_b) if norm_b > 0.0 else 1.0
     return weight_a, weight_b
 
 
@@ -44,8 +53,18 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     """``a.b`` summed in float64: float32 in chunks of :data:`DOT_CHUNK` (BLAS within a chunk, float64
     across them; widening whole vectors first measured 6x slower at 64 MB), small ones widened."""
     if a.dtype == np.float64 or a.size <= DOT_CHUNK:
-        return float(np.dot(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)))
-    return sum(float(np.dot(a[at:at + DOT_CHUNK], b[at:at + DOT_CHUNK])) for at in range(0, a.size, DOT_CHUNK))
+        return _wide_dot(a, b)
+    return sum(_chunk_dot(a[at:at + DOT_CHUNK], b[at:at + DOT_CHUNK]) for at in range(0, a.size, DOT_CHUNK))
+
+
+def _chunk_dot(a: np.ndarray, b: np.ndarray) -> float:
+    """A float32 chunk's dot product by BLAS, or in float64 where float32 may have lost it."""
+    narrow = float(np.dot(a, b))
+    return narrow if FLOAT32_TRUSTED <= abs(narrow) < np.inf else _wide_dot(a, b)
+
+
+def _wide_dot(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)))
 
 
 def combine_into(a: np.ndarray, b: np.ndarray, sums: np.ndarray, out: np.ndarray) -> None:

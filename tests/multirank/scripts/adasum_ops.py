@@ -3,7 +3,7 @@
 Usage: adasum_ops.py (under hvdliterun, any -np). Each rank rebuilds every rank's input from shared
 seeds, so each can compute the reference itself. Cases: parallel, orthogonal and random vectors in
 float16, bfloat16, float32 and float64, through the core (NumPy) and torch (blocking, async, grouped,
-in place); a process set of the even ranks; and the refusals (integers, scale factors,
+in place); tiny parallel and orthogonal gradients (magnitudes near each dtype's smallest normal); a process set of the even ranks; and the refusals (integers, scale factors,
 reducescatter), which every rank must raise. Prints "ok adasum <case>" per case.
 """
 
@@ -80,6 +80,34 @@ def case_torch(rank: int, size: int) -> None:
           3e-3, "torch float16")
 
 
+def tiny_inputs(size: int, dtype, parallel: bool) -> list[np.ndarray]:
+    """Every rank's 1024 values of magnitude near ``dtype``'s smallest normal number: parallel (one draw
+    times 2**rank, exact in any dtype) or orthogonal (the draw's disjoint parts)."""
+    draw = np.random.default_rng(11).normal(0.0, float(ml_dtypes.finfo(dtype).tiny), 1024).astype(dtype)
+    if parallel:
+        return [draw * dtype(2.0 ** rank) for rank in range(size)]
+    return [np.where(np.arange(1024) % size == rank, draw, 0).astype(dtype) for rank in range(size)]
+
+
+def case_tiny(rank: int, size: int) -> None:
+    """Tiny gradients (torch, in place, as Horovod users call it): parallel ones averaged (at a power of
+    two; the reference's tree otherwise), orthogonal ones added: their squared norms underflow float32."""
+    for dtype, torch_dtype in ((np.float32, torch.float32), (np.float16, torch.float16),
+                               (ml_dtypes.bfloat16, torch.bfloat16)):
+        parallel = tiny_inputs(size, dtype, parallel=True)
+        wide = [v.astype(np.float64) for v in parallel]
+        want = np.mean(wide, axis=0) if size in (2, 4) else adasum.reference(wide)
+        mine = torch.from_numpy(parallel[rank].astype(np.float32)).to(torch_dtype)
+        hvd_torch.allreduce_(mine, op=hvd.Adasum, name=f"tiny.parallel.{dtype.__name__}")
+        error = np.linalg.norm(mine.float().numpy().astype(np.float64) - want) / np.linalg.norm(want)
+        assert error <= max(float(ml_dtypes.finfo(dtype).eps), 1e-6), (dtype, error)  # added: about 0.5 to 1.5
+        orthogonal = tiny_inputs(size, dtype, parallel=False)
+        mine = torch.from_numpy(orthogonal[rank].astype(np.float32)).to(torch_dtype)
+        hvd_torch.allreduce_(mine, op=hvd.Adasum, name=f"tiny.orthogonal.{dtype.__name__}")
+        want = np.sum([v.astype(np.float64) for v in orthogonal], axis=0)
+        np.testing.assert_array_equal(mine.float().numpy().astype(np.float64), want)
+
+
 def case_process_set(rank: int, size: int, evens: hvd.ProcessSet) -> None:
     vectors = inputs("random", size, np.float64)
     if evens.included():
@@ -107,6 +135,8 @@ def main() -> None:
     print("ok adasum core", flush=True)
     case_torch(rank, size)
     print("ok adasum torch", flush=True)
+    case_tiny(rank, size)
+    print("ok adasum tiny", flush=True)
     case_process_set(rank, size, evens)
     print("ok adasum process set", flush=True)
     case_errors(rank, size)
