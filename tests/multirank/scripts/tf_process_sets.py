@@ -5,7 +5,8 @@ Usage: tf_process_sets.py static|dynamic. Every collective runs on the set eager
 ``tf.function``; gradients of the collectives follow Horovod's rules with the set's size; each set
 trains its own model with ``DistributedGradientTape`` and with the Keras ``DistributedOptimizer``
 and callbacks, and must equal one process training on the whole of its set's batch. A rank outside
-a set gets ProcessSetError, eagerly (then also tf.errors.InvalidArgumentError, as in Horovod) and when tracing. Prints 'ok tf process sets <mode>'.
+a set gets tf.errors.InvalidArgumentError, as in Horovod: eagerly at once (also hvdlite's ProcessSetError),
+in a tf.function or TF1 graph when the op runs. Prints 'ok tf process sets <mode>'.
 """
 
 import sys
@@ -139,19 +140,42 @@ def check_keras_training(mine: hvd.ProcessSet, set_index: int, rank: int) -> Non
 
 
 def check_outsider(other: hvd.ProcessSet, rank: int) -> None:
+    """Every collective on a set this rank is not in fails with Horovod's type, InvalidArgumentError:
+    eagerly at once (also hvdlite's ProcessSetError); in a tf.function and a TF1 graph when the op
+    runs (the op is built), the message naming the rank and the set."""
     expected = f"rank {rank} is not in process set {other.process_set_id}"
+    ones = tf.ones([other.size() * 2, 1])
+    collectives = {
+        "allreduce": lambda: hvd.allreduce(ones, process_set=other),
+        "allgather": lambda: hvd.allgather(ones, process_set=other),
+        "broadcast": lambda: hvd.broadcast(ones, 0, process_set=other),
+        "alltoall": lambda: hvd.alltoall(ones, process_set=other),
+        "reducescatter": lambda: hvd.reducescatter(ones, process_set=other),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([ones, ones], process_set=other),
+        "grouped_allgather": lambda: hvd.grouped_allgather([ones, ones], process_set=other),
+        "grouped_reducescatter": lambda: hvd.grouped_reducescatter([ones, ones], process_set=other),
+    }
+    for what, collective in collectives.items():
+        expect_invalid_argument(collective, expected, f"{what} eagerly", eager=True)
+        expect_invalid_argument(tf.function(collective), expected, f"{what} in a tf.function", eager=False)
+    graph = tf.Graph()
+    with graph.as_default():
+        op = hvd.allreduce(tf.ones([2]), process_set=other)  # built without an error
+    with tf.compat.v1.Session(graph=graph) as session:
+        expect_invalid_argument(lambda: session.run(op), expected, "allreduce in a TF1 graph", eager=False)
 
-    @tf.function
-    def traced():
-        return hvd.allgather(tf.ones([1, 1]), process_set=other)
 
-    for eager, attempt in ((True, lambda: hvd.allreduce(tf.ones(1), process_set=other)), (False, traced)):
-        try:
-            attempt()
-            raise AssertionError("a collective on a set this rank is not in must fail")
-        except hvd.ProcessSetError as exc:  # eagerly also TensorFlow's type, which Horovod raises
-            assert expected in str(exc) and isinstance(exc, tf.errors.InvalidArgumentError) == eager, (type(exc), exc)
-    # As in Horovod's torch optimizer, gradients for a set this rank is not in stay local.
+def expect_invalid_argument(attempt, expected: str, what: str, eager: bool) -> None:
+    try:
+        attempt()
+    except tf.errors.InvalidArgumentError as exc:
+        assert expected in str(exc) and isinstance(exc, hvd.ProcessSetError) == eager, (what, type(exc), exc)
+        return
+    raise AssertionError(f"{what}: a collective on a set this rank is not in must fail")
+
+
+def check_outsider_training(other: hvd.ProcessSet) -> None:
+    """As in Horovod's torch optimizer, gradients for a set this rank is not in stay local."""
     variable = tf.Variable([1.0])
     with tf.GradientTape() as tape:
         loss = variable * 3.0
@@ -162,14 +186,16 @@ def check_outsider(other: hvd.ProcessSet, rank: int) -> None:
 def main(mode: str) -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    groups = [[r for r in range(size) if r % 2 == parity] for parity in (0, 1)] + [[0, 1]]  # [0, 1] overlaps both
+    groups = [[r for r in range(size) if r % 2 == parity] for parity in (0, 1)]
+    groups += [[0, 1]] if size > 2 else []  # [0, 1] overlaps both (at np=2 it is the job)
     if mode == "static":
         sets = [hvd.ProcessSet(g) for g in groups]
         hvd.init(process_sets=sets)
     else:
         hvd.init(process_sets="dynamic")
         sets = [hvd.add_process_set(g) for g in groups]
-    mine, other, pair = sets[rank % 2], sets[1 - rank % 2], sets[2]
+    mine, other = sets[rank % 2], sets[1 - rank % 2]
+    pair = sets[2] if size > 2 else hvd.global_process_set
     for compiled in (False, True):
         check_collectives(mine, rank, compiled)
         if pair.included():
@@ -179,8 +205,9 @@ def main(mode: str) -> None:
     check_tape_training(mine, rank % 2, rank)
     check_keras_training(mine, rank % 2, rank)
     check_outsider(other, rank)
+    check_outsider_training(other)
     assert hvd.allgather_object(mine.process_set_id) == [sets[r % 2].process_set_id for r in range(size)]
-    assert sorted(s.process_set_id for s in sets) == [1, 2, 3]
+    assert sorted(s.process_set_id for s in sets) == list(range(1, len(groups) + 1))
     if mode == "dynamic":
         assert all(hvd.remove_process_set(s) for s in sets)  # the same order everywhere
     hvd.shutdown()
