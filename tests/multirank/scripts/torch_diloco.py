@@ -50,6 +50,18 @@ def inner_of(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.5)
 
 
+def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks, step: int) -> None:
+    """A group's synchronous step: the mean of its ranks' gradients."""
+    grads = []
+    for rank in ranks:
+        model.zero_grad()
+        loss_of(model, rank, step).backward()
+        grads.append([param.grad.clone() for param in model.parameters()])
+    for index, param in enumerate(model.parameters()):
+        param.grad = torch.stack([g[index] for g in grads]).mean(0)
+    optimizer.step()
+
+
 class Replay(ReplaySchedule):
     """Every group's model after every step, with DiLoCo's outer steps, in this process."""
 
@@ -67,14 +79,7 @@ class Replay(ReplaySchedule):
 
     def step(self, step: int) -> None:
         for model, optimizer, ranks in zip(self.models, self.inner, self.groups, strict=True):
-            grads = []
-            for rank in ranks:
-                model.zero_grad()
-                loss_of(model, rank, step).backward()
-                grads.append([p.grad.clone() for p in model.parameters()])
-            for index, param in enumerate(model.parameters()):
-                param.grad = torch.stack([g[index] for g in grads]).mean(0)
-            optimizer.step()
+            inner_step(model, optimizer, ranks, step)
         self.after_step(step)
 
     def params(self, model: torch.nn.Module, fragment: int) -> list[torch.Tensor]:

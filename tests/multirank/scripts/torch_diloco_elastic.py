@@ -21,7 +21,7 @@ import signal
 import time
 
 import torch
-from torch_diloco import SYNC_EVERY, inner_of, loss_of, make_model, outer_of
+from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of
 
 import hvdlite.torch as hvd
 
@@ -60,18 +60,6 @@ def replay(sizes: list[int]) -> list[torch.nn.Module]:
         if (step + 1) % SYNC_EVERY == 0:
             outer_step(global_model, outer, models[:live])
     return models
-
-
-def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: range, step: int) -> None:
-    """A group's synchronous step: the mean of its ranks' gradients."""
-    grads = []
-    for rank in ranks:
-        model.zero_grad()
-        loss_of(model, rank, step).backward()
-        grads.append([param.grad.clone() for param in model.parameters()])
-    for index, param in enumerate(model.parameters()):
-        param.grad = torch.stack([g[index] for g in grads]).mean(0)
-    optimizer.step()
 
 
 def outer_step(global_model: torch.nn.Module, outer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
