@@ -30,7 +30,7 @@ def tiny_vectors(dtype, count: int, ranks: int, parallel: bool) -> list[np.ndarr
     return [np.where(np.arange(count) % ranks == rank, draw, 0).astype(wide) for rank in range(ranks)]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
 @pytest.mark.parametrize("count", [1024, 3 * adasum.DOT_CHUNK + 5])  # widened whole, and BLAS chunks
 def test_tiny_parallel_vectors_are_averaged_and_tiny_orthogonal_ones_added(dtype, count: int) -> None:
     # Their squared norms are far below float32's range: summed in float32, or taken as zero below a

@@ -21,8 +21,10 @@ Dot products and norms are accumulated in float64, where the products of any two
 float16 and bfloat16) values neither underflow nor overflow. Long float32 vectors are summed by BLAS
 in float32 over chunks of 16384 elements; a chunk whose float32 sum is near float32's underflow
 (below :data:`FLOAT32_TRUSTED`) or overflowed is summed again in float64, so tiny gradients are weighed
-exactly. float64 vectors are summed in float64: below about 1e-154 their squares underflow. The
-combination is computed in the buffer's own floating dtype (float32 for float16 and bfloat16
+exactly. float64 vectors are summed twice, as they are and scaled by :data:`FLOAT64_SHIFT`, where the
+squares of values down to float64's smallest normal number are normal; the weights are taken from
+the scaled sums when the plain norms are below :data:`FLOAT64_TRUSTED` (the weights depend only on
+ratios, so either triple gives them). The combination is computed in the buffer's own floating dtype (float32 for float16 and bfloat16
 tensors, which the host path widens).
 """
 
@@ -34,6 +36,8 @@ DOT_CHUNK = 1 << 14  # float32 elements per BLAS dot product (its float32 sum st
 # A chunk's float32 sum at least this large lost at most DOT_CHUNK products under float32's smallest
 # normal (1.2e-38) each: under 2e-34 in all, 1e-7 of it. A smaller one is summed again in float64.
 FLOAT32_TRUSTED = 1e-26
+FLOAT64_SHIFT = 2.0 ** 600  # tiny float64 values (2e-308) scaled to 8e-128: their squares stay normal
+FLOAT64_TRUSTED = 2.0 ** -900  # a float64 squared norm below this may have lost its smallest squares
 
 
 def coefficients(dot: float, norm_a: float, norm_b: float) -> tuple[float, float]:
@@ -45,8 +49,25 @@ def coefficients(dot: float, norm_a: float, norm_b: float) -> tuple[float, float
 
 
 def partial_sums(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[a.b, a.a, b.b]`` over these pieces of the two vectors, accumulated in float64."""
-    return np.array([_dot(a, b), _dot(a, a), _dot(b, b)])
+    """``[a.b, a.a, b.b]`` over these pieces of the two vectors, accumulated in float64; for float64
+    vectors followed by the same of the vectors scaled by :data:`FLOAT64_SHIFT` (sums of pieces add
+    up either way)."""
+    sums = [_dot(a, b), _dot(a, a), _dot(b, b)]
+    if a.dtype == np.float64:
+        with np.errstate(all="ignore"):  # huge values overflow when scaled: those sums are not used
+            up_a, up_b = a * FLOAT64_SHIFT, b * FLOAT64_SHIFT
+            sums += [_dot(up_a, up_b), _dot(up_a, up_a), _dot(up_b, up_b)]
+    return np.array(sums)
+
+
+def weights(sums: np.ndarray) -> tuple[float, float]:
+    """The weights of ``a`` and ``b`` from the whole vectors' :func:`partial_sums`: from the scaled
+    float64 sums where a plain squared norm is too small to trust and its scaled one is finite."""
+    plain, scaled = sums[:3], sums[3:]
+    if len(scaled) and any(norm < FLOAT64_TRUSTED and 0.0 < up < np.inf
+                           for norm, up in zip(plain[1:], scaled[1:], strict=True)):
+        return coefficients(*scaled)
+    return coefficients(*plain)
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -69,7 +90,7 @@ def _wide_dot(a: np.ndarray, b: np.ndarray) -> float:
 
 def combine_into(a: np.ndarray, b: np.ndarray, sums: np.ndarray, out: np.ndarray) -> None:
     """``out = weight_a * a + weight_b * b`` for the whole vectors' ``sums`` (``out`` may be ``a`` or ``b``)."""
-    weight_a, weight_b = coefficients(*sums)
+    weight_a, weight_b = weights(sums)
     kind = out.dtype.type
     scaled_b = kind(weight_b) * b  # first: ``out`` may be ``b``
     np.multiply(a, kind(weight_a), out=out)

@@ -92,20 +92,21 @@ def tiny_inputs(size: int, dtype, parallel: bool) -> list[np.ndarray]:
 def case_tiny(rank: int, size: int) -> None:
     """Tiny gradients (torch, in place, as Horovod users call it): parallel ones averaged (at a power of
     two; the reference's tree otherwise), orthogonal ones added: their squared norms underflow float32."""
-    for dtype, torch_dtype in ((np.float32, torch.float32), (np.float16, torch.float16),
+    for dtype, torch_dtype in ((np.float64, torch.float64), (np.float32, torch.float32), (np.float16, torch.float16),
                                (ml_dtypes.bfloat16, torch.bfloat16)):
         parallel = tiny_inputs(size, dtype, parallel=True)
         wide = [v.astype(np.float64) for v in parallel]
         want = np.mean(wide, axis=0) if size in (2, 4) else adasum.reference(wide)
-        mine = torch.from_numpy(parallel[rank].astype(np.float32)).to(torch_dtype)
+        mine = torch.from_numpy(parallel[rank].astype(np.float64)).to(torch_dtype)
         hvd_torch.allreduce_(mine, op=hvd.Adasum, name=f"tiny.parallel.{dtype.__name__}")
-        error = np.linalg.norm(mine.float().numpy().astype(np.float64) - want) / np.linalg.norm(want)
+        up = 2.0 ** 600 if dtype is np.float64 else 1.0  # float64's tiny values' squares underflow: norms scaled
+        error = np.linalg.norm((mine.double().numpy() - want) * up) / np.linalg.norm(want * up)
         assert error <= max(float(ml_dtypes.finfo(dtype).eps), 1e-6), (dtype, error)  # added: about 0.5 to 1.5
         orthogonal = tiny_inputs(size, dtype, parallel=False)
-        mine = torch.from_numpy(orthogonal[rank].astype(np.float32)).to(torch_dtype)
+        mine = torch.from_numpy(orthogonal[rank].astype(np.float64)).to(torch_dtype)
         hvd_torch.allreduce_(mine, op=hvd.Adasum, name=f"tiny.orthogonal.{dtype.__name__}")
         want = np.sum([v.astype(np.float64) for v in orthogonal], axis=0)
-        np.testing.assert_array_equal(mine.float().numpy().astype(np.float64), want)
+        np.testing.assert_array_equal(mine.double().numpy(), want)
 
 
 def case_process_set(rank: int, size: int, evens: hvd.ProcessSet) -> None:
