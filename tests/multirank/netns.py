@@ -13,12 +13,15 @@ what reaches a remote rank came through the launcher's environment forwarding.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
 
 HOSTS = {"hostA": "10.77.0.1", "hostB": "10.77.0.2"}
+_SETUPS = itertools.count()  # make_two_hosts calls in this process
 IFACE = "eth1"
 _AGENT = """#!/bin/sh
 # Stand-in for ssh, called by Hydra as: AGENT [-x] HOST COMMAND...
@@ -97,12 +100,18 @@ class TwoHosts:
 
 
 def make_two_hosts(workdir: Path) -> TwoHosts:
-    """Create both namespaces, the veth pair between them, and the launch agent in ``workdir``."""
-    tag = f"hvd{os.getpid()}"
+    """Create both namespaces, the veth pair between them, and the launch agent in ``workdir``.
+
+    Every setup gets names of its own (this process's id and a count), so that two setups alive in
+    one process (a module's fixture and a Slurm cluster's) do not collide; a setup that fails
+    removes what it made."""
+    tag = f"hvd{os.getpid()}n{next(_SETUPS)}"
     namespaces = {host: f"{tag}{host[-1].lower()}" for host in HOSTS}
     hosts = TwoHosts(namespaces, str(workdir / "launch-agent.sh"))
+    # A veth end lives in this namespace until it is moved: a random name fits its 15 characters.
+    token = secrets.token_hex(4)
+    ends = {host: f"hv{token}{host[-1].lower()}" for host in HOSTS}
     try:
-        ends = {host: f"{tag}v{host[-1].lower()}" for host in HOSTS}
         for namespace in namespaces.values():
             _ip("netns", "add", namespace)
         _ip("link", "add", ends["hostA"], "type", "veth", "peer", "name", ends["hostB"])
@@ -115,6 +124,7 @@ def make_two_hosts(workdir: Path) -> TwoHosts:
             _ip("-n", namespace, "link", "set", "lo", "up")
     except BaseException:
         hosts.close()
+        subprocess.run(["ip", "link", "delete", ends["hostA"]], capture_output=True)  # if it was not moved yet
         raise
     Path(hosts.agent).write_text(_AGENT.format(cases=hosts._cases(), mount="", tmpfs=""))
     os.chmod(hosts.agent, 0o755)
