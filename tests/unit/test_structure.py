@@ -3,6 +3,7 @@ folders, a top level that is only the public face, short functions, one place th
 environment (STYLE.md; issues #33 and #45)."""
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,10 +141,15 @@ def folder_graph(graph: dict[str, set[str]], modules: dict[str, Path] | None = N
             return module
         return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
 
-    folders: dict[str, set[str]] = {}
+    return merged(graph, node)
+
+
+def merged(graph: dict[str, set[str]], node: Callable[[str], str]) -> dict[str, set[str]]:
+    """``graph`` with every module replaced by ``node(module)``, without edges from a node to itself."""
+    nodes: dict[str, set[str]] = {}
     for module, targets in graph.items():
-        folders.setdefault(node(module), set()).update(node(t) for t in targets)
-    return {folder: targets - {folder} for folder, targets in folders.items()}
+        nodes.setdefault(node(module), set()).update(node(t) for t in targets)
+    return {name: targets - {name} for name, targets in nodes.items()}
 
 
 def test_folder_graph_merges_a_folder_and_keeps_top_level_modules():
@@ -174,18 +180,15 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
                 return module if len(parts) == 1 else f"{package}.{parts[0]}"
         return module
 
-    merged: dict[str, set[str]] = {}
-    for module, targets in graph.items():
-        merged.setdefault(node(module), set()).update(node(t) for t in targets)
-    return {package: targets - {package} for package, targets in merged.items()}
+    return merged(graph, node)
 
 
 def test_subpackage_graph_merges_subfolders():
     graph = {"hvdlite.core.work.request": {"hvdlite.errors"}, "hvdlite.gpu.arrays": {"hvdlite.core.work.request"},
              "hvdlite.core.arguments": {"hvdlite.gpu.arrays"}, "hvdlite.errors": set()}
-    merged = subpackage_graph(graph)
-    assert merged["hvdlite.core"] == {"hvdlite.errors", "hvdlite.gpu"} and merged["hvdlite.gpu"] == {"hvdlite.core"}
-    assert cycles(merged) == [["hvdlite.core", "hvdlite.gpu"]]
+    packages = subpackage_graph(graph)
+    assert packages["hvdlite.core"] == {"hvdlite.errors", "hvdlite.gpu"} and packages["hvdlite.gpu"] == {"hvdlite.core"}
+    assert cycles(packages) == [["hvdlite.core", "hvdlite.gpu"]]
 
 
 def test_no_two_subpackages_import_each_other_even_for_types():

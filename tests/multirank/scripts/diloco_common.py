@@ -58,3 +58,25 @@ def expect_refusal(message: str, build_it: Callable[[], object]) -> None:
         assert message in str(error), (message, str(error))
         return
     raise AssertionError(f"not refused: {message}")
+
+
+def parse_run(run: str, rank: int, group_size: int, sets: dict) -> tuple:
+    """``FRAGMENTS/DELAY[/COMPRESSION]`` as (fragments, delay, compression or None, this rank's group
+    set, its cross set)."""
+    fragments, delay, *codec = run.split("/")
+    return (int(fragments), int(delay), codec[0] if codec else None,
+            sets["group"][rank // group_size], sets["cross"][rank % group_size])
+
+
+def run_checks(hvd, check: Callable[[str, int, str, dict], None]) -> None:
+    """The JAX and Keras scripts' main: ``GROUP_SIZE MODE RUN,...`` from the command line, the sets
+    registered, ``check(run, group_size, mode, sets)`` for each run, then shutdown."""
+    import sys
+
+    from mpi4py import MPI
+
+    size, group_size, mode = MPI.COMM_WORLD.Get_size(), int(sys.argv[1]), sys.argv[2]
+    sets = make_sets(hvd, size, group_size)
+    for run in sys.argv[3].split(","):
+        check(run, group_size, mode, sets)
+    hvd.shutdown()

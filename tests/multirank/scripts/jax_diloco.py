@@ -15,7 +15,6 @@ transformation from it and must end the same. Prints 'ok jax diloco RUN RANK' pe
 """
 
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -23,7 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from diloco_common import ReplaySchedule, expect_refusal, make_sets, rounded  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, parse_run, rounded, run_checks  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
@@ -135,10 +134,8 @@ def build(group_set, cross_set, fragments, delay, compression):
 def check(run, group_size, mode, sets):
     if run == "refusals":
         return check_refusals(group_size, sets)
-    fragments, delay, *codec = run.split("/")
-    fragments, delay, compression = int(fragments), int(delay), (codec[0] if codec else None)
     rank, size = hvd.rank(), hvd.size()
-    group_set, cross_set = sets["group"][rank // group_size], sets["cross"][rank % group_size]
+    fragments, delay, compression, group_set, cross_set = parse_run(run, rank, group_size, sets)
     tx = build(group_set, cross_set, fragments, delay, compression)
 
     def make_step(tx):
@@ -169,13 +166,7 @@ def check(run, group_size, mode, sets):
 
 
 def main():
-    from mpi4py import MPI
-
-    size, group_size, mode = MPI.COMM_WORLD.Get_size(), int(sys.argv[1]), sys.argv[2]
-    sets = make_sets(hvd, size, group_size)
-    for run in sys.argv[3].split(","):
-        check(run, group_size, mode, sets)
-    hvd.shutdown()
+    run_checks(hvd, check)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ Prints 'ok keras diloco RUN RANK' per run.
 
 import copy
 import os
-import sys
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from diloco_common import ReplaySchedule, expect_refusal, make_sets, rounded  # noqa: E402
+from diloco_common import ReplaySchedule, expect_refusal, parse_run, rounded, run_checks  # noqa: E402
 
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments  # noqa: E402
@@ -167,10 +166,8 @@ def check_refusals(group_size: int, sets: dict) -> None:
 def check(run: str, group_size: int, mode: str, sets: dict) -> None:
     if run == "refusals":
         return check_refusals(group_size, sets)
-    fragments, delay, *codec = run.split("/")
-    fragments, delay, compression = int(fragments), int(delay), (codec[0] if codec else None)
     rank, size = hvd.rank(), hvd.size()
-    group_set, cross_set = sets["group"][rank // group_size], sets["cross"][rank % group_size]
+    fragments, delay, compression, group_set, cross_set = parse_run(run, rank, group_size, sets)
     model, diloco = build(group_set, cross_set, fragments, delay, compression)
     replay, group = Replay(size, group_size, fragments, delay, compression or ""), rank // group_size
     train(model, diloco, mode, range(CHECKPOINT_AT), Checker(replay, group, run, 0))
@@ -191,14 +188,8 @@ def check(run: str, group_size: int, mode: str, sets: dict) -> None:
 
 
 def main() -> None:
-    from mpi4py import MPI
-
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    size, group_size, mode = MPI.COMM_WORLD.Get_size(), int(sys.argv[1]), sys.argv[2]
-    sets = make_sets(hvd, size, group_size)
-    for run in sys.argv[3].split(","):
-        check(run, group_size, mode, sets)
-    hvd.shutdown()
+    run_checks(hvd, check)
 
 
 if __name__ == "__main__":
