@@ -80,14 +80,34 @@ class DiLoCoTransformation(optax.GradientTransformationExtraArgs):
 
         return load_diloco_state_dict(self.config, state, checkpoint)
 
+    def regroup(self, process_set: ProcessSet, inner: optax.GradientTransformation | None = None) -> None:
+        """Elastic: carry on in a re-formed job. Call it on every rank from a reset callback, with the
+        new world's sets registered again (the old world's are gone): ``process_set``, the ranks the
+        pseudo-gradients are averaged over now, and ``inner``, a new inner transformation (usually a
+        ``DistributedOptimizer`` over the new group, of the same kind as before so that the state
+        fits; None: keep the old one). The ranks of the set check that they agree, as ``init`` does
+        on a joining rank. Jit the training step again afterwards: a traced step keeps the sets and
+        the inner transformation it was traced with. A joining rank builds its DiLoCo over the same
+        sets and calls ``init`` instead."""
+        config = self.config
+        check_member(process_set)
+        if not config.names:
+            raise ValueError("DiLoCo.regroup needs the parameters' names: call it after init or an update")
+        config.process_set = process_set
+        if inner is not None:
+            config.inner = optax.with_extra_args_support(inner)
+        _check_ranks_agree(config, config.signature)
+
 
 class Config:
     """What a DiLoCo transformation was built with, and its parameters' names and fragments (from ``init``)."""
 
-    def __init__(self, schedule: DiLoCoSchedule, outer: optax.GradientTransformation, process_set: ProcessSet,
-                 compression: str | None) -> None:
-        self.schedule, self.outer, self.process_set, self.compression = schedule, outer, process_set, compression
+    def __init__(self, schedule: DiLoCoSchedule, inner: optax.GradientTransformationExtraArgs,
+                 outer: optax.GradientTransformation, process_set: ProcessSet, compression: str | None) -> None:
+        self.schedule, self.inner, self.outer = schedule, inner, outer
+        self.process_set, self.compression = process_set, compression
         self.names: list[str] = []
+        self.signature: list[tuple[str, tuple, str]] = []  # each parameter's name, shape and dtype
         self.fragments: list[list[int]] = []
 
     def describe(self, params: Any) -> None:
@@ -96,6 +116,8 @@ class Config:
         if not paths:
             raise ValueError("DiLoCo was given no parameters")
         self.names = [_path_name(path) for path, _ in paths]
+        self.signature = [(name, tuple(np.shape(leaf)), str(jnp.result_type(leaf)))
+                          for name, (_, leaf) in zip(self.names, paths, strict=True)]
         self.fragments = split_fragments([int(np.size(leaf)) for _, leaf in paths], self.schedule.fragments,
                                          self.names)
 
@@ -110,17 +132,17 @@ def DiLoCo(inner: optax.GradientTransformation, outer: optax.GradientTransformat
     pseudo-gradients, one fragment every ``sync_every / fragments`` updates, landing ``delay``
     updates after it is sent. ``compression``: None, ``"bf16"`` or ``"int8"`` (with error feedback).
     """
-    config = Config(DiLoCoSchedule(sync_every, fragments, delay), outer, process_set, check_compression(compression))
+    config = Config(DiLoCoSchedule(sync_every, fragments, delay), optax.with_extra_args_support(inner), outer,
+                    process_set, check_compression(compression))
     check_member(process_set)
-    inner = optax.with_extra_args_support(inner)
 
     def init_fn(params: Any) -> DiLoCoState:
         config.describe(params)
         leaves = jax.tree.leaves(params)
         if not any(is_traced(leaf) for leaf in leaves):
-            _check_ranks_agree(config, leaves)
+            _check_ranks_agree(config, config.signature)
         with_delay = [jnp.zeros_like(leaf) for leaf in leaves] if delay else []
-        return DiLoCoState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32), inner.init(params),
+        return DiLoCoState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32), config.inner.init(params),
                            tuple(outer.init([leaves[i] for i in part]) for part in config.fragments),
                            [jnp.asarray(leaf) for leaf in leaves], with_delay, list(with_delay),
                            [jnp.zeros(np.size(leaf), jnp.float32) for leaf in leaves] if compression == "int8" else [])
@@ -130,7 +152,7 @@ def DiLoCo(inner: optax.GradientTransformation, outer: optax.GradientTransformat
             raise ValueError("DiLoCo steps from the parameters: pass them, tx.update(grads, state, params)")
         if not config.names:  # init ran elsewhere (a restored state): name the parameters once
             config.describe(params)
-        inner_updates, inner_state = inner.update(grads, state.inner, params, **extra_args)
+        inner_updates, inner_state = config.inner.update(grads, state.inner, params, **extra_args)
         leaves, treedef = jax.tree.flatten(params)
         moved = jax.tree.leaves(optax.apply_updates(params, inner_updates))
         carry = Carry(moved, state.global_params, state.outer, state.average, state.anchor, state.residuals,
@@ -246,15 +268,13 @@ def _path_name(path: tuple) -> str:
     return "/".join(parts) or "param"
 
 
-def _check_ranks_agree(config: Config, leaves: list) -> None:
+def _check_ranks_agree(config: Config, signature: list[tuple[str, tuple, str]]) -> None:
     """Refuse, on every rank of the set, a schedule, codec or parameters that differ between ranks."""
     schedule = config.schedule
     check_agreement({"the schedule (sync_every, fragments, delay)": (schedule.sync_every, schedule.fragments,
                                                                     schedule.delay),
                      "compression": config.compression,
-                     "the parameters' names, shapes and dtypes": [
-                         (name, tuple(np.shape(leaf)), str(jnp.asarray(leaf).dtype))
-                         for name, leaf in zip(config.names, leaves, strict=True)]}, config.process_set)
+                     "the parameters' names, shapes and dtypes": signature}, config.process_set)
 
 
 __all__ = ["DiLoCo", "DiLoCoState", "DiLoCoTransformation"]

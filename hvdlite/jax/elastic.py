@@ -16,6 +16,10 @@ new trees to the state's attributes after each step. Other keyword arguments are
 attributes (see :mod:`hvdlite.elastic`). Typed PRNG keys (``jax.random.key``) cannot be copied to
 NumPy: keep ``jax.random.key_data(key)`` in the state instead.
 
+An optax state holding a :class:`~hvdlite.jax.DiLoCoState` is DiLoCo's elastic state as it is: a
+sync gives every rank rank 0's global parameters, outer state and step counters, and starts int8's
+error feedback again from zero (see ``DiLoCoTransformation.regroup``).
+
 ``run`` is :func:`hvdlite.elastic.run`, and also recognises a collective that failed inside
 ``jax.jit`` (JAX re-raises it as ``jax.errors.JaxRuntimeError``) as ``HorovodInternalError``.
 """
@@ -31,6 +35,7 @@ import numpy as np
 from ..elastic import FrameworkState, ObjectState, State
 from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .diloco import DiLoCoState
 from .state import broadcast_parameters
 
 run = translating_run((jax.errors.JaxRuntimeError,))
@@ -94,7 +99,18 @@ class JaxState(FrameworkState):
         current = {name: getattr(self, name) for name in self._tree_names}
         synced = broadcast_parameters(current, root_rank=0, name="elastic.JaxState")
         for name in self._tree_names:
-            setattr(self, name, synced[name])
+            setattr(self, name, _without_residuals(synced[name]))
+
+
+def _without_residuals(tree: Any) -> Any:
+    """``tree`` with the int8 error feedback of every DiLoCo state in it zeroed: a sync gave each rank
+    rank 0's residuals, which are what rank 0's rounding dropped, and the world may have changed."""
+    def reset(node: Any) -> Any:
+        if isinstance(node, DiLoCoState) and node.residuals:
+            return node._replace(residuals=[jax.numpy.zeros_like(leaf) for leaf in node.residuals])
+        return node
+
+    return jax.tree.map(reset, tree, is_leaf=lambda node: isinstance(node, DiLoCoState))
 
 
 __all__ = ["State", "ObjectState", "JaxState", "run", "HorovodInternalError", "HostsUpdatedInterrupt"]

@@ -50,6 +50,7 @@ class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
         self.schedule = DiLoCoSchedule(sync_every, fragments, delay)
         self.compression = check_compression(compression)
         self.variables = _variables(model_or_variables)
+        self._given_model = model_or_variables if isinstance(model_or_variables, keras.Model) else None
         # Position and name ("0.kernel"): Keras' paths ("sequential_3/dense_7/kernel") change with every
         # model built in the process, and a checkpoint must load into a model built again.
         self.names = [f"{index}.{variable.name}" for index, variable in enumerate(self.variables)]
@@ -65,6 +66,26 @@ class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
         self.inner_steps = 0
         self.syncs = 0
         self._in_flight: InFlight | None = None
+
+    def regroup(self, process_set: ProcessSet, inner_process_set: ProcessSet | None = None) -> None:
+        """Elastic: carry on in a re-formed job. Call it on every rank from a reset callback, with the
+        new world's sets registered again (``hvd.add_process_set``; the old world's are gone):
+        ``process_set``, the ranks pseudo-gradients are averaged over now, and ``inner_process_set``,
+        the group an inner ``DistributedOptimizer`` averages gradients over now (None: leave it). The
+        model's compiled training step is traced again at the next ``fit`` (a ``tf.function`` of a
+        custom loop must be traced again by its owner). An exchange in flight belonged to the old
+        world and is dropped; int8's error feedback starts again from zero. A joining rank builds its
+        DiLoCo over the same sets instead."""
+        from .optimizer import average_over
+
+        check_member(process_set)
+        if inner_process_set is not None:
+            check_member(inner_process_set)
+            average_over(self.inner_optimizer, inner_process_set)
+            for model in {id(m): m for m in (self._given_model, getattr(self, "_model", None)) if m is not None}.values():
+                model.train_function = None  # traced with the old set
+        self.process_set, self._in_flight, self.residuals = process_set, None, {}
+        self._check_ranks_agree()
 
     # the inner step
     def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:

@@ -7,15 +7,18 @@ None or {"fragment", "sent_at", "average": {name: array}, "anchor": {name: array
 variables' positions and names ("0.kernel"). An exchange in flight is waited for and saved with its result; it lands at its
 own step after a restore. int8's residuals are restored at the same number of ranks only. The model
 and the inner optimizer are saved as usual, beside it.
+
+:class:`DiLoCoHandler` makes a DiLoCo object elastic state (``hvd.elastic.KerasState(model, diloco)``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..training.diloco import FORMAT, check_loadable
+from ..training.diloco import FORMAT, check_loadable, root_outer_state
 from ..training.diloco_exchange import InFlight, done, settle
 
 if TYPE_CHECKING:
@@ -72,4 +75,28 @@ def load_diloco_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
         diloco.residuals = {name: np.array(value) for name, value in state["residuals"].items()}
 
 
-__all__ = ["diloco_state_dict", "load_diloco_state_dict"]
+class DiLoCoHandler:
+    """Commits, restores and syncs a DiLoCo object's outer state (:func:`diloco_state_dict`) in
+    ``hvd.elastic.KerasState``, which tracks its inner optimizer's variables with the model's.
+
+    A sync gives every rank rank 0's: a joining group receives the global parameters, the outer
+    optimizer's state, the step counters and an exchange in flight. int8's error feedback starts
+    again from zero on every rank (each rank's residuals are its own and the world changed). A
+    commit waits for an exchange in flight.
+    """
+
+    def __init__(self, diloco: DiLoCo) -> None:
+        self.value = diloco
+        self.save()
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(root_outer_state(self.value))
+
+
+__all__ = ["DiLoCoHandler", "diloco_state_dict", "load_diloco_state_dict"]

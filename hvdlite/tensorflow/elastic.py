@@ -21,6 +21,8 @@ import tensorflow as tf
 from ..elastic import FrameworkState, ObjectState, State
 from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .diloco import DiLoCo
+from .diloco_state import DiLoCoHandler
 from .variables import broadcast_variables
 
 run = translating_run((tf.errors.OpError,))
@@ -67,7 +69,8 @@ def _build_optimizer(optimizer: Any, model: Any) -> None:
 class TensorFlowKerasState(_VariablesState):
     """State of a Keras model (its weights) and optimizer (its variables), plus keyword attributes.
 
-    ``optimizer`` defaults to the model's compiled one. The model must be built; an optimizer that
+    ``optimizer`` defaults to the model's compiled one; a :class:`~hvdlite.tensorflow.DiLoCo` object
+    adds its outer state (global parameters, outer optimizer, step counters) to its inner optimizer's. The model must be built; an optimizer that
     has not been built yet is built now (its slots are created, as its first step would), so that
     its state is committed and synced from the start. ``backend`` is accepted for Horovod
     compatibility (Keras 3 has no sessions).
@@ -79,10 +82,28 @@ class TensorFlowKerasState(_VariablesState):
             raise ValueError("the model must be built before its state is tracked: call model.build(input_shape) "
                              "or run it on a batch first")
         self.model = model
+        self._diloco = DiLoCoHandler(optimizer) if isinstance(optimizer, DiLoCo) else None
+        if self._diloco is not None:  # its inner optimizer's variables are tracked with the model's
+            optimizer = optimizer.inner_optimizer
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend
         _build_optimizer(self.optimizer, model)
         super().__init__(**kwargs)
+
+    def _save_values(self) -> None:
+        super()._save_values()
+        if self._diloco is not None:
+            self._diloco.save()
+
+    def _restore_values(self) -> None:
+        super()._restore_values()
+        if self._diloco is not None:
+            self._diloco.restore()
+
+    def _sync_values(self) -> None:
+        super()._sync_values()
+        if self._diloco is not None:
+            self._diloco.sync()
 
     def _variables(self) -> list[Any]:
         optimizer_variables = list(self.optimizer.variables) if self.optimizer is not None else []

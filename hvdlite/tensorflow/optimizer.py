@@ -90,12 +90,13 @@ def _loss_scaler_around(optimizer: keras.optimizers.Optimizer) -> Any:
     return None
 
 
-def _average_before_clipping(optimizer: keras.optimizers.Optimizer, averaging: _Averaging | adasum.AdasumDeltas,
+def _average_before_clipping(optimizer: keras.optimizers.Optimizer,
                              local: local_sgd_module.KerasLocalSGD | None) -> None:
     clip = optimizer._clip_gradients  # bound method of the class; the instance attribute shadows it
     local_variables = getattr(optimizer, _LOCAL)
 
     def clip_gradients(grads: list[Any]) -> list[Any]:
+        averaging = getattr(optimizer, _MARK)  # read when traced: regroup() may have moved it to another set
         scaler = _loss_scaler_around(optimizer)
         if scaler is not None and not hasattr(scaler, _MARK):
             raise ValueError(
@@ -202,7 +203,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     if local is not None:
         target._hvdlite_local_sgd = local  # DiLoCo refuses an inner optimizer that already trains locally
     _track_local_variables(optimizer, target, scale_local_gradients, refusal)
-    _average_before_clipping(target, averaging, local)
+    _average_before_clipping(target, local)
     setattr(optimizer, _MARK, averaging)
     if target is not optimizer:
         setattr(target, _MARK, averaging)
@@ -255,3 +256,14 @@ def _loss_scaled(optimizer: keras.optimizers.Optimizer,
 def is_distributed(optimizer: Any) -> bool:
     """True if ``optimizer`` went through :func:`DistributedOptimizer`."""
     return hasattr(optimizer, _MARK)
+
+
+def average_over(optimizer: Any, process_set: ProcessSet) -> None:
+    """Make a :func:`DistributedOptimizer` that averages gradients average them over ``process_set``
+    from its next trace on (an elastic job's re-formed sets: DiLoCo's ``regroup``)."""
+    averaging = getattr(optimizer, _MARK, None)
+    if (not isinstance(averaging, _Averaging) or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            or getattr(optimizer, "_hvdlite_local_sgd", None) is not None):
+        raise ValueError("DiLoCo.regroup(inner_process_set=...) needs an inner DistributedOptimizer that averages "
+                         "gradients (not Adasum, local SGD or loss scaling)")
+    setattr(optimizer, _MARK, dataclasses.replace(averaging, process_set=process_set))

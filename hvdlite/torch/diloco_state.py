@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from .. import objects
 from ..core.runtime import current
-from ..training.diloco import FORMAT, check_loadable
+from ..training.diloco import FORMAT, check_loadable, root_outer_state
 from ..training.diloco_exchange import settle
 from .diloco_exchange import InFlight, done
 from .state import broadcast_optimizer_state
@@ -121,10 +120,7 @@ class DiLoCoHandler:
         self.value.inner_optimizer.load_state_dict(inner)
 
     def sync(self) -> None:
-        outer = self.value.state_dict() if current().topology.rank == 0 else None
-        outer = objects.broadcast_object(outer, 0, name="hvdlite.diloco.state")
-        outer.update(residuals={}, residuals_world_size=None)
-        self.value.load_state_dict(outer)
+        self.value.load_state_dict(root_outer_state(self.value))
         broadcast_optimizer_state(self.value.inner_optimizer, root_rank=0)
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ..objects import allgather_object
+from ..core.runtime import current
+from ..objects import allgather_object, broadcast_object
 from ..process_sets import ProcessSet
 from .options import check_count
 
@@ -187,5 +188,14 @@ def check_loadable(schedule: DiLoCoSchedule, names: Sequence[str], state: object
         raise ValueError(f"DiLoCo checkpoint does not match the model: missing {missing}, unexpected {extra}")
 
 
-__all__ = ["FORMAT", "DiLoCoSchedule", "ScheduledExchanges", "split_fragments", "describe_mismatch", "check_member", "check_agreement",
+def root_outer_state(diloco: object) -> dict:
+    """Rank 0's checkpoint of ``diloco`` (any framework's DiLoCo object), on every rank, for an elastic
+    sync: without int8's residuals, which are each rank's own (error feedback starts again from zero)."""
+    outer = diloco.state_dict() if current().topology.rank == 0 else None
+    outer = broadcast_object(outer, 0, name="hvdlite.diloco.state")
+    outer.update(residuals={}, residuals_world_size=None)
+    return outer
+
+
+__all__ = ["FORMAT", "root_outer_state", "DiLoCoSchedule", "ScheduledExchanges", "split_fragments", "describe_mismatch", "check_member", "check_agreement",
            "check_loadable"]

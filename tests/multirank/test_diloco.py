@@ -81,15 +81,18 @@ def test_keras_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkp
     assert result.output.count(f"ok keras diloco {run} ") == np, result.output
 
 
-def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_the_outer_state():
+@pytest.mark.parametrize(("script", "ok"), [("torch_diloco_elastic.py", "ok diloco elastic"),
+                                            ("jax_diloco_elastic.py", "ok jax diloco elastic"),
+                                            ("keras_diloco_elastic.py", "ok keras diloco elastic")])
+def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_the_outer_state(script, ok):
     # np=4 in two groups of two: group 1 is killed, group 0 trains on alone, two new ranks refill the
     # slots after the host's cooldown; every rank's parameters end equal to the replay of the sizes.
-    result = run_job(["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "python",
-                      str(SCRIPTS / "torch_diloco_elastic.py")], np=4, timeout=240)
+    result = run_job(["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "python", str(SCRIPTS / script)],
+                     np=4, timeout=240)
     assert result.returncode == 0, result.output
     assert "the job went on without rank(s) [2, 3] and finished" in result.output, result.output
     assert "started 2 rank(s)" in result.output, result.output
-    assert all(f"ok diloco elastic {rank} [2, 4]" in result.output for rank in range(4)), result.output
+    assert all(f"{ok} {rank} [2, 4]" in result.output for rank in range(4)), result.output
 
 
 def test_a_diloco_checkpoint_saved_at_np_4_resumes_at_np_2_and_3_like_the_replay(tmp_path):

@@ -91,3 +91,19 @@ def test_local_sgd_needs_params_and_checks_its_counts():
         tx.update(params, state)
     updates, state = tx.update(params, state, params)  # outside any process set: local steps only
     assert int(state.step) == 1 and np.allclose(updates["w"], -0.1)
+
+
+def test_an_elastic_sync_zeroes_int8_residuals_of_every_diloco_state_and_keeps_the_rest():
+    from hvdlite.jax.diloco import DiLoCoState
+    from hvdlite.jax.elastic import _without_residuals
+
+    def diloco_state(residual):
+        return DiLoCoState(jnp.asarray(3), jnp.asarray(1), (), (), [jnp.ones(2)], [], [], [jnp.full(2, residual)])
+
+    synced = _without_residuals({"opt": (diloco_state(0.5), optax.EmptyState()), "other": [jnp.full(2, 0.5)]})
+    state = synced["opt"][0]
+    assert isinstance(state, DiLoCoState) and np.array_equal(state.residuals[0], np.zeros(2))
+    assert int(state.step) == 3 and np.array_equal(state.global_params[0], np.ones(2))
+    assert np.array_equal(synced["other"][0], np.full(2, 0.5))  # not DiLoCo's: left as synced
+    unchanged = diloco_state(0.5)._replace(residuals=[])
+    assert _without_residuals(unchanged).residuals == []

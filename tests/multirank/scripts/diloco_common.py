@@ -21,6 +21,21 @@ def make_sets(hvd, size: int, group_size: int) -> dict:
     return {kind: [unique.get(tuple(s.ranks), hvd.global_process_set) for s in every] for kind, every in sets.items()}
 
 
+def register_dynamic_sets(hvd, group_size: int) -> tuple:
+    """This world's group (consecutive ranks) and place (the same index in every group) sets,
+    registered on every rank with ``hvd.add_process_set`` (``init(process_sets="dynamic")``), as an
+    elastic job does again after every re-form; a set of every rank is the global set."""
+    size, rank = hvd.size(), hvd.rank()
+    groups = [list(range(g, g + group_size)) for g in range(0, size, group_size)]
+    places = [list(range(p, size, group_size)) for p in range(group_size)]
+    registered = {}
+    for ranks in groups + places:
+        if len(ranks) < size and tuple(ranks) not in registered:
+            registered[tuple(ranks)] = hvd.add_process_set(ranks)
+    mine = [next(r for r in every if rank in r) for every in (groups, places)]
+    return tuple(registered.get(tuple(ranks), hvd.global_process_set) for ranks in mine)
+
+
 class ReplaySchedule:
     """A replay's sends and landings after each step; the replay defines ``schedule``, ``send(fragment)``
     and ``land()``."""

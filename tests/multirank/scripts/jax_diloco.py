@@ -117,7 +117,10 @@ def check_refusals(group_size, sets):
     expect_refusal("delay=2 must be smaller than sync_every / fragments = 2",
                    lambda: hvd.DiLoCo(inner_tx(), outer_tx(), sync_every=4, fragments=2, delay=2))
     tx = hvd.DiLoCo(inner_tx(), outer_tx(), sync_every=4)
+    expect_refusal("DiLoCo.regroup needs the parameters' names: call it after init or an update",
+                   lambda: tx.regroup(hvd.global_process_set))
     state = tx.init(initial())
+    expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}", lambda: tx.regroup(others))
     saved = tx.state_dict(state)
     expect_refusal("DiLoCo checkpoint was saved with another schedule: sync_every=4 there, 8 here",
                    lambda: (other := hvd.DiLoCo(inner_tx(), outer_tx(), sync_every=8)).load_state_dict(

@@ -21,25 +21,12 @@ import signal
 import time
 
 import torch
+from diloco_common import register_dynamic_sets
 from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of
 
 import hvdlite.torch as hvd
 
 GROUP_SIZE, KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 2, 5, 400, 2 * SYNC_EVERY + 1
-
-
-def register_sets() -> tuple[hvd.ProcessSet, hvd.ProcessSet]:
-    """This world's group (consecutive ranks) and place (the same index in every group) sets,
-    registered on every rank; a set of every rank is the global set."""
-    size, rank = hvd.size(), hvd.rank()
-    groups = [list(range(g, g + GROUP_SIZE)) for g in range(0, size, GROUP_SIZE)]
-    places = [list(range(p, size, GROUP_SIZE)) for p in range(GROUP_SIZE)]
-    registered = {}
-    for ranks in groups + places:
-        if len(ranks) < size and tuple(ranks) not in registered:
-            registered[tuple(ranks)] = hvd.add_process_set(ranks)
-    mine = [next(r for r in every if rank in r) for every in (groups, places)]
-    return tuple(registered.get(tuple(ranks), hvd.global_process_set) for ranks in mine)
 
 
 def replay(sizes: list[int]) -> list[torch.nn.Module]:
@@ -77,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(1)
     hvd.init(process_sets="dynamic")
     first_rank, pid = hvd.rank(), os.getpid()
-    group, place = register_sets()
+    group, place = register_dynamic_sets(hvd, GROUP_SIZE)
     model = make_model()
     inner = hvd.DistributedOptimizer(inner_of(model.parameters()), named_parameters=model.named_parameters(),
                                       process_set=group)
@@ -85,7 +72,7 @@ def main() -> None:
     state = hvd.elastic.TorchState(model, diloco, step=0, sizes=[], shrunk=False, joined_steps=0)
 
     def regroup() -> None:
-        diloco.regroup(*reversed(register_sets()))
+        diloco.regroup(*reversed(register_dynamic_sets(hvd, GROUP_SIZE)))
         state.shrunk = state.shrunk or hvd.size() < 4
         state.save()  # so that the sync carries it to joining ranks
 
