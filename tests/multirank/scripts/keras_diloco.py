@@ -156,7 +156,11 @@ def check_refusals(group_size: int, sets: dict) -> None:
     others = sets["group"][(rank // group_size + 1) % len(sets["group"])]
     expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}",
                    lambda: hvd.DiLoCo(model, inner_optimizer(), outer_optimizer(), sync_every=4, process_set=others))
-    saved = hvd.DiLoCo(model, inner_optimizer(), outer_optimizer(), sync_every=4).state_dict()
+    plain = hvd.DiLoCo(model, inner_optimizer(), outer_optimizer(), sync_every=4)
+    expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}", lambda: plain.regroup(others))
+    expect_refusal("DiLoCo.regroup(inner_process_set=...) needs an inner DistributedOptimizer that averages gradients",
+                   lambda: plain.regroup(hvd.global_process_set, inner_process_set=hvd.global_process_set))
+    saved = plain.state_dict()
     expect_refusal("DiLoCo checkpoint was saved with another schedule: sync_every=4 there, 8 here",
                    lambda: hvd.DiLoCo(make_model(), inner_optimizer(), outer_optimizer(),
                                       sync_every=8).load_state_dict(saved))
