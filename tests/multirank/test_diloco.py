@@ -81,18 +81,21 @@ def test_keras_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkp
     assert result.output.count(f"ok keras diloco {run} ") == np, result.output
 
 
-@pytest.mark.parametrize(("script", "ok"), [("torch_diloco_elastic.py", "ok diloco elastic"),
-                                            ("jax_diloco_elastic.py", "ok jax diloco elastic"),
-                                            ("keras_diloco_elastic.py", "ok keras diloco elastic")])
-def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_the_outer_state(script, ok):
-    # np=4 in two groups of two: group 1 is killed, group 0 trains on alone, two new ranks refill the
-    # slots after the host's cooldown; every rank's parameters end equal to the replay of the sizes.
-    result = run_job(["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "python", str(SCRIPTS / script)],
-                     np=4, timeout=240)
+@pytest.mark.parametrize(("script", "np", "group_size", "ok"), [
+    ("torch_diloco_elastic.py", 4, 2, "ok diloco elastic"),  # two groups of two: group 1 dies
+    ("jax_diloco_elastic.py", 3, 1, "ok jax diloco elastic"),  # three groups of one: rank 2 dies
+    ("keras_diloco_elastic.py", 3, 1, "ok keras diloco elastic")])
+def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_the_outer_state(script, np, group_size,
+                                                                                              ok):
+    # The last group is killed, the others train on, new ranks refill the slots after the host's
+    # cooldown; every rank's parameters end equal to the replay of the sizes.
+    dead = list(range(np - group_size, np))
+    result = run_job(["--min-np", "2", "--blacklist-cooldown-range", "0.5", "1", "python", str(SCRIPTS / script),
+                      str(group_size), str(np)], np=np, timeout=240)
     assert result.returncode == 0, result.output
-    assert "the job went on without rank(s) [2, 3] and finished" in result.output, result.output
-    assert "started 2 rank(s)" in result.output, result.output
-    assert all(f"{ok} {rank} [2, 4]" in result.output for rank in range(4)), result.output
+    assert f"the job went on without rank(s) {dead} and finished" in result.output, result.output
+    assert f"started {group_size} rank(s)" in result.output, result.output
+    assert all(f"{ok} {rank} [{np - group_size}, {np}]" in result.output for rank in range(np)), result.output
 
 
 def test_a_diloco_checkpoint_saved_at_np_4_resumes_at_np_2_and_3_like_the_replay(tmp_path):

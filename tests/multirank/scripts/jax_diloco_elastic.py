@@ -1,18 +1,19 @@
 """Elastic DiLoCo for optax: a whole group dies, the other trains on without a restart, and a group joins.
 
-Run with ``hvdliterun -np 4 --min-np 2 --blacklist-cooldown-range 0.5 1``. The story of
-torch_diloco_elastic.py with JAX: groups of two (a DistributedOptimizer over the group's set inside,
-SGD with momentum), DiLoCo's pseudo-gradients averaged over the ranks at the same place in each group
-every SYNC_EVERY steps (Nesterov outer SGD), the training step jitted. Both ranks of group 1 are
-SIGKILLed at step KILL_AT. The survivors restore their last commit, and in a reset callback register
-the new world's sets, move DiLoCo onto them (``tx.regroup(place, inner=...)``) and jit the step
-again. After the host's cooldown two new ranks join at a commit: they build their DiLoCo over the new
-sets and receive rank 0's parameters and optax state (the inner state, the global parameters, the
-outer state and the step count, all in the DiLoCoState) in JaxState's sync.
+Usage: jax_diloco_elastic.py GROUP_SIZE NP, run with ``hvdliterun -np NP --min-np ...
+--blacklist-cooldown-range 0.5 1``. The story of torch_diloco_elastic.py with JAX: groups of
+GROUP_SIZE ranks (a DistributedOptimizer over the group's set inside, SGD with momentum), DiLoCo's
+pseudo-gradients averaged over the ranks at the same place in each group every SYNC_EVERY steps
+(Nesterov outer SGD), the training step jitted. Every rank of the last group is SIGKILLed at step
+KILL_AT. The survivors restore their last commit, and in a reset callback register the new world's
+sets, move DiLoCo onto them (``tx.regroup(place, inner=...)``) and jit the step again. After the
+host's cooldown new ranks fill the slots at a commit: they build their DiLoCo over the new sets and
+receive rank 0's parameters and optax state (the inner state, the global parameters, the outer state
+and the step count, all in the DiLoCoState) in JaxState's sync.
 
 At the end every rank checks its parameters against a replay in one process of the groups each
-committed step ran with (a joining group starts as a copy of group 0). Prints 'ok jax diloco elastic
-RANK SIZES'.
+committed step ran with (at a re-form every group starts again from group 0, whose state the sync
+gives every rank). Prints 'ok jax diloco elastic RANK SIZES'.
 """
 
 import os
@@ -20,6 +21,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import signal  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -30,7 +32,8 @@ from jax_diloco import SYNC_EVERY, flat, initial, inner_tx, loss_fn, outer_tx  #
 
 import hvdlite.jax as hvd  # noqa: E402
 
-GROUP_SIZE, KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 2, 5, 400, 2 * SYNC_EVERY + 1
+GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
+KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
 
 
 def inner_and_place():
@@ -50,15 +53,16 @@ def jitted_step(tx):
 
 def replay(sizes):
     """Each group's parameters after the committed steps, run at ``sizes[step]`` ranks each."""
-    params = [initial(), initial()]
+    params = [initial() for _ in range(FULL // GROUP_SIZE)]
     inner = [inner_tx().init(p) for p in params]
     global_leaves, treedef = jax.tree.flatten(initial())
     outer = outer_tx().init(global_leaves)
-    live = 2
+    live = len(params)
     for step, size in enumerate(sizes):
-        if size // GROUP_SIZE > live:  # a group joined: it received group 0's state in the sync
-            params[1], inner[1] = params[0], inner[0]
-        live = size // GROUP_SIZE
+        if size // GROUP_SIZE != live:  # a re-form: the sync gave every rank rank 0's state (group 0's)
+            live = size // GROUP_SIZE
+            for g in range(1, live):
+                params[g], inner[g] = params[0], inner[0]
         for g in range(live):
             grads = [jax.grad(loss_fn)(params[g], rank, step) for rank in range(g * GROUP_SIZE, (g + 1) * GROUP_SIZE)]
             updates, inner[g] = inner_tx().update(jax.tree.map(lambda *v: sum(v) / len(v), *grads), inner[g],
@@ -87,7 +91,7 @@ def main():
         inner, place = inner_and_place()
         tx.regroup(place, inner=inner)
         train_step[0] = jitted_step(tx)
-        state.shrunk = state.shrunk or hvd.size() < 4
+        state.shrunk = state.shrunk or hvd.size() < FULL
         state.save()  # so that the sync carries it to joining ranks
 
     state.register_reset_callbacks([regroup])
@@ -97,17 +101,17 @@ def main():
         for step in range(state.step, MAX_STEPS):
             if state.joined_steps >= STEPS_AFTER_JOIN:
                 return
-            if first_rank >= GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
+            if first_rank >= FULL - GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
             state.params, state.opt_state = train_step[0](state.params, state.opt_state, hvd.rank(), step)
             state.sizes = [*state.sizes, hvd.size()]
-            state.joined_steps += state.shrunk and hvd.size() == 4
+            state.joined_steps += state.shrunk and hvd.size() == FULL
             state.step = step + 1
             state.commit()
 
     train(state)
-    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == 4, (state.sizes, hvd.size())
+    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == FULL, (state.sizes, hvd.size())
     assert int(state.opt_state.step) == len(state.sizes), (int(state.opt_state.step), state.sizes)
     expected = flat(replay(state.sizes)[hvd.rank() // GROUP_SIZE])
     np.testing.assert_allclose(flat(state.params), expected, atol=1e-5, err_msg=f"rank {hvd.rank()}")

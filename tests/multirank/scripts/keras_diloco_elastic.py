@@ -1,18 +1,19 @@
 """Elastic DiLoCo for Keras: a whole group dies, the other trains on without a restart, and a group joins.
 
-Run with ``hvdliterun -np 4 --min-np 2 --blacklist-cooldown-range 0.5 1``. The story of
-torch_diloco_elastic.py with ``model.fit``: groups of two (a DistributedOptimizer over the group's set
-inside, SGD with momentum), DiLoCo (a callback) averaging pseudo-gradients over the ranks at the same
-place in each group every SYNC_EVERY steps (Nesterov outer SGD). Both ranks of group 1 are SIGKILLed
-at step KILL_AT. The survivors restore their last commit, and in a reset callback register the new
-world's sets and move DiLoCo and its inner optimizer onto them (``diloco.regroup``; fit traces its
-step again). After the host's cooldown two new ranks join at a commit: they build their model and
-DiLoCo over the new sets and receive, in KerasState's sync, rank 0's weights, inner optimizer state,
-global parameters, outer optimizer state and step count.
+Usage: keras_diloco_elastic.py GROUP_SIZE NP, run with ``hvdliterun -np NP --min-np ...
+--blacklist-cooldown-range 0.5 1``. The story of torch_diloco_elastic.py with ``model.fit``: groups of
+GROUP_SIZE ranks (a DistributedOptimizer over the group's set inside, SGD with momentum), DiLoCo (a
+callback) averaging pseudo-gradients over the ranks at the same place in each group every SYNC_EVERY
+steps (Nesterov outer SGD). Every rank of the last group is SIGKILLed at step KILL_AT. The survivors
+restore their last commit, and in a reset callback register the new world's sets and move DiLoCo and
+its inner optimizer onto them (``diloco.regroup``; fit traces its step again). After the host's
+cooldown new ranks fill the slots at a commit: they build their model and DiLoCo over the new sets
+and receive, in KerasState's sync, rank 0's weights, inner optimizer state, global parameters, outer
+optimizer state and step count.
 
 At the end every rank checks its weights against a replay in one process of the groups each
-committed step ran with (a joining group starts as a copy of group 0). Prints 'ok keras diloco
-elastic RANK SIZES'.
+committed step ran with (at a re-form every group starts again from group 0, whose state the sync
+gives every rank). Prints 'ok keras diloco elastic RANK SIZES'.
 """
 
 import os
@@ -20,6 +21,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import signal  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import keras  # noqa: E402
@@ -40,7 +42,8 @@ from keras_diloco import (  # noqa: E402
 
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
 
-GROUP_SIZE, KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 2, 5, 400, 2 * SYNC_EVERY + 1
+GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
+KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
 
 
 class Steps(keras.callbacks.Callback):
@@ -51,14 +54,14 @@ class Steps(keras.callbacks.Callback):
         self.state, self.first_rank = state, first_rank
 
     def on_train_batch_begin(self, index, logs=None):
-        if self.first_rank >= GROUP_SIZE and self.state.step == KILL_AT:  # joining ranks start after KILL_AT
+        if self.first_rank >= FULL - GROUP_SIZE and self.state.step == KILL_AT:  # joining ranks start after KILL_AT
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
 
     def on_train_batch_end(self, index, logs=None):
         state = self.state
         state.sizes = [*state.sizes, hvd.size()]
-        state.joined_steps += state.shrunk and hvd.size() == 4
+        state.joined_steps += state.shrunk and hvd.size() == FULL
         state.step += 1
         state.commit()
         self.model.stop_training = state.joined_steps >= STEPS_AFTER_JOIN
@@ -75,15 +78,17 @@ def copy_optimizer(source, model):
 
 def replay(sizes):
     """Each group's weights after the committed steps, run at ``sizes[step]`` ranks each."""
-    models, inners = [make_model(), make_model()], [inner_optimizer(), inner_optimizer()]
+    models = [make_model() for _ in range(FULL // GROUP_SIZE)]
+    inners = [inner_optimizer() for _ in models]
     global_weights = make_model().get_weights()
     momentum = [np.zeros_like(w) for w in global_weights]
-    live = 2
+    live = len(models)
     for step, size in enumerate(sizes):
-        if size // GROUP_SIZE > live:  # a group joined: it received group 0's state in the sync
-            models[1].set_weights(models[0].get_weights())
-            inners[1] = copy_optimizer(inners[0], models[1])
-        live = size // GROUP_SIZE
+        if size // GROUP_SIZE != live:  # a re-form: the sync gave every rank rank 0's state (group 0's)
+            live = size // GROUP_SIZE
+            for g in range(1, live):
+                models[g].set_weights(models[0].get_weights())
+                inners[g] = copy_optimizer(inners[0], models[g])
         for g in range(live):
             grads = [gradients(models[g], rank, step) for rank in range(g * GROUP_SIZE, (g + 1) * GROUP_SIZE)]
             inners[g].apply_gradients(zip([sum(column) / len(column) for column in zip(*grads, strict=True)],
@@ -111,7 +116,7 @@ def main():
 
     def regroup():
         diloco.regroup(*reversed(register_dynamic_sets(hvd, GROUP_SIZE)))
-        state.shrunk = state.shrunk or hvd.size() < 4
+        state.shrunk = state.shrunk or hvd.size() < FULL
         state.save()  # so that the sync carries it to joining ranks
 
     state.register_reset_callbacks([regroup])
@@ -123,7 +128,7 @@ def main():
         model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[diloco, Steps(state, first_rank)])
 
     train(state)
-    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == 4, (state.sizes, hvd.size())
+    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == FULL, (state.sizes, hvd.size())
     assert diloco.inner_steps == len(state.sizes), (diloco.inner_steps, state.sizes)
     expected = flat(replay(state.sizes)[hvd.rank() // GROUP_SIZE].get_weights())
     np.testing.assert_allclose(flat(model.get_weights()), expected, atol=1e-5, err_msg=f"rank {hvd.rank()}")

@@ -1,23 +1,26 @@
 """Elastic DiLoCo: a whole group dies, the other trains on without a restart, and a group joins again.
 
-Run with ``hvdliterun -np 4 --min-np 2 --blacklist-cooldown-range 0.5 1``. Ranks form groups of two (a
+Usage: torch_diloco_elastic.py GROUP_SIZE NP, run with ``hvdliterun -np NP --min-np ...
+--blacklist-cooldown-range 0.5 1`` (the test: 2 4). Ranks form groups of GROUP_SIZE (a
 DistributedOptimizer over the group's set inside, SGD with momentum); DiLoCo averages pseudo-gradients
-over the ranks at the same place in each group every SYNC_EVERY steps (Nesterov outer SGD). Both ranks
-of group 1 are SIGKILLed at step KILL_AT. The survivors fail at their next collective across groups,
-restore their last commit, register the new world's sets in a reset callback (``diloco.regroup``) and
-train on as one group. After the host's cooldown two new ranks fill the slots at a commit: they build
+over the ranks at the same place in each group every SYNC_EVERY steps (Nesterov outer SGD). Every rank
+of the last group is SIGKILLed at step KILL_AT. The survivors fail at their next collective across
+groups, restore their last commit, register the new world's sets in a reset callback
+(``diloco.regroup``) and train on. After the host's cooldown new ranks fill the slots at a commit: they build
 their DiLoCo over the new sets and receive, in the state's sync, rank 0's model, inner optimizer state,
 global parameters, outer optimizer state and step count.
 
 The state records the world size of each committed step. At the end every rank checks its parameters
-against a replay in one process of the groups each committed step ran with (a joining group starts as
-a copy of group 0), so a joiner that missed the global parameters or the outer momentum fails.
+against a replay in one process of the groups each committed step ran with (at a re-form every group
+starts again from group 0, whose state the sync gives every rank), so a joiner that missed the global
+parameters or the outer momentum fails.
 Prints 'ok diloco elastic RANK SIZES'.
 """
 
 import copy
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -26,22 +29,24 @@ from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, 
 
 import hvdlite.torch as hvd
 
-GROUP_SIZE, KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 2, 5, 400, 2 * SYNC_EVERY + 1
+GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
+KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
 
 
 def replay(sizes: list[int]) -> list[torch.nn.Module]:
     """Each group's model after the committed steps, run at ``sizes[step]`` ranks each."""
-    models = [make_model() for _ in range(2)]
+    models = [make_model() for _ in range(FULL // GROUP_SIZE)]
     inners = [inner_of(model.parameters()) for model in models]
     global_model = make_model()
     outer = outer_of(global_model.parameters())
-    live = 2
+    live = len(models)
     for step, size in enumerate(sizes):
-        if size // GROUP_SIZE > live:  # a group joined: it received group 0's state in the sync
-            models[1] = copy.deepcopy(models[0])
-            inners[1] = inner_of(models[1].parameters())
-            inners[1].load_state_dict(copy.deepcopy(inners[0].state_dict()))
-        live = size // GROUP_SIZE
+        if size // GROUP_SIZE != live:  # a re-form: the sync gave every rank rank 0's state (group 0's)
+            live = size // GROUP_SIZE
+            for g in range(1, live):
+                models[g] = copy.deepcopy(models[0])
+                inners[g] = inner_of(models[g].parameters())
+                inners[g].load_state_dict(copy.deepcopy(inners[0].state_dict()))
         for group in range(live):
             inner_step(models[group], inners[group], range(group * GROUP_SIZE, (group + 1) * GROUP_SIZE), step)
         if (step + 1) % SYNC_EVERY == 0:
@@ -73,7 +78,7 @@ def main() -> None:
 
     def regroup() -> None:
         diloco.regroup(*reversed(register_dynamic_sets(hvd, GROUP_SIZE)))
-        state.shrunk = state.shrunk or hvd.size() < 4
+        state.shrunk = state.shrunk or hvd.size() < FULL
         state.save()  # so that the sync carries it to joining ranks
 
     state.register_reset_callbacks([regroup])
@@ -83,19 +88,19 @@ def main() -> None:
         for step in range(state.step, MAX_STEPS):
             if state.joined_steps >= STEPS_AFTER_JOIN:
                 return
-            if first_rank >= GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
+            if first_rank >= FULL - GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
             diloco.zero_grad()
             loss_of(model, hvd.rank(), step).backward()
             diloco.step()
             state.sizes = [*state.sizes, hvd.size()]
-            state.joined_steps += state.shrunk and hvd.size() == 4
+            state.joined_steps += state.shrunk and hvd.size() == FULL
             state.step = step + 1
             state.commit()
 
     train(state)
-    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == 4, (state.sizes, hvd.size())
+    assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == FULL, (state.sizes, hvd.size())
     assert diloco.inner_steps == len(state.sizes), (diloco.inner_steps, state.sizes)
     expected = replay(state.sizes)[hvd.rank() // GROUP_SIZE]
     for (name, param), want in zip(model.named_parameters(), expected.parameters(), strict=True):
