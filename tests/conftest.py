@@ -31,12 +31,16 @@ from pathlib import Path
 import pytest
 
 LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason"
-# The longest groups first (wall seconds beside another group, measured 2026-11-27: torch 243,
-# tensorflow 229, adasum 197, the namespace files 182, process_sets 174, jax 152, fully_sharded 113,
-# elastic 107, collectives 74, spark 50, the unit tests about 45), so that neither worker is left with
-# a long file while the other has finished: the rest follow in file order.
-LONGEST_FIRST = ["test_torch", "test_tensorflow", "test_process_sets", "test_adasum", "netns", "test_jax",
-                 "test_elastic", "test_fully_sharded", "test_collectives", "test_spark", "unit"]
+# The longest groups first (worker seconds, measured 2026-11-28 on 2 cores with both workers busy:
+# tensorflow 251, torch 248, diloco ~230, the namespace files 203, adasum ~170, process_sets ~155, jax 150,
+# fully_sharded 143, docs 133, elastic 132, torch_backend 124, spark 99, fully_sharded_torch_apis 91,
+# elastic_frameworks 82, collectives 80, the unit tests 63, gpu_scripts_on_cpu 59, elastic_examples 55,
+# ray 52, shm 39, failures 28), so that neither worker is left with a long file while the other has
+# finished (xdist keeps one group queued per worker): the rest follow in file order.
+LONGEST_FIRST = ["test_tensorflow", "test_torch", "test_diloco", "netns", "test_adasum", "test_process_sets",
+                 "test_jax", "test_fully_sharded", "test_docs", "test_elastic", "test_torch_backend", "test_spark",
+                 "test_fully_sharded_torch_apis", "test_elastic_frameworks", "test_collectives", "unit",
+                 "test_gpu_scripts_on_cpu", "test_elastic_examples", "test_ray", "test_shm", "test_failures"]
 
 
 def _group(item: pytest.Item) -> str:

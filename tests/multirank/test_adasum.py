@@ -35,7 +35,9 @@ KERAS_CASES = ["sgd eager", "adam fit", "adam tf.function", "backward_passes_per
                "refusals"]
 
 
-@pytest.mark.parametrize("np", [2, 3, 4])
+# The Keras and optax optimizers at np=2 and 3: the recursive halving over 4 ranks (two levels) is the
+# core's, run at np=4 by the reference-tree and the torch optimizer tests above.
+@pytest.mark.parametrize("np", [2, 3])
 def test_the_keras_adasum_optimizer_combines_each_ranks_variable_changes(np):
     result = run_job(["python", str(SCRIPTS / "keras_adasum_optimizer.py")], np=np,
                      env={"KERAS_BACKEND": "tensorflow"}, timeout=300)
@@ -48,7 +50,7 @@ def test_the_keras_adasum_optimizer_combines_each_ranks_variable_changes(np):
 JAX_CASES = ["adam eager", "sgd jit", "adamw jit", "backward_passes_per_step", "process set", "refusals"]
 
 
-@pytest.mark.parametrize("np", [2, 3, 4])
+@pytest.mark.parametrize("np", [2, 3])
 def test_the_optax_adasum_optimizer_combines_each_ranks_updates(np):
     result = run_job(["python", str(SCRIPTS / "jax_adasum_optimizer.py")], np=np, timeout=240)
     assert result.returncode == 0, result.output

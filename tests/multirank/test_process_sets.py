@@ -90,8 +90,9 @@ JAX_HOST_ONLY = ["alltoall_splits", "barrier", "join", "broadcast_parameters", "
                  "broadcast_object", "allgather_object"]
 
 
+# np=3 only: the sets' bookkeeping is the core's, run at np=3 and 4 by the collectives and torch tests above.
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
-@pytest.mark.parametrize("np", [3, 4])
+@pytest.mark.parametrize("np", [3])
 def test_jax_collectives_and_optax_train_on_overlapping_and_disjoint_sets(np, mode):
     """Every JAX collective outside and inside jit on each set a rank is in; two optax groups (evens,
     odds) each equal to one process on the group's whole batch; and, on each set a rank is not in,
