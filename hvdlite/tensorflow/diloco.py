@@ -82,8 +82,9 @@ class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
         if inner_process_set is not None:
             check_member(inner_process_set)
             average_over(self.inner_optimizer, inner_process_set)
-            for model in {id(m): m for m in (self._given_model, getattr(self, "_model", None)) if m is not None}.values():
-                model.train_function = None  # traced with the old set
+            for model in (self._given_model, getattr(self, "_model", None)):  # the one given, the one fitting
+                if model is not None:
+                    model.train_function = None  # traced with the old set: fit traces it again
         self.process_set, self._in_flight, self.residuals = process_set, None, {}
         self._check_ranks_agree()
 

@@ -70,10 +70,10 @@ class TensorFlowKerasState(_VariablesState):
     """State of a Keras model (its weights) and optimizer (its variables), plus keyword attributes.
 
     ``optimizer`` defaults to the model's compiled one; a :class:`~hvdlite.tensorflow.DiLoCo` object
-    adds its outer state (global parameters, outer optimizer, step counters) to its inner optimizer's. The model must be built; an optimizer that
-    has not been built yet is built now (its slots are created, as its first step would), so that
-    its state is committed and synced from the start. ``backend`` is accepted for Horovod
-    compatibility (Keras 3 has no sessions).
+    adds its outer state (global parameters, outer optimizer, step counters) to its inner
+    optimizer's. The model must be built; an optimizer that has not been built yet is built now
+    (its slots are created, as its first step would), so that its state is committed and synced
+    from the start. ``backend`` is accepted for Horovod compatibility (Keras 3 has no sessions).
     """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
