@@ -4,6 +4,9 @@ Ranks form groups of GROUP_SIZE consecutive ranks (synchronous inside); DiLoCo's
 are averaged over the ranks holding the same place in each group.
 """
 
+import os
+import signal
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -34,6 +37,51 @@ def register_dynamic_sets(hvd, group_size: int) -> tuple:
             registered[tuple(ranks)] = hvd.add_process_set(ranks)
     mine = [next(r for r in every if rank in r) for every in (groups, places)]
     return tuple(registered.get(tuple(ranks), hvd.global_process_set) for ranks in mine)
+
+
+# The elastic scripts: every rank of the last group dies before step KILL_AT; new ranks join after the
+# host's cooldown, and the job ends once the full world has run STEPS_AFTER_JOIN steps again.
+KILL_AT, MAX_STEPS = 5, 400
+
+
+def die_on_schedule(first_rank: int, step: int, group_size: int, full: int) -> None:
+    """SIGKILL this process if it started in the last group and ``step`` is KILL_AT (joining ranks
+    start after it); then pace the step, so that the host's cooldown ends within a bounded number of steps."""
+    if first_rank >= full - group_size and step == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)
+
+
+def record_step(hvd, state, full: int) -> None:
+    """Record the world size of the step just taken (``state.sizes``, for the replay), count the
+    steps of the full world after a shrink (``state.joined_steps``) and commit."""
+    state.sizes = [*state.sizes, hvd.size()]
+    state.joined_steps += state.shrunk and hvd.size() == full
+    state.step += 1
+    state.commit()
+
+
+def note_reform(hvd, state, full: int) -> None:
+    """A reset callback's bookkeeping: whether the world has shrunk, saved so the sync carries it to joining ranks."""
+    state.shrunk = state.shrunk or hvd.size() < full
+    state.save()
+
+
+def elastic_steps(hvd, state, group_size: int, full: int, steps_after_join: int, one_step: Callable[[int], None]):
+    """Run ``one_step(step)`` under ``hvd.elastic.run`` until the full world has run ``steps_after_join``
+    steps after a shrink, dying on schedule and recording every step."""
+    first_rank = hvd.rank()
+
+    @hvd.elastic.run
+    def train(state):
+        for step in range(state.step, MAX_STEPS):
+            if state.joined_steps >= steps_after_join:
+                return
+            die_on_schedule(first_rank, step, group_size, full)
+            one_step(step)
+            record_step(hvd, state, full)
+
+    train(state)
 
 
 class ReplaySchedule:

@@ -20,20 +20,18 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import signal  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from diloco_common import register_dynamic_sets  # noqa: E402
+from diloco_common import elastic_steps, note_reform, register_dynamic_sets  # noqa: E402
 from jax_diloco import SYNC_EVERY, flat, initial, inner_tx, loss_fn, outer_tx  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
 
 GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
-KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
+STEPS_AFTER_JOIN = 2 * SYNC_EVERY + 1
 
 
 def inner_and_place():
@@ -80,7 +78,6 @@ def replay(sizes):
 
 def main():
     hvd.init(process_sets="dynamic")
-    first_rank, pid = hvd.rank(), os.getpid()
     inner, place = inner_and_place()
     tx = hvd.DiLoCo(inner, outer_tx(), sync_every=SYNC_EVERY, process_set=place)
     params = initial()
@@ -91,26 +88,14 @@ def main():
         inner, place = inner_and_place()
         tx.regroup(place, inner=inner)
         train_step[0] = jitted_step(tx)
-        state.shrunk = state.shrunk or hvd.size() < FULL
-        state.save()  # so that the sync carries it to joining ranks
+        note_reform(hvd, state, FULL)
 
     state.register_reset_callbacks([regroup])
 
-    @hvd.elastic.run
-    def train(state):
-        for step in range(state.step, MAX_STEPS):
-            if state.joined_steps >= STEPS_AFTER_JOIN:
-                return
-            if first_rank >= FULL - GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
-            state.params, state.opt_state = train_step[0](state.params, state.opt_state, hvd.rank(), step)
-            state.sizes = [*state.sizes, hvd.size()]
-            state.joined_steps += state.shrunk and hvd.size() == FULL
-            state.step = step + 1
-            state.commit()
+    def one_step(step):
+        state.params, state.opt_state = train_step[0](state.params, state.opt_state, hvd.rank(), step)
 
-    train(state)
+    elastic_steps(hvd, state, GROUP_SIZE, FULL, STEPS_AFTER_JOIN, one_step)
     assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == FULL, (state.sizes, hvd.size())
     assert int(state.opt_state.step) == len(state.sizes), (int(state.opt_state.step), state.sizes)
     expected = flat(replay(state.sizes)[hvd.rank() // GROUP_SIZE])

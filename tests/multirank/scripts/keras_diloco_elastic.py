@@ -20,14 +20,12 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import signal  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from diloco_common import register_dynamic_sets  # noqa: E402
+from diloco_common import MAX_STEPS, die_on_schedule, note_reform, record_step, register_dynamic_sets  # noqa: E402
 from keras_diloco import (  # noqa: E402
     OUTER_LR,
     OUTER_MOMENTUM,
@@ -43,28 +41,22 @@ from keras_diloco import (  # noqa: E402
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
 
 GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
-KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
+STEPS_AFTER_JOIN = 2 * SYNC_EVERY + 1
 
 
 class Steps(keras.callbacks.Callback):
-    """After DiLoCo's callback: group 1 dies at KILL_AT; each step's world size is recorded and committed."""
+    """After DiLoCo's callback: the last group dies at KILL_AT; each step's world size is recorded and committed."""
 
     def __init__(self, state, first_rank):
         super().__init__()
         self.state, self.first_rank = state, first_rank
 
     def on_train_batch_begin(self, index, logs=None):
-        if self.first_rank >= FULL - GROUP_SIZE and self.state.step == KILL_AT:  # joining ranks start after KILL_AT
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
+        die_on_schedule(self.first_rank, self.state.step, GROUP_SIZE, FULL)
 
     def on_train_batch_end(self, index, logs=None):
-        state = self.state
-        state.sizes = [*state.sizes, hvd.size()]
-        state.joined_steps += state.shrunk and hvd.size() == FULL
-        state.step += 1
-        state.commit()
-        self.model.stop_training = state.joined_steps >= STEPS_AFTER_JOIN
+        record_step(hvd, self.state, FULL)
+        self.model.stop_training = self.state.joined_steps >= STEPS_AFTER_JOIN
 
 
 def copy_optimizer(source, model):
@@ -116,8 +108,7 @@ def main():
 
     def regroup():
         diloco.regroup(*reversed(register_dynamic_sets(hvd, GROUP_SIZE)))
-        state.shrunk = state.shrunk or hvd.size() < FULL
-        state.save()  # so that the sync carries it to joining ranks
+        note_reform(hvd, state, FULL)
 
     state.register_reset_callbacks([regroup])
 

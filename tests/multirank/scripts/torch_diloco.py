@@ -62,6 +62,17 @@ def inner_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks, 
     optimizer.step()
 
 
+def outer_step(global_model: torch.nn.Module, outer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
+    """DiLoCo's sync: the outer step on the groups' mean pseudo-gradient; every group starts from it."""
+    with torch.no_grad():
+        for index, param in enumerate(global_model.parameters()):
+            param.grad = torch.stack([param - list(m.parameters())[index] for m in models]).mean(0)
+        outer.step()
+        for model in models:
+            for param, value in zip(model.parameters(), global_model.parameters(), strict=True):
+                param.copy_(value)
+
+
 class Replay(ReplaySchedule):
     """Every group's model after every step, with DiLoCo's outer steps, in this process."""
 

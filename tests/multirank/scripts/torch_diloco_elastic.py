@@ -18,19 +18,16 @@ Prints 'ok diloco elastic RANK SIZES'.
 """
 
 import copy
-import os
-import signal
 import sys
-import time
 
 import torch
-from diloco_common import register_dynamic_sets
-from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of
+from diloco_common import elastic_steps, note_reform, register_dynamic_sets
+from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of, outer_step
 
 import hvdlite.torch as hvd
 
 GROUP_SIZE, FULL = int(sys.argv[1]), int(sys.argv[2])  # ranks per group, ranks in the job
-KILL_AT, MAX_STEPS, STEPS_AFTER_JOIN = 5, 400, 2 * SYNC_EVERY + 1
+STEPS_AFTER_JOIN = 2 * SYNC_EVERY + 1
 
 
 def replay(sizes: list[int]) -> list[torch.nn.Module]:
@@ -54,21 +51,9 @@ def replay(sizes: list[int]) -> list[torch.nn.Module]:
     return models
 
 
-def outer_step(global_model: torch.nn.Module, outer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> None:
-    """DiLoCo's sync: the outer step on the groups' mean pseudo-gradient; every group starts from it."""
-    with torch.no_grad():
-        for index, param in enumerate(global_model.parameters()):
-            param.grad = torch.stack([param - list(m.parameters())[index] for m in models]).mean(0)
-        outer.step()
-        for model in models:
-            for param, value in zip(model.parameters(), global_model.parameters(), strict=True):
-                param.copy_(value)
-
-
 def main() -> None:
     torch.set_num_threads(1)
     hvd.init(process_sets="dynamic")
-    first_rank, pid = hvd.rank(), os.getpid()
     group, place = register_dynamic_sets(hvd, GROUP_SIZE)
     model = make_model()
     inner = hvd.DistributedOptimizer(inner_of(model.parameters()), named_parameters=model.named_parameters(),
@@ -78,28 +63,16 @@ def main() -> None:
 
     def regroup() -> None:
         diloco.regroup(*reversed(register_dynamic_sets(hvd, GROUP_SIZE)))
-        state.shrunk = state.shrunk or hvd.size() < FULL
-        state.save()  # so that the sync carries it to joining ranks
+        note_reform(hvd, state, FULL)
 
     state.register_reset_callbacks([regroup])
 
-    @hvd.elastic.run
-    def train(state):
-        for step in range(state.step, MAX_STEPS):
-            if state.joined_steps >= STEPS_AFTER_JOIN:
-                return
-            if first_rank >= FULL - GROUP_SIZE and step == KILL_AT:  # joining ranks start after KILL_AT
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)  # paced, so that the host's cooldown ends within a bounded number of steps
-            diloco.zero_grad()
-            loss_of(model, hvd.rank(), step).backward()
-            diloco.step()
-            state.sizes = [*state.sizes, hvd.size()]
-            state.joined_steps += state.shrunk and hvd.size() == FULL
-            state.step = step + 1
-            state.commit()
+    def one_step(step: int) -> None:
+        diloco.zero_grad()
+        loss_of(model, hvd.rank(), step).backward()
+        diloco.step()
 
-    train(state)
+    elastic_steps(hvd, state, GROUP_SIZE, FULL, STEPS_AFTER_JOIN, one_step)
     assert state.shrunk and state.joined_steps >= STEPS_AFTER_JOIN and hvd.size() == FULL, (state.sizes, hvd.size())
     assert diloco.inner_steps == len(state.sizes), (diloco.inner_steps, state.sizes)
     expected = replay(state.sizes)[hvd.rank() // GROUP_SIZE]

@@ -13,8 +13,7 @@ import sys
 
 import torch
 from diloco_common import make_sets
-from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of
-from torch_diloco_elastic import outer_step
+from torch_diloco import SYNC_EVERY, inner_of, inner_step, loss_of, make_model, outer_of, outer_step
 
 import hvdlite.torch as hvd
 
