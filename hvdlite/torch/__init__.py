@@ -9,6 +9,9 @@ script stays as it is::
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -50,26 +53,43 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
-from .diloco import DiLoCo
 from .distributed.rendezvous import publish as _publish_rendezvous
-from .fully_sharded import (
-    FullyShardedModule,
-    MixedPrecisionPolicy,
-    clip_grad_norm_,
-    full_optimizer_state_dict,
-    full_state_dict,
-    fully_shard,
-    load_full_optimizer_state_dict,
-    load_full_state_dict,
-    load_sharded_state,
-    save_sharded_state,
-)
 from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce, sparse_allreduce_async
 from .state import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
 
+if TYPE_CHECKING:  # the names imported on first use (below), for type checkers
+    from .diloco import DiLoCo
+    from .fully_sharded import (
+        FullyShardedModule,
+        MixedPrecisionPolicy,
+        clip_grad_norm_,
+        full_optimizer_state_dict,
+        full_state_dict,
+        fully_shard,
+        load_full_optimizer_state_dict,
+        load_full_state_dict,
+        load_sharded_state,
+        save_sharded_state,
+    )
+
 distributed.register()  # dist.init_process_group("hvdlite") works once hvd.init() ran
+
+# Imported on first use: they import torch.distributed.tensor (DTensor), half a second of CPU that
+# every rank of a job without fully_shard or DiLoCo would pay at ``import hvdlite.torch``.
+_LAZY = {"DiLoCo": ".diloco", **{name: ".fully_sharded" for name in (
+    "FullyShardedModule", "MixedPrecisionPolicy", "clip_grad_norm_", "full_optimizer_state_dict", "full_state_dict",
+    "fully_shard", "load_full_optimizer_state_dict", "load_full_state_dict", "load_sharded_state",
+    "save_sharded_state")}}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
 
 
 def init(comm=None, process_sets=None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import sys
 from typing import Any
 
 import torch
@@ -20,10 +21,11 @@ import torch
 from .. import basics, objects
 from ..elastic import ObjectState, State, run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
-from .diloco import DiLoCo
-from .diloco_state import DiLoCoHandler
-from .fully_sharded.elastic import ShardedModelHandler, ShardedOptimizerHandler, is_fully_sharded
+from ..utils.loaded import is_instance
 from .state import broadcast_optimizer_state, broadcast_parameters
+
+# DiLoCo and fully_shard import DTensor (half a second): looked up only once a script imported them.
+_DILOCO = ("hvdlite.torch.diloco", "DiLoCo")
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -103,15 +105,25 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-def _handler_for(value: Any) -> _Handler | DiLoCoHandler | None:
-    if is_fully_sharded(value) or (isinstance(value, torch.optim.Optimizer) and any(
+def _is_fully_sharded(value: Any) -> bool:
+    if "hvdlite.torch.fully_sharded" not in sys.modules:  # nothing was sharded
+        return False
+    from .fully_sharded.elastic import is_fully_sharded
+
+    return is_fully_sharded(value)
+
+
+def _handler_for(value: Any) -> Any:
+    if _is_fully_sharded(value) or (isinstance(value, torch.optim.Optimizer) and any(
             getattr(p, "_hvdlite_fully_sharded", False) for g in value.param_groups for p in g["params"])):
         raise ValueError("TorchState: a fully sharded model and its optimizer are elastic state only as "
                          "TorchState(model=..., optimizer=...), given when the state is made: each rank holds "
                          "different shards, so they are committed and re-sharded together, not broadcast")
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
-    if isinstance(value, DiLoCo):
+    if is_instance(value, *_DILOCO):
+        from .diloco_state import DiLoCoHandler
+
         return DiLoCoHandler(value)
     if isinstance(value, torch.optim.Optimizer):
         if getattr(value, "_hvdlite_checkpoints", None) is not None:
@@ -125,8 +137,10 @@ def _handler_for(value: Any) -> _Handler | DiLoCoHandler | None:
 
 def _sharded_handlers(model: Any, optimizer: Any) -> dict[str, Any]:
     """The handlers of a fully sharded model and its optimizer (none for a replicated model)."""
-    if not is_fully_sharded(model):
+    if not _is_fully_sharded(model):
         return {}
+    from .fully_sharded.elastic import ShardedModelHandler, ShardedOptimizerHandler
+
     handlers = {"model": ShardedModelHandler(model, optimizer)}
     if optimizer is not None:
         handlers["optimizer"] = ShardedOptimizerHandler(optimizer)
@@ -172,7 +186,7 @@ class TorchState(ObjectState):
     def on_reset(self) -> None:
         # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.
         for handler in self._handlers.values():
-            optimizer = handler.value.inner_optimizer if isinstance(handler.value, DiLoCo) else handler.value
+            optimizer = handler.value.inner_optimizer if is_instance(handler.value, *_DILOCO) else handler.value
             reducer = getattr(optimizer, "_hvdlite_reducer", None)
             if reducer is not None:
                 reducer.world_changed()

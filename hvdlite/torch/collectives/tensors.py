@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
 from ...core.runtime import caller_waits
 from ...errors import UnsupportedOperationError
 from ...gpu import arrays as gpu_arrays
 from ...utils import dtypes
+from ...utils.loaded import is_instance
 
 _TORCH_TO_CORE: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
@@ -83,7 +83,7 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_
     (a :class:`DeviceArray`) on a GPU the GPU plane can use, else a host copy."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor {name or ''!r} must be a torch.Tensor, got {type(tensor).__name__}")
-    if isinstance(tensor, DTensor):  # (its data pointer is not its data: the core would read garbage)
+    if is_instance(tensor, "torch.distributed.tensor", "DTensor"):  # its data pointer is not its data
         raise UnsupportedOperationError(
             f"tensor {name or f'of shape {tuple(tensor.shape)}'!r} is a DTensor (placements {tensor.placements}, "
             f"mesh ranks {tensor.device_mesh.mesh.tolist()}): each rank holds only its part of it, and hvdlite's "
