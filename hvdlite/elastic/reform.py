@@ -35,6 +35,8 @@ log = logging.getLogger("hvdlite")
 _LAUNCHER_RETRY_SECONDS = 30.0  # after hvdliterun did not answer rank 0's request for the host list
 _CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
 _REMOVED_FILE = "elastic.removed"
+# Survivors read the list of the dead until it has not grown for this long (at most _SETTLE_LIMIT s).
+_SETTLE_QUIET, _SETTLE_LIMIT = 0.5, 5.0
 
 
 def shrink() -> list[str]:
@@ -48,7 +50,7 @@ def shrink() -> list[str]:
     world = runtime.current()
     config, book = world.config, _book(world)
     ids = list(world.process_ids)
-    dead = dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)
+    dead = _settled(lambda: dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir))
     # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
     timed_out = world.engine.fatal
     unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
@@ -67,6 +69,22 @@ def shrink() -> list[str]:
     _record_removed(dead)
     if len(survivors) < config.elastic_min_np:
         _grow_to_min_np(dead)
+    return dead
+
+
+def _settled(read_dead: Any) -> list[str]:
+    """``read_dead()`` once it has not grown for _SETTLE_QUIET seconds (waiting at most _SETTLE_LIMIT).
+
+    A host's ranks die together but are seen dead one by one, milliseconds apart: survivors that each
+    took the list at another moment would form different worlds, and the group creation hangs (seen
+    with both ranks of a host SIGKILLed at once)."""
+    dead, start = read_dead(), time.monotonic()
+    quiet_since = start
+    while time.monotonic() - quiet_since < _SETTLE_QUIET and time.monotonic() - start < _SETTLE_LIMIT:
+        time.sleep(0.02)
+        now_dead = read_dead()
+        if len(now_dead) != len(dead):
+            dead, quiet_since = now_dead, time.monotonic()
     return dead
 
 
