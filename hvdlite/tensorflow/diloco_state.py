@@ -13,7 +13,6 @@ and the inner optimizer are saved as usual, beside it.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -89,11 +88,12 @@ class DiLoCoHandler:
         self.value = diloco
         self.save()
 
+    # No copies of their own: state_dict() builds new arrays, and load_state_dict() copies them in.
     def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self._saved = self.value.state_dict()
 
     def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self._saved))
+        self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
         self.value.load_state_dict(root_outer_state(self.value))
