@@ -1,0 +1,1 @@
+"""What the Spark estimators share: the :class:`~hvdlite.spark.common.store.Store` and the Parquet data path."""
