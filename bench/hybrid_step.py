@@ -6,8 +6,8 @@ rep in one job, each with its own model (24.8 M parameters, SGD, batch 32 per ra
 
 - ``nocomm``   every rank trains alone: the ceiling of every efficiency here (sharing the cores).
 - ``hostsync`` a ``DistributedOptimizer`` inside each host only (no exchange across hosts): the
-               ceiling of every hybrid mode here, where the in-host all-reduce runs over TCP on the
-               same two cores as the compute (hvdlite's shared-memory path serves one-host jobs only).
+               ceiling of every hybrid mode here, where the in-host all-reduce (hvdlite's shared-memory
+               window) runs on the same two cores as the compute.
 - ``sync``     ``DistributedOptimizer`` over all four ranks: gradients averaged every step.
 - ``powersgd`` as ``sync``, with PowerSGD rank 4.
 - ``local8o``  as ``sync``, with local SGD K=8, overlapped averages.
@@ -128,9 +128,9 @@ def main() -> None:
             steps = args.sync_steps if name in EVERY_STEP else args.steps
             before()
             comm.Barrier()
-            before = link_bytes_sent()
+            sent_before = link_bytes_sent()
             mean = statistics.fmean(time_steps(step, steps))
-            sent[name].append((link_bytes_sent() - before) / steps)
+            sent[name].append((link_bytes_sent() - sent_before) / steps)
             after()
             times[name].append(max(comm.allgather(mean)))
     if rank == 0:

@@ -47,6 +47,8 @@ def _group(item: pytest.Item) -> str:
     path = Path(str(item.fspath))
     if path.parent.name == "unit":
         return "unit"
+    if path.stem == "test_spark_estimators":
+        return "test_spark"  # one Spark session (tests/multirank/conftest.py) for both files
     return "netns" if item.get_closest_marker("netns") else path.stem
 
 

@@ -1,9 +1,8 @@
 """hvdlite.spark.run on a real local Spark cluster: ``local-cluster[2,1,1024]``, two executor
-processes of one core each, started by the fixture (PyPI pyspark, Debian's Java runtime; skipped
-with the reason where Java is missing)."""
+processes of one core each, started by the ``spark`` fixture of conftest.py (PyPI pyspark, Debian's
+Java runtime; skipped with the reason where Java is missing)."""
 
 import os
-import shutil
 import sys
 import threading
 import time
@@ -14,29 +13,12 @@ import pytest
 from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
-from .harness import ONE_THREAD
 from .remote_training import check_matches_one_process, run_example, train_distributed, waits_until_killed
 
 pytestmark = pytest.mark.multirank
 # The ranks need not import the test modules.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 cloudpickle.register_pickle_by_value(remote_training)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    if shutil.which("java") is None:
-        pytest.skip("Spark needs a Java runtime (Debian: default-jre-headless); no java on PATH")
-    from pyspark.sql import SparkSession
-
-    with pytest.MonkeyPatch.context() as patch:
-        # Executors run this Python with one compute thread; everything stays on the loopback.
-        for name, value in {**ONE_THREAD, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}.items():
-            patch.setenv(name, value)
-        session = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("hvdlite-tests")
-                   .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
-        yield session
-        session.stop()
 
 
 def test_torch_training_on_two_spark_tasks_equals_one_process(spark):

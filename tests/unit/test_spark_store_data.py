@@ -118,3 +118,20 @@ def test_more_ranks_than_rows_is_a_clear_error(tmp_path):
     for rank in range(3):
         with pytest.raises(DataError, match="the dataset holds 2 rows, fewer than the 3 ranks"):
             Batches(dataset, ["id"], rank=rank, size=3, batch_size=1)
+
+
+def test_estimator_params_have_horovods_accessors_and_refuse_unknown_keywords():
+    pytest.importorskip("pyspark")
+    from hvdlite.spark.common.params import ParamsError
+    from hvdlite.spark.torch import TorchEstimator
+
+    est = TorchEstimator(batch_size=64, feature_cols=["f"])
+    assert est.getBatchSize() == 64 and est.getEpochs() == 1 and est.getFeatureCols() == ["f"]
+    assert est.setEpochs(3) is est and est.getEpochs() == 3
+    est.setParams(run_id="r1", validation=0.2)
+    assert (est.getRunId(), est.getValidation()) == ("r1", 0.2)
+    assert est.copy().getBatchSize() == 64  # what a Pipeline does with its stages
+    with pytest.raises(ParamsError, match="TorchEstimator has no parameter 'batchsize'"):
+        TorchEstimator(batchsize=64)
+    with pytest.raises(ParamsError, match="loss or loss_constructors, not both"):
+        TorchEstimator(loss=abs, loss_constructors=[lambda: abs])

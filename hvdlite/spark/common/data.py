@@ -95,8 +95,10 @@ class Batches:
     """Endless shuffled batches of ``columns`` from one rank's share of a Parquet dataset."""
 
     def __init__(self, dataset: Any, columns: Sequence[str], rank: int, size: int, batch_size: int,
-                 shuffle_buffer_size: int = 0, seed: int | None = None) -> None:
+                 shuffle_buffer_size: int = 0, seed: int | None = None, cache: bool = False) -> None:
+        """``cache``: keep the share's rows in memory after the first pass (``inmemory_cache_all``)."""
         self._dataset, self._columns, self._batch_size = dataset, list(columns), batch_size
+        self._cache: dict[int, Any] | None = {} if cache else None
         groups = row_groups(dataset)
         total = sum(rows for _, _, rows in groups)
         if total < size:  # the same answer on every rank: each reads the same metadata
@@ -120,7 +122,12 @@ class Batches:
     def _tables(self) -> Iterator[Any]:
         order = self._random.permutation(len(self._pieces)) if self._buffer_size else range(len(self._pieces))
         for index in order:
-            yield read_piece(self._dataset, self._pieces[index], self._columns)
+            if self._cache is None:
+                yield read_piece(self._dataset, self._pieces[index], self._columns)
+                continue
+            if index not in self._cache:
+                self._cache[index] = read_piece(self._dataset, self._pieces[index], self._columns)
+            yield self._cache[index]
 
     def _take(self, pending: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """One batch from ``pending`` (random rows with a shuffle buffer, else the first) and the rest."""

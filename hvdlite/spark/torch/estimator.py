@@ -1,0 +1,181 @@
+"""``hvdlite.spark.torch.TorchEstimator`` and ``TorchModel``: Horovod's PyTorch estimator on hvdlite.
+
+``TorchEstimator(...).fit(df)`` writes ``df`` into the store as Parquet, trains the model on
+``num_proc`` ranks in Spark tasks (:mod:`hvdlite.spark.torch.remote`) and returns a
+:class:`TorchModel`, a Spark ML ``Model`` whose ``transform`` appends the model's predictions.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
+
+from ..common import model as saved
+from ..common.params import COMMON, ParamsError, apply, check_known, declare, values
+from ..common.prepare import Prepared
+from ..estimator import HorovodEstimator, steps
+from .remote import TrainSpec, label_like, train
+
+TORCH = {
+    "input_shapes": (None, "the shape of each feature column's input to the model, e.g. [[-1, 2]]"),
+    "loss_constructors": (None, "functions that build the losses on each rank (instead of loss)"),
+    "train_minibatch_fn": (None, "fn(model, optimizer, inputs, labels, outputs, spec) -> loss: a custom step"),
+}
+MODEL = {
+    "history": ({}, "the metrics of each epoch"),
+    "model": (None, "the trained torch.nn.Module"),
+    "optimizer": (None, "the optimizer, in its trained state"),
+    "feature_columns": (None, "feature column names"),
+    "label_columns": (None, "label column names"),
+    "output_cols": (None, "prediction column names (default: LABEL__output)"),
+    "input_shapes": (None, "the shape of each feature column's input to the model"),
+    "label_shapes": (None, "each label's per-row shape"),
+    "run_id": (None, "the run's folder in the store"),
+}
+
+
+class TorchEstimator(HorovodEstimator, Estimator):
+    """Horovod's ``TorchEstimator``: fit a ``torch.nn.Module`` on a DataFrame with hvdlite ranks."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        if kwargs.get("loss") is not None and kwargs.get("loss_constructors") is not None:
+            raise ParamsError("give TorchEstimator loss or loss_constructors, not both")
+        apply(self, kwargs, "TorchEstimator")
+
+    def setParams(self, **kwargs: Any) -> TorchEstimator:
+        """Set several parameters by keyword."""
+        check_known(self, kwargs, "TorchEstimator")
+        return self._set(**kwargs)
+
+    def _check_model(self, params: dict[str, Any], prepared: Prepared) -> None:
+        """Run a copy of the model on two rows of zeros, on the driver: the label shapes must match
+        its outputs before any rank starts."""
+        import torch
+
+        model = copy.deepcopy(params["model"]).eval()
+        inputs = [torch.zeros((2, *prepared.shapes[name])) for name in params["feature_cols"]]
+        if params["input_shapes"]:
+            inputs = [value.reshape(shape) for value, shape in zip(inputs, params["input_shapes"], strict=True)]
+        with torch.no_grad():
+            try:
+                outputs = model(*inputs)
+            except Exception as exc:
+                raise ParamsError(f"the model cannot take the feature columns {params['feature_cols']} "
+                                  f"(per-row shapes {[prepared.shapes[n] for n in params['feature_cols']]}): {exc}") from exc
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        if len(outputs) != len(params["label_cols"]):
+            raise ParamsError(f"the model has {len(outputs)} outputs for {len(params['label_cols'])} label columns")
+        for output, name in zip(outputs, params["label_cols"], strict=True):
+            try:
+                label_like(torch.zeros((2, *prepared.shapes[name])), output, name)
+            except ValueError as exc:
+                raise ParamsError(str(exc)) from None
+
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str) -> Any:
+        import functools
+
+        import cloudpickle
+
+        optimizer = params["optimizer"]
+        if optimizer is None:
+            raise ParamsError("TorchEstimator needs optimizer=... (a torch.optim.Optimizer over the model's parameters)")
+        losses = params["loss"] if isinstance(params["loss"], (list, tuple)) else [params["loss"]]
+        if params["loss_constructors"]:
+            losses = [build() for build in params["loss_constructors"]]
+        if losses == [None]:
+            raise ParamsError("TorchEstimator needs loss=... or loss_constructors=...")
+        labels = params["label_cols"]
+        num_proc = self._num_proc(params)
+        val_batch = params["val_batch_size"] or params["batch_size"]
+        buffer = params["shuffle_buffer_size"]
+        spec = TrainSpec(
+            model=cloudpickle.dumps(params["model"]), optimizer_cls=type(optimizer),
+            optimizer_state=optimizer.state_dict(), losses=list(losses),
+            loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels), metrics=list(params["metrics"] or []),
+            feature_cols=params["feature_cols"], label_cols=labels, sample_weight_col=params["sample_weight_col"],
+            input_shapes=params["input_shapes"], store=params["store"], run_id=run_id,
+            train_path=prepared.train_path, val_path=prepared.val_path, batch_size=params["batch_size"],
+            val_batch_size=val_batch, epochs=params["epochs"],
+            steps=steps(prepared.train_rows, num_proc, params["batch_size"], params["train_steps_per_epoch"]),
+            val_steps=steps(prepared.val_rows, num_proc, val_batch, params["validation_steps_per_epoch"]),
+            shuffle_buffer_size=min(prepared.train_rows // num_proc, 100_000) if buffer is None else buffer,
+            seed=params["random_seed"], verbose=params["verbose"], compression=params["gradient_compression"],
+            backward_passes_per_step=params["backward_passes_per_step"],
+            transformation_fn=params["transformation_fn"], train_minibatch_fn=params["train_minibatch_fn"],
+            inmemory_cache_all=params["inmemory_cache_all"])
+        return functools.partial(train, spec)
+
+    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any) -> TorchModel:
+        model = copy.deepcopy(params["model"])
+        model.load_state_dict(result["model"])
+        optimizer = type(params["optimizer"])(model.parameters(), lr=1.0)
+        optimizer.load_state_dict(result["optimizer"])
+        labels = params["label_cols"]
+        return TorchModel(history=result["history"], model=model, optimizer=optimizer,
+                          feature_columns=params["feature_cols"], label_columns=labels,
+                          output_cols=[f"{name}__output" for name in labels], input_shapes=params["input_shapes"],
+                          label_shapes=[list(prepared.shapes[name]) for name in labels], run_id=run_id)
+
+
+declare(TorchEstimator, {**COMMON, **TORCH})
+
+
+class TorchModel(Model, MLWritable, MLReadable):
+    """A fitted ``TorchEstimator``: ``transform(df)`` appends one prediction column per label."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        apply(self, kwargs, "TorchModel")
+
+    def _transform(self, df: Any) -> Any:
+        import torch
+
+        from ..common.model import transform_with
+
+        model, shapes = self.getModel(), self.getInputShapes()
+
+        def predict(inputs: list[Any]) -> list[Any]:
+            tensors = [torch.as_tensor(value).float() for value in inputs]
+            if shapes:
+                tensors = [value.reshape(shape) for value, shape in zip(tensors, shapes, strict=True)]
+            with torch.no_grad():
+                outputs = model.eval()(*tensors)
+            return [output.numpy() for output in (outputs if isinstance(outputs, (tuple, list)) else [outputs])]
+
+        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(),
+                              [not shape for shape in self.getLabelShapes()], predict)
+
+    def write(self) -> MLWriter:
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _Reader()
+
+
+declare(TorchModel, MODEL)
+
+_PAYLOAD = ("model", "optimizer")
+
+
+class _Writer(MLWriter):
+    def __init__(self, instance: TorchModel) -> None:
+        super().__init__()
+        self._instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        params = values(self._instance)
+        saved.save(path, {k: v for k, v in params.items() if k not in _PAYLOAD}, {k: params[k] for k in _PAYLOAD})
+
+
+class _Reader(MLReader):
+    def load(self, path: str) -> TorchModel:
+        params, payload = saved.load(path)
+        return TorchModel(**params, **payload)
+
+
+__all__ = ["TorchEstimator", "TorchModel"]
