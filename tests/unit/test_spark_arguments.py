@@ -8,7 +8,12 @@ import hvdlite.spark  # noqa: E402 - after the skip
 from hvdlite.spark import job  # noqa: E402
 
 
-def test_without_a_running_session_it_says_to_start_one():
+def test_without_a_running_session_it_says_to_start_one(monkeypatch):
+    from pyspark import SparkContext
+
+    # As in a fresh driver, whatever session an earlier test of this worker left running (the
+    # multi-rank Spark tests share one until the worker ends).
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
     with pytest.raises(hvdlite.spark.SparkJobError, match="needs a running Spark session"):
         hvdlite.spark.run(print, num_proc=2)
 
