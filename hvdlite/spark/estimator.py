@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from .common.params import ParamsError, values
-from .common.prepare import Prepared, prepare
+from .common.prepare import Prepared, column_shapes, prepare
 
 
 class HorovodEstimator:
@@ -19,11 +19,8 @@ class HorovodEstimator:
 
     def _fit(self, df: Any) -> Any:
         params = self._checked_params()
-        columns = params["feature_cols"] + params["label_cols"]
-        if params["sample_weight_col"]:
-            columns.append(params["sample_weight_col"])
         num_proc = self._num_proc(params)
-        prepared = prepare(params["store"], df, columns, params["validation"],
+        prepared = prepare(params["store"], df, data_columns(params), params["validation"],
                            num_proc * params["partitions_per_process"], params["random_seed"])
         return self._fit_prepared(params, prepared, num_proc)
 
@@ -35,15 +32,12 @@ class HorovodEstimator:
         val_path = val_data_path or store.get_val_data_path()
         if not store.is_parquet_dataset(train_path):
             raise ParamsError(f"no Parquet data at {train_path!r} in the store")
-        columns = params["feature_cols"] + params["label_cols"] + ([params["sample_weight_col"]]
-                                                                   if params["sample_weight_col"] else [])
+        columns = data_columns(params)
         train_set = store.get_parquet_dataset(train_path)
         missing = [name for name in columns if name not in train_set.schema.names]
         if missing:
             raise ParamsError(f"column(s) {missing} not found in the Parquet data at {train_path!r}; "
                               f"it has {train_set.schema.names}")
-        from .common.prepare import column_shapes
-
         has_val = store.is_parquet_dataset(val_path)
         prepared = Prepared(train_path, val_path if has_val else None, train_set.count_rows(),
                             store.get_parquet_dataset(val_path).count_rows() if has_val else 0,
@@ -55,7 +49,7 @@ class HorovodEstimator:
 
         self._check_model(params, prepared)
         run_id = params["run_id"] or f"run_{uuid.uuid4().hex[:12]}"
-        results = run(self._trainer(params, prepared, run_id), num_proc=num_proc)
+        results = run(self._trainer(params, prepared, run_id, num_proc), num_proc=num_proc)
         return self._model(params, prepared, run_id, results[0])
 
     def _checked_params(self) -> dict[str, Any]:
@@ -78,11 +72,17 @@ class HorovodEstimator:
     def _check_model(self, params: dict[str, Any], prepared: Prepared) -> None:
         raise NotImplementedError
 
-    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str) -> Any:
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int) -> Any:
         raise NotImplementedError
 
     def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any) -> Any:
         raise NotImplementedError
+
+
+def data_columns(params: dict[str, Any]) -> list[str]:
+    """The columns training reads: features, labels and the sample weights, each once."""
+    weights = [params["sample_weight_col"]] if params["sample_weight_col"] else []
+    return list(dict.fromkeys(params["feature_cols"] + params["label_cols"] + weights))
 
 
 def steps(rows: int, num_proc: int, batch_size: int, given: int | None) -> int:
@@ -90,4 +90,4 @@ def steps(rows: int, num_proc: int, batch_size: int, given: int | None) -> int:
     return given if given else max(1, (rows // num_proc) // batch_size)
 
 
-__all__ = ["HorovodEstimator", "steps"]
+__all__ = ["HorovodEstimator", "data_columns", "steps"]

@@ -60,14 +60,8 @@ def share(groups: Sequence[tuple[str, int, int]], rank: int, size: int) -> list[
     return pieces
 
 
-def share_rows(groups: Sequence[tuple[str, int, int]], size: int) -> int:
-    """How many rows the smallest share holds (every rank's steps per epoch come from it)."""
-    return sum(rows for _, _, rows in groups) // size
-
-
-def read_piece(dataset: Any, piece: Piece, columns: Sequence[str]) -> Any:
-    """``piece``'s rows of ``columns`` as a ``pyarrow.Table``."""
-    fragment = next(f for f in dataset.get_fragments() if f.path == piece.path)
+def read_piece(fragment: Any, piece: Piece, columns: Sequence[str]) -> Any:
+    """``piece``'s rows of ``columns`` from ``fragment`` (its Parquet file) as a ``pyarrow.Table``."""
     table = fragment.subset(row_group_ids=[piece.row_group]).to_table(columns=list(columns))
     return table.slice(piece.start, piece.count)
 
@@ -97,7 +91,8 @@ class Batches:
     def __init__(self, dataset: Any, columns: Sequence[str], rank: int, size: int, batch_size: int,
                  shuffle_buffer_size: int = 0, seed: int | None = None, cache: bool = False) -> None:
         """``cache``: keep the share's rows in memory after the first pass (``inmemory_cache_all``)."""
-        self._dataset, self._columns, self._batch_size = dataset, list(columns), batch_size
+        self._columns, self._batch_size = list(columns), batch_size
+        self._fragments = {fragment.path: fragment for fragment in dataset.get_fragments()}  # once, not per read
         self._cache: dict[int, Any] | None = {} if cache else None
         groups = row_groups(dataset)
         total = sum(rows for _, _, rows in groups)
@@ -111,39 +106,44 @@ class Batches:
         pending: dict[str, np.ndarray] | None = None
         while True:  # one pass over the share per round
             for table in self._tables():
-                pending = _append(pending, {column: to_numpy(table, column) for column in self._columns})
+                pending = self._shuffled(_append(pending, {column: to_numpy(table, column) for column in self._columns}))
                 while _rows(pending) >= max(self._buffer_size, self._batch_size):
-                    batch, pending = self._take(pending)
+                    batch, pending = _split(pending, self._batch_size)
                     yield batch
             while _rows(pending) >= self._batch_size:  # the pass's last rows, before the next pass mixes in
-                batch, pending = self._take(pending)
+                batch, pending = _split(pending, self._batch_size)
                 yield batch
 
     def _tables(self) -> Iterator[Any]:
         order = self._random.permutation(len(self._pieces)) if self._buffer_size else range(len(self._pieces))
         for index in order:
-            if self._cache is None:
-                yield read_piece(self._dataset, self._pieces[index], self._columns)
+            if self._cache is not None and index in self._cache:
+                yield self._cache[index]
                 continue
-            if index not in self._cache:
-                self._cache[index] = read_piece(self._dataset, self._pieces[index], self._columns)
-            yield self._cache[index]
+            piece = self._pieces[index]
+            table = read_piece(self._fragments[piece.path], piece, self._columns)
+            if self._cache is not None:
+                self._cache[index] = table
+            yield table
 
-    def _take(self, pending: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """One batch from ``pending`` (random rows with a shuffle buffer, else the first) and the rest."""
-        rows = _rows(pending)
-        if self._buffer_size:
-            chosen = self._random.choice(rows, self._batch_size, replace=False)
-            keep = np.ones(rows, dtype=bool)
-            keep[chosen] = False
-            return ({name: values[chosen] for name, values in pending.items()},
-                    {name: values[keep] for name, values in pending.items()})
-        return ({name: values[:self._batch_size] for name, values in pending.items()},
-                {name: values[self._batch_size:] for name, values in pending.items()})
+    def _shuffled(self, pending: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``pending`` in a random order (with a shuffle buffer): the batches taken from its front
+        until more rows arrive are then random rows of the buffer, drawn without replacement, at
+        one permutation per row group read instead of a copy of the buffer per batch."""
+        if not self._buffer_size:
+            return pending
+        order = self._random.permutation(_rows(pending))
+        return {name: values[order] for name, values in pending.items()}
 
 
 def _rows(columns: dict[str, np.ndarray]) -> int:
     return len(next(iter(columns.values())))
+
+
+def _split(pending: dict[str, np.ndarray], count: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The first ``count`` rows of ``pending`` and the rest (views, no copies)."""
+    return ({name: values[:count] for name, values in pending.items()},
+            {name: values[count:] for name, values in pending.items()})
 
 
 def _append(pending: dict[str, np.ndarray] | None, more: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -152,4 +152,4 @@ def _append(pending: dict[str, np.ndarray] | None, more: dict[str, np.ndarray]) 
     return {name: np.concatenate([pending[name], values]) for name, values in more.items()}
 
 
-__all__ = ["Batches", "DataError", "Piece", "row_groups", "share", "share_rows", "read_piece", "to_numpy"]
+__all__ = ["Batches", "DataError", "Piece", "row_groups", "share", "read_piece", "to_numpy"]

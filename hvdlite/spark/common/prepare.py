@@ -67,7 +67,6 @@ def prepare(store: Store, df: Any, columns: list[str], validation: float | str |
             seed: int | None) -> Prepared:
     """Check ``df`` has ``columns``, write them (train and validation rows) into ``store``, and
     describe what was written."""
-    columns = list(dict.fromkeys(columns))  # a column may be a feature and a label
     check_columns(df, columns)
     store.check_writable()
     extra = [validation] if isinstance(validation, str) and validation in df.columns else []

@@ -16,7 +16,7 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from ..common import model as saved
 from ..common.params import COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
-from ..estimator import HorovodEstimator, steps
+from ..estimator import HorovodEstimator, data_columns, steps
 from .remote import TrainSpec, label_like, train
 
 TORCH = {
@@ -75,7 +75,7 @@ class TorchEstimator(HorovodEstimator, Estimator):
             except ValueError as exc:
                 raise ParamsError(str(exc)) from None
 
-    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str) -> Any:
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int) -> Any:
         import functools
 
         import cloudpickle
@@ -89,7 +89,6 @@ class TorchEstimator(HorovodEstimator, Estimator):
         if losses == [None]:
             raise ParamsError("TorchEstimator needs loss=... or loss_constructors=...")
         labels = params["label_cols"]
-        num_proc = self._num_proc(params)
         val_batch = params["val_batch_size"] or params["batch_size"]
         buffer = params["shuffle_buffer_size"]
         spec = TrainSpec(
@@ -97,6 +96,7 @@ class TorchEstimator(HorovodEstimator, Estimator):
             optimizer_state=optimizer.state_dict(), losses=list(losses),
             loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels), metrics=list(params["metrics"] or []),
             feature_cols=params["feature_cols"], label_cols=labels, sample_weight_col=params["sample_weight_col"],
+            columns=data_columns(params),
             input_shapes=params["input_shapes"], store=params["store"], run_id=run_id,
             train_path=prepared.train_path, val_path=prepared.val_path, batch_size=params["batch_size"],
             val_batch_size=val_batch, epochs=params["epochs"],

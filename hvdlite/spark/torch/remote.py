@@ -32,6 +32,7 @@ class TrainSpec:
     feature_cols: list[str]
     label_cols: list[str]
     sample_weight_col: str | None
+    columns: list[str]  # what the batches read: features, labels and weights, each once
     input_shapes: list[list[int]] | None
     store: Store
     run_id: str
@@ -69,9 +70,8 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=spec.compression or hvd.Compression.none,
                                          backward_passes_per_step=spec.backward_passes_per_step)
-    columns = list(dict.fromkeys(spec.feature_cols + spec.label_cols + [spec.sample_weight_col or spec.label_cols[0]]))
-    train_batches = _batches(spec, spec.train_path, columns, spec.batch_size, spec.shuffle_buffer_size, hvd)
-    val_batches = _batches(spec, spec.val_path, columns, spec.val_batch_size, 0, hvd) if spec.val_path else None
+    train_batches = _batches(spec, spec.train_path, spec.batch_size, spec.shuffle_buffer_size, hvd)
+    val_batches = _batches(spec, spec.val_path, spec.val_batch_size, 0, hvd) if spec.val_path else None
     for epoch in range(start, spec.epochs):
         model.train()
         logs = _epoch(spec, model, optimizer, train_batches, spec.steps, "", hvd)
@@ -91,9 +91,9 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
             "optimizer": _scaled_lr(optimizer.state_dict(), 1 / hvd.size())}
 
 
-def _batches(spec: TrainSpec, path: str, columns: list[str], batch_size: int, buffer: int, hvd: Any) -> Iterator[Any]:
+def _batches(spec: TrainSpec, path: str, batch_size: int, buffer: int, hvd: Any) -> Iterator[Any]:
     dataset = spec.store.get_parquet_dataset(path)
-    return iter(Batches(dataset, columns, hvd.rank(), hvd.size(), batch_size, buffer, spec.seed,
+    return iter(Batches(dataset, spec.columns, hvd.rank(), hvd.size(), batch_size, buffer, spec.seed,
                         cache=spec.inmemory_cache_all))
 
 
