@@ -3,7 +3,7 @@
 As Horovod's ``horovod.spark.run``: one rank per barrier-mode task (so Spark places the ranks and
 keeps their slots), the results returned to the driver by rank, and a failing rank raised on the
 driver with its traceback. The MPI world is formed by hvdlite's launcher. The estimators live in
-``hvdlite.spark.torch`` (and the store they save into is :class:`Store`).
+``hvdlite.spark.torch`` and ``hvdlite.spark.keras`` (and the store they save into is :class:`Store`).
 Needs ``pip install hvdlite[spark]``.
 """
 

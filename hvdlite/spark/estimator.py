@@ -1,17 +1,22 @@
 """What every framework's estimator does on the driver: check, write the data, train, build the model.
 
-A framework's estimator subclasses :class:`HorovodEstimator` and supplies ``_check_model`` (the
-model against the data's shapes, on the driver, before anything is launched), ``_trainer`` (the
-function every rank runs) and ``_model`` (the Spark ML model built from what rank 0 returned).
+A framework's estimator subclasses :class:`HorovodEstimator` and supplies ``_output_shapes`` (the
+model run on the driver on a little of the data's shape, which must fit the labels before anything
+is launched), ``_trainer`` (the function every rank runs) and ``_model`` (the Spark ML model built
+from what rank 0 returned).
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
+import numpy as np
+
 from .common.params import ParamsError, values
 from .common.prepare import Prepared, column_shapes, prepare
+from .common.spec import DataSpec
 
 
 class HorovodEstimator:
@@ -47,10 +52,11 @@ class HorovodEstimator:
     def _fit_prepared(self, params: dict[str, Any], prepared: Prepared, num_proc: int) -> Any:
         from .job import run
 
-        self._check_model(params, prepared)
+        outputs = self._output_shapes(params, prepared)
+        check_outputs(outputs, prepared, params["label_cols"])
         run_id = params["run_id"] or f"run_{uuid.uuid4().hex[:12]}"
-        results = run(self._trainer(params, prepared, run_id, num_proc), num_proc=num_proc)
-        return self._model(params, prepared, run_id, results[0])
+        results = run(self._trainer(params, prepared, run_id, num_proc, outputs), num_proc=num_proc)
+        return self._model(params, prepared, run_id, results[0], outputs)
 
     def _checked_params(self) -> dict[str, Any]:
         params = values(self)
@@ -69,13 +75,16 @@ class HorovodEstimator:
 
         return _checked_num_proc(_running_context(), params["num_proc"])
 
-    def _check_model(self, params: dict[str, Any], prepared: Prepared) -> None:
+    def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
+        """The per-row shape of each of the model's outputs (a ParamsError if it cannot take the features)."""
         raise NotImplementedError
 
-    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int) -> Any:
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int,
+                 outputs: list[tuple[int, ...]]) -> Any:
         raise NotImplementedError
 
-    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any) -> Any:
+    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any,
+               outputs: list[tuple[int, ...]]) -> Any:
         raise NotImplementedError
 
 
@@ -85,9 +94,54 @@ def data_columns(params: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(params["feature_cols"] + params["label_cols"] + weights))
 
 
+def data_spec(params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int) -> DataSpec:
+    """What the ranks read and where the run lives, from the estimator's parameters."""
+    val_batch = params["val_batch_size"] or params["batch_size"]
+    buffer = params["shuffle_buffer_size"]
+    return DataSpec(
+        store=params["store"], run_id=run_id, train_path=prepared.train_path, val_path=prepared.val_path,
+        columns=data_columns(params), feature_cols=params["feature_cols"], label_cols=params["label_cols"],
+        sample_weight_col=params["sample_weight_col"], batch_size=params["batch_size"], val_batch_size=val_batch,
+        epochs=params["epochs"],
+        steps=steps(prepared.train_rows, num_proc, params["batch_size"], params["train_steps_per_epoch"]),
+        val_steps=steps(prepared.val_rows, num_proc, val_batch, params["validation_steps_per_epoch"]),
+        shuffle_buffer_size=min(prepared.train_rows // num_proc, 100_000) if buffer is None else buffer,
+        seed=params["random_seed"], verbose=params["verbose"], transformation_fn=params["transformation_fn"],
+        inmemory_cache_all=params["inmemory_cache_all"])
+
+
+def check_outputs(output_shapes: list[tuple[int, ...]], prepared: Prepared, label_cols: list[str]) -> None:
+    """A ParamsError unless the model has one output per label column, each holding as many values
+    per row as the label, or the label one value per row (a class index, or a value the loss
+    broadcasts); the ranks reshape a label to its output."""
+    if len(output_shapes) != len(label_cols):
+        raise ParamsError(f"the model has {len(output_shapes)} outputs for {len(label_cols)} label columns")
+    for output, name in zip(output_shapes, label_cols, strict=True):
+        message = label_mismatch(prepared.shapes[name], output, name)
+        if message:
+            raise ParamsError(message)
+
+
+def label_mismatch(label: tuple[int, ...], output: tuple[int, ...], column: str) -> str | None:
+    """Why a label of per-row shape ``label`` cannot go with an output of ``output``, or None."""
+    if math.prod(label) in (1, math.prod(output)):
+        return None
+    return (f"label column {column!r} has shape {tuple(label)} per row but the model's output for it has "
+            f"{tuple(output)}")
+
+
+def label_as_output(label: np.ndarray, output_shape: tuple[int, ...]) -> np.ndarray:
+    """A batch of labels in the shape of the model's output for them (rows first), or one value
+    per row (a class index) where the output has more."""
+    rows = len(label)
+    if label.size == rows * math.prod(output_shape):
+        return label.reshape(rows, *output_shape)
+    return label.reshape(rows)
+
+
 def steps(rows: int, num_proc: int, batch_size: int, given: int | None) -> int:
     """Steps per epoch: ``given``, or every rank's share once (at least one step)."""
     return given if given else max(1, (rows // num_proc) // batch_size)
 
 
-__all__ = ["HorovodEstimator", "data_columns", "steps"]
+__all__ = ["HorovodEstimator", "check_outputs", "data_columns", "data_spec", "label_as_output", "label_mismatch", "steps"]

@@ -2,6 +2,7 @@
 fit on a DataFrame of a known function, predict with ``transform``, save and load, resume a run,
 and the clear errors for bad input. The fits are examples/spark_torch_estimator.py's."""
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -10,14 +11,35 @@ import cloudpickle
 import numpy as np
 import pytest
 
+from hvdlite.spark.common.params import ParamsError
+
 pytestmark = pytest.mark.multirank
 torch = pytest.importorskip("torch")
-_spec = importlib.util.spec_from_file_location(
-    "spark_torch_estimator", Path(__file__).resolve().parents[2] / "examples" / "spark_torch_estimator.py")
-example = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(example)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks need not import this module
-cloudpickle.register_pickle_by_value(example)
+
+
+def _example(name: str):
+    """examples/NAME.py as a module whose functions pickle by value (the ranks need not import it)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "examples" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+example = _example("spark_torch_estimator")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _horovod_style_step(marker, model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights):
+    """A train_minibatch_fn as Horovod's documentation writes one, leaving a mark that it ran."""
+    optimizer.zero_grad()
+    outputs, labels = transform_outputs(model(*inputs), labels)
+    loss = loss_fn(outputs, labels, sample_weights)
+    loss.backward()
+    optimizer.step()
+    with open(marker, "a") as file:
+        file.write(f"{len(inputs[0])}\n")
+    return outputs, loss
 
 
 def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, tmp_path):
@@ -26,9 +48,10 @@ def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, 
     store = str(tmp_path / "store")
     fitted, predicted = example.fit_and_predict(spark, store)
     model = fitted.stages[-1]
-    history = model.getHistory()
-    assert len(history["loss"]) == 3 and len(history["val_loss"]) == 3
-    assert history["loss"][-1] < 0.01 * history["loss"][0] and history["val_loss"][-1] < 1e-3, history
+    history = model.getHistory()  # Horovod's: one entry per epoch
+    losses, val_losses = [e["train"]["loss"] for e in history], [e["validation"]["loss"] for e in history]
+    assert [e["epoch"] for e in history] == [0, 1, 2], history
+    assert losses[-1] < 0.01 * losses[0] and val_losses[-1] < 1e-3, history
     np.testing.assert_allclose(model.getModel().weight.detach().numpy()[0], example.WEIGHTS, atol=0.05)
 
     predicted = predicted.select("x1", "x2", "features", "y__output").toPandas()
@@ -42,13 +65,15 @@ def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, 
                                                                               ["x1", "x2", "y", "is_val"])))
     np.testing.assert_allclose(again.select("y__output").toPandas()["y__output"], predicted["y__output"], rtol=1e-6)
 
-    resumed = example.fit_and_predict(spark, store, epochs=5)[0].stages[-1]
-    assert resumed.getHistory()["loss"][:3] == history["loss"]  # the first three epochs were not run again
-    assert len(resumed.getHistory()["loss"]) == 5 and resumed.getHistory()["loss"][-1] <= history["loss"][-1]
+    marker = tmp_path / "steps"
+    step = functools.partial(_horovod_style_step, str(marker))
+    resumed = example.fit_and_predict(spark, store, epochs=5, train_minibatch_fn=step)[0].stages[-1]
+    assert marker.read_text().split() == ["8"] * (2 * 2 * 16)  # 2 epochs, 2 ranks, 16 steps of 8 rows
+    assert resumed.getHistory()[:3] == history  # the first three epochs were not run again
+    assert len(resumed.getHistory()) == 5 and resumed.getHistory()[-1]["train"]["loss"] <= losses[-1]
 
 
 def test_bad_input_is_named_before_any_rank_starts(spark, tmp_path):
-    from hvdlite.spark.common.params import ParamsError
     from hvdlite.spark.common.store import StoreError
 
     frame = spark.createDataFrame(example.linear_rows(40), ["x1", "x2", "y", "is_val"])
@@ -66,3 +91,43 @@ def test_bad_input_is_named_before_any_rank_starts(spark, tmp_path):
     with pytest.raises(ParamsError, match="TorchEstimator has no parameter 'backend'"):
         example.pipeline(store, "e", backend="spark")
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts_saves_and_resumes(spark, tmp_path):
+    pytest.importorskip("keras")
+    keras_example = _example("spark_keras_estimator")
+    from hvdlite.spark.keras import KerasModel
+
+    store = str(tmp_path / "store")
+    fitted, predicted = keras_example.fit_and_predict(spark, store)
+    model = fitted.stages[-1]
+    history = model.getHistory()  # Keras's: one value per epoch for each metric
+    assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"], history
+    assert float(model.getModel().optimizer.learning_rate) == pytest.approx(0.02)  # compiled, as given
+    assert len(history["loss"]) == 4 and history["loss"][-1] < 0.3 * history["loss"][0], history
+    assert history["val_accuracy"][-1] > 0.9, history
+
+    rows = predicted.select("features", "extra", "label", "label__output").toPandas()
+    inputs = [np.stack(rows["features"].map(lambda v: v.toArray())), np.stack(rows["extra"])]
+    by_hand = model.getModel().predict_on_batch([value.astype(np.float32) for value in inputs])
+    outputs = np.stack(rows["label__output"])
+    np.testing.assert_allclose(outputs, by_hand, rtol=1e-4, atol=1e-5)
+    assert (outputs.argmax(axis=1) == rows["label"]).mean() > 0.9
+
+    model.write().save(str(tmp_path / "saved"))
+    loaded = KerasModel.load(str(tmp_path / "saved"))
+    assert loaded.getHistory() == history and loaded.getOutputShapes() == [[3]]
+    again = loaded.transform(fitted.stages[1].transform(fitted.stages[0].transform(
+        spark.createDataFrame(keras_example.colour_rows(640), keras_example.COLUMNS)))).toPandas()
+    np.testing.assert_allclose(np.stack(again["label__output"]), outputs, rtol=1e-5)
+
+    resumed = keras_example.fit_and_predict(spark, store, epochs=6)[0].stages[-1].getHistory()
+    assert {name: values[:4] for name, values in resumed.items()} == history  # not run again
+    # Epoch 5 starts from the saved weights and optimizer: far below where a new model starts.
+    assert len(resumed["loss"]) == 6 and resumed["loss"][4] < 0.5 * history["loss"][0], resumed
+
+    frame = spark.createDataFrame(keras_example.colour_rows(40), keras_example.COLUMNS)
+    with pytest.raises(ParamsError, match=r"label column 'extra' has shape \(2,\) per row but the model's output for it has \(3,\)"):
+        keras_example.pipeline(store, "bad", label_cols=["extra"]).fit(frame)
+    with pytest.raises(ParamsError, match=r"the model cannot take the feature columns \['features'\]"):
+        keras_example.pipeline(store, "bad", feature_cols=["features"]).fit(frame)

@@ -1,7 +1,7 @@
 """What every framework's fitted model does: predict into new columns, save and load.
 
 ``transform(df)`` appends one column per label, ``LABEL__output`` unless ``output_cols`` says
-otherwise: a double where the label is a scalar, else an array of doubles (the row's output
+otherwise: a double where the output is one value per row, else an array of doubles (the row's output
 flattened). The model runs in a pandas UDF on the executors, in batches of Arrow rows; vector
 feature columns are converted to arrays first, as for training.
 
@@ -10,22 +10,28 @@ framework's payload (the model itself) with cloudpickle, into the folder ``path`
 """
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from pyspark.ml.util import MLReader, MLWriter
+
+from .params import values
 
 PredictFn = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
-def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], scalar_outputs: list[bool],
+def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], output_shapes: list[list[int]],
                    predict: PredictFn) -> Any:
-    """``df`` with ``output_cols`` appended: ``predict`` applied to its ``feature_cols``."""
+    """``df`` with ``output_cols`` appended: ``predict`` applied to its ``feature_cols`` (a double
+    column for an output of one value per row, else an array)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
+    scalar_outputs = [math.prod(shape) == 1 for shape in output_shapes]
     schema = StructType([StructField(name, DoubleType() if scalar else ArrayType(DoubleType()))
                          for name, scalar in zip(output_cols, scalar_outputs, strict=True)])
 
@@ -47,6 +53,31 @@ def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], sca
     hidden = "__hvdlite_predictions"
     predicted = df.withColumn(hidden, udf(*features))
     return predicted.select("*", *[predicted[hidden][name].alias(name) for name in output_cols]).drop(hidden)
+
+
+class ParamsWriter(MLWriter):
+    """``model.write()``: saves the model's parameters, those named in ``payload`` with cloudpickle."""
+
+    def __init__(self, instance: Any, payload: tuple[str, ...]) -> None:
+        super().__init__()
+        self._instance, self._payload = instance, payload
+
+    def saveImpl(self, path: str) -> None:  # noqa: N802 - Spark ML's name
+        params = values(self._instance)
+        save(path, {k: v for k, v in params.items() if k not in self._payload},
+             {k: params[k] for k in self._payload})
+
+
+class ParamsReader(MLReader):
+    """``Model.read()``: loads what :class:`ParamsWriter` saved, as a ``kind``."""
+
+    def __init__(self, kind: type) -> None:
+        super().__init__()
+        self._kind = kind
+
+    def load(self, path: str) -> Any:
+        params, payload = load(path)
+        return self._kind(**params, **payload)
 
 
 def save(path: str, params: dict[str, Any], payload: Any) -> None:
@@ -74,4 +105,4 @@ def load(path: str) -> tuple[dict[str, Any], Any]:
         return params, cloudpickle.loads(file.read())
 
 
-__all__ = ["transform_with", "save", "load"]
+__all__ = ["ParamsReader", "ParamsWriter", "transform_with", "save", "load"]

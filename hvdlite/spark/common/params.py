@@ -16,7 +16,7 @@ COMMON = {
     "num_proc": (None, "number of ranks (default: every task slot of the cluster)"),
     "store": (None, "the Store that holds the intermediate data and the runs"),
     "model": (None, "the model to train (copied, never changed)"),
-    "optimizer": (None, "the optimizer"),
+    "optimizer": (None, "the optimizer (Keras: by default the one the model was compiled with)"),
     "loss": (None, "the loss, or one per label column"),
     "metrics": ([], "metrics computed each epoch on the training and validation data"),
     "loss_weights": (None, "one weight per label column's loss"),
@@ -34,7 +34,7 @@ COMMON = {
     "shuffle_buffer_size": (None, "rows in each rank's shuffle buffer (default: its whole share, up to 100,000 "
                                   "rows; 0 reads in order)"),
     "random_seed": (None, "seed of the model's initial state and of the shuffling"),
-    "verbose": (1, "0 silent, 1 one line per epoch"),
+    "verbose": (1, "0 silent, 1 or 2 one line per epoch (from rank 0)"),
     "run_id": (None, "the run's folder in the store; fitting again with the same run_id resumes from its "
                      "last finished epoch (default: a new id)"),
     "gradient_compression": (None, "hvd.Compression of the gradients"),

@@ -13,19 +13,20 @@ from typing import Any
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..common import model as saved
-from ..common.params import COMMON, ParamsError, apply, check_known, declare, values
+from ..common.model import ParamsReader, ParamsWriter, transform_with
+from ..common.params import COMMON, ParamsError, apply, check_known, declare
 from ..common.prepare import Prepared
-from ..estimator import HorovodEstimator, data_columns, steps
-from .remote import TrainSpec, label_like, train
+from ..estimator import HorovodEstimator, data_spec
+from .remote import TrainSpec, train
 
 TORCH = {
     "input_shapes": (None, "the shape of each feature column's input to the model, e.g. [[-1, 2]]"),
     "loss_constructors": (None, "functions that build the losses on each rank (instead of loss)"),
-    "train_minibatch_fn": (None, "fn(model, optimizer, inputs, labels, outputs, spec) -> loss: a custom step"),
+    "train_minibatch_fn": (None, "a custom step, Horovod's signature: fn(model, optimizer, transform_outputs, "
+                                 "loss_fn, inputs, labels, sample_weights) -> (outputs, loss)"),
 }
 MODEL = {
-    "history": ({}, "the metrics of each epoch"),
+    "history": ([], "one entry per epoch: {'epoch': N, 'train': {'loss': ...}, 'validation': {...}}"),
     "model": (None, "the trained torch.nn.Module"),
     "optimizer": (None, "the optimizer, in its trained state"),
     "feature_columns": (None, "feature column names"),
@@ -33,6 +34,7 @@ MODEL = {
     "output_cols": (None, "prediction column names (default: LABEL__output)"),
     "input_shapes": (None, "the shape of each feature column's input to the model"),
     "label_shapes": (None, "each label's per-row shape"),
+    "output_shapes": (None, "each output's per-row shape"),
     "run_id": (None, "the run's folder in the store"),
 }
 
@@ -51,9 +53,8 @@ class TorchEstimator(HorovodEstimator, Estimator):
         check_known(self, kwargs, "TorchEstimator")
         return self._set(**kwargs)
 
-    def _check_model(self, params: dict[str, Any], prepared: Prepared) -> None:
-        """Run a copy of the model on two rows of zeros, on the driver: the label shapes must match
-        its outputs before any rank starts."""
+    def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
+        """Run a copy of the model on two rows of zeros, on the driver."""
         import torch
 
         model = copy.deepcopy(params["model"]).eval()
@@ -67,15 +68,10 @@ class TorchEstimator(HorovodEstimator, Estimator):
                 raise ParamsError(f"the model cannot take the feature columns {params['feature_cols']} "
                                   f"(per-row shapes {[prepared.shapes[n] for n in params['feature_cols']]}): {exc}") from exc
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        if len(outputs) != len(params["label_cols"]):
-            raise ParamsError(f"the model has {len(outputs)} outputs for {len(params['label_cols'])} label columns")
-        for output, name in zip(outputs, params["label_cols"], strict=True):
-            try:
-                label_like(torch.zeros((2, *prepared.shapes[name])), output, name)
-            except ValueError as exc:
-                raise ParamsError(str(exc)) from None
+        return [tuple(output.shape[1:]) for output in outputs]
 
-    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int) -> Any:
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int,
+                 outputs: list[tuple[int, ...]]) -> Any:
         import functools
 
         import cloudpickle
@@ -89,27 +85,17 @@ class TorchEstimator(HorovodEstimator, Estimator):
         if losses == [None]:
             raise ParamsError("TorchEstimator needs loss=... or loss_constructors=...")
         labels = params["label_cols"]
-        val_batch = params["val_batch_size"] or params["batch_size"]
-        buffer = params["shuffle_buffer_size"]
         spec = TrainSpec(
-            model=cloudpickle.dumps(params["model"]), optimizer_cls=type(optimizer),
-            optimizer_state=optimizer.state_dict(), losses=list(losses),
-            loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels), metrics=list(params["metrics"] or []),
-            feature_cols=params["feature_cols"], label_cols=labels, sample_weight_col=params["sample_weight_col"],
-            columns=data_columns(params),
-            input_shapes=params["input_shapes"], store=params["store"], run_id=run_id,
-            train_path=prepared.train_path, val_path=prepared.val_path, batch_size=params["batch_size"],
-            val_batch_size=val_batch, epochs=params["epochs"],
-            steps=steps(prepared.train_rows, num_proc, params["batch_size"], params["train_steps_per_epoch"]),
-            val_steps=steps(prepared.val_rows, num_proc, val_batch, params["validation_steps_per_epoch"]),
-            shuffle_buffer_size=min(prepared.train_rows // num_proc, 100_000) if buffer is None else buffer,
-            seed=params["random_seed"], verbose=params["verbose"], compression=params["gradient_compression"],
-            backward_passes_per_step=params["backward_passes_per_step"],
-            transformation_fn=params["transformation_fn"], train_minibatch_fn=params["train_minibatch_fn"],
-            inmemory_cache_all=params["inmemory_cache_all"])
+            data=data_spec(params, prepared, run_id, num_proc), model=cloudpickle.dumps(params["model"]),
+            optimizer_cls=type(optimizer), optimizer_state=optimizer.state_dict(), losses=list(losses),
+            loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels),
+            metrics=list(params["metrics"] or []), input_shapes=params["input_shapes"],
+            compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"],
+            train_minibatch_fn=params["train_minibatch_fn"])
         return functools.partial(train, spec)
 
-    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any) -> TorchModel:
+    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any,
+               outputs: list[tuple[int, ...]]) -> TorchModel:
         model = copy.deepcopy(params["model"])
         model.load_state_dict(result["model"])
         optimizer = type(params["optimizer"])(model.parameters(), lr=1.0)
@@ -118,7 +104,8 @@ class TorchEstimator(HorovodEstimator, Estimator):
         return TorchModel(history=result["history"], model=model, optimizer=optimizer,
                           feature_columns=params["feature_cols"], label_columns=labels,
                           output_cols=[f"{name}__output" for name in labels], input_shapes=params["input_shapes"],
-                          label_shapes=[list(prepared.shapes[name]) for name in labels], run_id=run_id)
+                          label_shapes=[list(prepared.shapes[name]) for name in labels],
+                          output_shapes=[list(shape) for shape in outputs], run_id=run_id)
 
 
 declare(TorchEstimator, {**COMMON, **TORCH})
@@ -134,8 +121,6 @@ class TorchModel(Model, MLWritable, MLReadable):
     def _transform(self, df: Any) -> Any:
         import torch
 
-        from ..common.model import transform_with
-
         model, shapes = self.getModel(), self.getInputShapes()
 
         def predict(inputs: list[Any]) -> list[Any]:
@@ -147,35 +132,17 @@ class TorchModel(Model, MLWritable, MLReadable):
             return [output.numpy() for output in (outputs if isinstance(outputs, (tuple, list)) else [outputs])]
 
         return transform_with(df, self.getFeatureColumns(), self.getOutputCols(),
-                              [not shape for shape in self.getLabelShapes()], predict)
+                              self.getOutputShapes(), predict)
 
     def write(self) -> MLWriter:
-        return _Writer(self)
+        return ParamsWriter(self, ("model", "optimizer"))
 
     @classmethod
     def read(cls) -> MLReader:
-        return _Reader()
+        return ParamsReader(cls)
 
 
 declare(TorchModel, MODEL)
-
-_PAYLOAD = ("model", "optimizer")
-
-
-class _Writer(MLWriter):
-    def __init__(self, instance: TorchModel) -> None:
-        super().__init__()
-        self._instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        params = values(self._instance)
-        saved.save(path, {k: v for k, v in params.items() if k not in _PAYLOAD}, {k: params[k] for k in _PAYLOAD})
-
-
-class _Reader(MLReader):
-    def load(self, path: str) -> TorchModel:
-        params, payload = saved.load(path)
-        return TorchModel(**params, **payload)
 
 
 __all__ = ["TorchEstimator", "TorchModel"]

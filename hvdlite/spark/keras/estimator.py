@@ -1,0 +1,140 @@
+"""``hvdlite.spark.keras.KerasEstimator`` and ``KerasModel``: Horovod's Keras estimator, on Keras 3.
+
+``KerasEstimator(...).fit(df)`` writes ``df`` into the store as Parquet, trains the model on
+``num_proc`` ranks in Spark tasks (:mod:`hvdlite.spark.keras.remote`) and returns a
+:class:`KerasModel`, a Spark ML ``Model`` whose ``transform`` appends the model's predictions and
+whose ``getHistory()`` is Keras's history (``{"loss": [...], "val_loss": [...], ...}``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import cloudpickle
+import keras
+import numpy as np
+from pyspark.ml import Estimator, Model
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
+
+from ..common.model import ParamsReader, ParamsWriter, transform_with
+from ..common.params import COMMON, ParamsError, apply, check_known, declare
+from ..common.prepare import Prepared
+from ..estimator import HorovodEstimator, data_spec
+from .remote import KerasSpec, train
+
+KERAS = {
+    "custom_objects": ({}, "custom Keras objects (layers, losses, metrics) the model needs to load on the ranks"),
+}
+MODEL = {
+    "history": ({}, "Keras's history: each metric's value per epoch"),
+    "model": (None, "the trained keras.Model"),
+    "custom_objects": ({}, "custom Keras objects the model needs"),
+    "feature_columns": (None, "feature column names"),
+    "label_columns": (None, "label column names"),
+    "output_cols": (None, "prediction column names (default: LABEL__output)"),
+    "label_shapes": (None, "each label's per-row shape"),
+    "output_shapes": (None, "each output's per-row shape"),
+    "run_id": (None, "the run's folder in the store"),
+}
+
+
+class KerasEstimator(HorovodEstimator, Estimator):
+    """Horovod's ``KerasEstimator``: fit a Keras 3 model on a DataFrame with hvdlite ranks."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        apply(self, kwargs, "KerasEstimator")
+
+    def setParams(self, **kwargs: Any) -> KerasEstimator:  # noqa: N802 - Spark ML's name
+        """Set several parameters by keyword."""
+        check_known(self, kwargs, "KerasEstimator")
+        return self._set(**kwargs)
+
+    def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
+        """Run the model on two rows of zeros, on the driver."""
+        return _output_shapes(params["model"], params["feature_cols"], prepared)
+
+    def _trainer(self, params: dict[str, Any], prepared: Prepared, run_id: str, num_proc: int,
+                 outputs: list[tuple[int, ...]]) -> Any:
+        if params["loss"] is None:
+            raise ParamsError("KerasEstimator needs loss=...")
+        spec = KerasSpec(
+            data=data_spec(params, prepared, run_id, num_proc), model=cloudpickle.dumps(params["model"]),
+            optimizer=keras.optimizers.serialize(_optimizer(params)), loss=params["loss"],
+            loss_weights=params["loss_weights"], metrics=list(params["metrics"] or []),
+            callbacks=list(params["callbacks"] or []), custom_objects=dict(params["custom_objects"] or {}),
+            output_shapes=outputs,
+            compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"])
+        return functools.partial(train, spec)
+
+    def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any,
+               outputs: list[tuple[int, ...]]) -> KerasModel:
+        with keras.saving.custom_object_scope(params["custom_objects"] or {}):
+            model = cloudpickle.loads(cloudpickle.dumps(params["model"]))  # a copy; the given model stays as it was
+        model.set_weights(result["weights"])
+        # As Horovod's: compiled with the optimizer as given (its learning rate not scaled), ready for more fitting.
+        model.compile(optimizer=keras.optimizers.deserialize(keras.optimizers.serialize(_optimizer(params)),
+                                                             custom_objects=params["custom_objects"] or None),
+                      loss=params["loss"], loss_weights=params["loss_weights"], metrics=params["metrics"] or None)
+        labels = params["label_cols"]
+        return KerasModel(history=result["history"], model=model, custom_objects=params["custom_objects"],
+                          feature_columns=params["feature_cols"], label_columns=labels,
+                          output_cols=[f"{name}__output" for name in labels],
+                          label_shapes=[list(prepared.shapes[name]) for name in labels],
+                          output_shapes=[list(shape) for shape in outputs], run_id=run_id)
+
+
+declare(KerasEstimator, {**COMMON, **KERAS})
+
+
+def _optimizer(params: dict[str, Any]) -> Any:
+    """The ``optimizer`` parameter, else the optimizer the model was compiled with (as Horovod's)."""
+    optimizer = params["optimizer"] or getattr(params["model"], "optimizer", None)
+    if optimizer is None:
+        raise ParamsError("KerasEstimator needs optimizer=..., or a model compiled with one")
+    return optimizer
+
+
+def _output_shapes(model: Any, feature_cols: list[str], prepared: Prepared) -> list[tuple[int, ...]]:
+    """The per-row shape of each of ``model``'s outputs on two rows of zeros of the feature columns."""
+    inputs = [np.zeros((2, *prepared.shapes[name]), dtype=np.float32) for name in feature_cols]
+    try:
+        outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
+    except Exception as exc:
+        raise ParamsError(f"the model cannot take the feature columns {feature_cols} "
+                          f"(per-row shapes {[prepared.shapes[n] for n in feature_cols]}): {exc}") from exc
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    return [tuple(output.shape[1:]) for output in outputs]
+
+
+class KerasModel(Model, MLWritable, MLReadable):
+    """A fitted ``KerasEstimator``: ``transform(df)`` appends one prediction column per label."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        apply(self, kwargs, "KerasModel")
+
+    def _transform(self, df: Any) -> Any:
+        model = self.getModel()
+
+        def predict(inputs: list[Any]) -> list[Any]:
+            inputs = [value.astype(np.float32) if value.dtype == np.float64 else value for value in inputs]
+            outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
+            outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+            return [keras.ops.convert_to_numpy(output) for output in outputs]
+
+        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(),
+                              self.getOutputShapes(), predict)
+
+    def write(self) -> MLWriter:
+        return ParamsWriter(self, ("model", "custom_objects"))
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return ParamsReader(cls)
+
+
+declare(KerasModel, MODEL)
+
+__all__ = ["KerasEstimator", "KerasModel"]
