@@ -44,6 +44,16 @@ COMMON = {
     "partitions_per_process": (10, "Parquet partitions Spark writes per rank"),
 }
 
+# What every framework's fitted model declares besides its model and history.
+MODEL_COMMON = {
+    "feature_columns": (None, "feature column names"),
+    "label_columns": (None, "label column names"),
+    "output_cols": (None, "prediction column names (default: LABEL__output)"),
+    "label_shapes": (None, "each label's per-row shape"),
+    "output_shapes": (None, "each output's per-row shape"),
+    "run_id": (None, "the run's folder in the store"),
+}
+
 
 class ParamsError(HvdliteError, ValueError):
     """An estimator parameter that is unknown or has a value the estimator cannot use."""
@@ -100,4 +110,4 @@ def values(instance: Any) -> dict[str, Any]:
     return {name: instance.getOrDefault(getattr(instance, name)) for name in type(instance)._hvdlite_defaults}
 
 
-__all__ = ["COMMON", "ParamsError", "camel", "declare", "check_known", "apply", "values"]
+__all__ = ["COMMON", "MODEL_COMMON", "ParamsError", "camel", "declare", "check_known", "apply", "values"]

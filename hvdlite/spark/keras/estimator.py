@@ -18,7 +18,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from ..common.model import ParamsReader, ParamsWriter, transform_with
-from ..common.params import COMMON, ParamsError, apply, check_known, declare
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import KerasSpec, train
@@ -30,12 +30,7 @@ MODEL = {
     "history": ({}, "Keras's history: each metric's value per epoch"),
     "model": (None, "the trained keras.Model"),
     "custom_objects": ({}, "custom Keras objects the model needs"),
-    "feature_columns": (None, "feature column names"),
-    "label_columns": (None, "label column names"),
-    "output_cols": (None, "prediction column names (default: LABEL__output)"),
-    "label_shapes": (None, "each label's per-row shape"),
-    "output_shapes": (None, "each output's per-row shape"),
-    "run_id": (None, "the run's folder in the store"),
+    **MODEL_COMMON,
 }
 
 

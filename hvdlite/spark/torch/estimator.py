@@ -14,7 +14,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from ..common.model import ParamsReader, ParamsWriter, transform_with
-from ..common.params import COMMON, ParamsError, apply, check_known, declare
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import TrainSpec, train
@@ -29,13 +29,8 @@ MODEL = {
     "history": ([], "one entry per epoch: {'epoch': N, 'train': {'loss': ...}, 'validation': {...}}"),
     "model": (None, "the trained torch.nn.Module"),
     "optimizer": (None, "the optimizer, in its trained state"),
-    "feature_columns": (None, "feature column names"),
-    "label_columns": (None, "label column names"),
-    "output_cols": (None, "prediction column names (default: LABEL__output)"),
     "input_shapes": (None, "the shape of each feature column's input to the model"),
-    "label_shapes": (None, "each label's per-row shape"),
-    "output_shapes": (None, "each output's per-row shape"),
-    "run_id": (None, "the run's folder in the store"),
+    **MODEL_COMMON,
 }
 
 

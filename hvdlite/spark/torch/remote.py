@@ -80,14 +80,15 @@ def _epoch(spec: TrainSpec, model: Any, optimizer: Any, batches: Iterator[Batch]
     import torch
 
     totals: dict[str, float] = {}
+    transform_outputs, loss_fn = _transform_outputs(spec), _loss_fn(spec)  # once per epoch, not per step
     for _ in range(steps):
         inputs, labels, weights = _tensors(spec, next(batches))
         if optimizer is not None:
             outputs, loss = (spec.train_minibatch_fn or _train_minibatch)(
-                model, optimizer, _transform_outputs(spec), _loss_fn(spec), inputs, labels, weights)
+                model, optimizer, transform_outputs, loss_fn, inputs, labels, weights)
         else:
-            outputs, labels = _transform_outputs(spec)(model(*inputs), labels)
-            loss = _loss_fn(spec)(outputs, labels, weights)
+            outputs, labels = transform_outputs(model(*inputs), labels)
+            loss = loss_fn(outputs, labels, weights)
         for name, value in _step_values(spec, float(loss.detach()), outputs, labels).items():
             totals[name] = totals.get(name, 0.0) + value / steps
     names = sorted(totals)  # the same order on every rank
