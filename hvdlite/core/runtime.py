@@ -53,6 +53,9 @@ class Runtime:
     exception_hook: failure.AbortOnUncaught | None = None  # ends the job when a rank dies of an exception
     adapter_state: dict[str, Any] = dataclasses.field(default_factory=dict)  # framework adapters' caches, by name
     hosts: tuple[str, ...] = ()  # every rank's host name, by rank
+    # ... as the launcher's host list names it (elastic plans): the host name, or the host alias of
+    # a remote job's task (many Spark tasks or Ray actors share a host; each has its own slot).
+    slot_hosts: tuple[str, ...] = ()
     process_ids: tuple[str, ...] = ()  # every rank's process id: launch rank "2", or "g1.0" if spawned
     book: Any = None  # elastic: the job's HostBook (hvdlite.elastic.hosts), kept across world changes
     # A TCP port that was free on rank 0's host at start, for a framework's own rendezvous (torch's
@@ -61,6 +64,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_last_rank: int | None = None  # this process's rank in the last world it started, kept after shutdown
 _atexit_registered = False
 
 
@@ -73,6 +77,11 @@ def current() -> Runtime:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def last_rank() -> int | None:
+    """This process's rank in the last world it was part of (after ``shutdown`` too); None before any."""
+    return _last_rank
 
 
 def caller_waits() -> bool:
@@ -122,7 +131,7 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     ``book``: an elastic job's host book, kept across world changes. ``join``: in an elastic job's
     spawned rank, returns the world it joins and the job's host book (called once MPI runs).
     """
-    global _runtime, _atexit_registered
+    global _runtime, _atexit_registered, _last_rank
     if _runtime is not None:
         return
     config = load_config()
@@ -134,9 +143,11 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     if mpi_variables:
         log.info("started by Slurm's PMI (srun --mpi=pmi2): set %s (see hvdlite.core.mpi_start)", mpi_variables)
     process_id = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())
-    hosts, ids, ports = zip(*base.allgather((MPI.Get_processor_name(), process_id, _free_port() if rank == 0 else 0)),
-                            strict=True)
+    name = MPI.Get_processor_name()
+    hosts, slot_hosts, ids, ports = zip(*base.allgather((name, config.host_alias or name, process_id,
+                                                         _free_port() if rank == 0 else 0)), strict=True)
     topology = topology_from_hosts(list(hosts), rank)
+    _last_rank = rank
 
     def make_engine(set_comm: Any, ranks: list[int], process_set_id: int) -> tuple[Engine, tuple[Any, ...]]:
         scope = Scope(process_set_id, tuple(ranks)) if process_set_id else JOB
@@ -147,7 +158,8 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     dynamic = process_sets == "dynamic" or config.dynamic_process_sets
     communicators = Communicators(base, engine, make_engine, dynamic)
     _runtime = Runtime(config, topology, engine, communicators.global_.names, base, private, communicators,
-                       hosts=hosts, process_ids=ids, book=joined[1] if joined else book, rendezvous_port=ports[0])
+                       hosts=hosts, slot_hosts=slot_hosts, process_ids=ids, book=joined[1] if joined else book,
+                       rendezvous_port=ports[0])
     try:
         for process_set in () if isinstance(process_sets, str) or process_sets is None else process_sets:
             communicators.add(process_set, dynamic=False)

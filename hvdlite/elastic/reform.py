@@ -62,7 +62,7 @@ def shrink() -> list[str]:
     now = time.time()
     for rank, process_id in enumerate(ids):
         if process_id in dead:
-            book.record_failure(world.hosts[rank], now)
+            book.record_failure(world.slot_hosts[rank], now)
     _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died")
     comm = world.comm.Create_group(world.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
     _restart(comm, book, dynamic)
@@ -120,7 +120,7 @@ def propose() -> Plan:
             book.ask_launcher_after, found = now + _LAUNCHER_RETRY_SECONDS, None
         if found is not None:
             book.hosts, book.discovery = found
-    return book.plan(list(world.hosts), now)
+    return book.plan(list(world.slot_hosts), now)
 
 
 def apply(plan: Plan) -> None:

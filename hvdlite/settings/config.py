@@ -68,6 +68,7 @@ class Config:
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
     elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic/channel.py)
     elastic_token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of logs
+    host_alias: str = ""  # the name the launcher's host list gives this rank's host, when not its own
     log_level: str = "WARNING"
     run_dir: str = ""
     mpi_args: str = ""
@@ -225,6 +226,8 @@ SETTINGS: tuple[Setting, ...] = (
             "elastic: HOST:PORT[,...] of hvdliterun's control channel (set by hvdliterun)"),
     Setting("HVDLITE_ELASTIC_TOKEN", "elastic_token", any_text,
             "elastic: the job's secret for that channel (set by hvdliterun)"),
+    Setting("HVDLITE_HOST_ALIAS", "host_alias", any_text,
+            "elastic: the name the launcher's host list gives this rank's host (set by a Spark task or Ray actor)"),
     Setting("HVDLITE_LOG_LEVEL", "log_level", log_level, f"log level: {', '.join(LOG_LEVELS)}",
             Flag(("--log-level",))),
     Setting("HVDLITE_RUN_DIR", "run_dir", any_text, "launcher scratch directory (set by hvdliterun)"),

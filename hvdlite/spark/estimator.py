@@ -71,9 +71,9 @@ class HorovodEstimator:
 
     @staticmethod
     def _num_proc(params: dict[str, Any]) -> int:
-        from .job import _checked_num_proc, _running_context
+        from .job import checked_num_proc, running_context
 
-        return _checked_num_proc(_running_context(), params["num_proc"])
+        return checked_num_proc(running_context(), params["num_proc"])
 
     def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
         """The per-row shape of each of the model's outputs (a ParamsError if it cannot take the features)."""

@@ -58,11 +58,11 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | No
     """
     if executable is not None:
         raise SparkJobError("hvdlite.spark.run(executable=...) is not supported: the ranks run this driver's Python")
-    context = _running_context()
-    num_proc = _checked_num_proc(context, num_proc)
+    context = running_context()
+    num_proc = checked_num_proc(context, num_proc)
     payload = pickled_call(fn, args, kwargs or {}, "Spark tasks", SparkJobError)
     launch = LaunchOptions(dict(env) if env is not None else environ(), stdout, stderr, verbose,
-                           _launcher_args(extra_mpi_args, nics))
+                           launcher_args(extra_mpi_args, nics))
     job = _SparkJob(context, num_proc, payload, start_timeout or DEFAULT_START_TIMEOUT)
     return job.run(launch)
 
@@ -75,7 +75,7 @@ def _pyspark() -> Any:
     return pyspark
 
 
-def _running_context() -> Any:
+def running_context() -> Any:
     """The running SparkContext, or a SparkJobError saying to start one."""
     context = _pyspark().SparkContext._active_spark_context
     if context is None or context._jsc is None:
@@ -107,7 +107,7 @@ def _slots_for(context: Any, needed: int, poll: float = 0.2) -> int:
     return slots
 
 
-def _checked_num_proc(context: Any, num_proc: int | None) -> int:
+def checked_num_proc(context: Any, num_proc: int | None) -> int:
     if num_proc is None:
         num_proc = max(context.defaultParallelism, 1)
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
@@ -119,7 +119,7 @@ def _checked_num_proc(context: Any, num_proc: int | None) -> int:
     return num_proc
 
 
-def _launcher_args(extra_mpi_args: str | None, nics: Any) -> tuple[str, ...]:
+def launcher_args(extra_mpi_args: str | None, nics: Any) -> tuple[str, ...]:
     mpi_flags = ("--mpi-args", extra_mpi_args) if extra_mpi_args else ()
     return mpi_flags + interface_flags(nics, SparkJobError)
 
@@ -135,9 +135,9 @@ class _SparkJob:
 
     def run(self, launch: LaunchOptions) -> list[Any]:
         key = secrets.token_bytes(32)
-        registry = Registry(_driver_host(self.context), key, self.num_proc)
+        registry = Registry(driver_host(self.context), key, self.num_proc)
         group = f"hvdlite.spark.run-{secrets.token_hex(4)}"
-        stage = _Stage(self.context, group, self.num_proc, (self.payload, key, registry.address))
+        stage = Stage(self.context, group, self.num_proc, run_task, (self.payload, key, registry.address))
         try:
             addresses = registry.addresses(self.start_timeout, stage.running)
             if addresses is None:  # the stage ended before every task started
@@ -151,27 +151,30 @@ class _SparkJob:
             stage.cancel()
 
 
-def _driver_host(context: Any) -> str:
+def driver_host(context: Any) -> str:
     """The address the executors reach the driver at (Spark's own), as an IP."""
     host = context.getConf().get("spark.driver.host") or socket.gethostname()
     return socket.gethostbyname(host)
 
 
-class _Stage:
-    """The barrier stage of ``num_proc`` tasks, run in a thread under a job group that can be cancelled."""
+class Stage:
+    """A stage of ``num_tasks`` tasks each running ``task(*task_args)``, in a thread under a job group
+    that can be cancelled: a barrier stage (every task at once, all retried together) unless
+    ``barrier`` is false (each task when a slot is free, a failed one retried alone)."""
 
-    def __init__(self, context: Any, group: str, num_proc: int, task_args: tuple) -> None:
+    def __init__(self, context: Any, group: str, num_tasks: int, task: Callable[..., Iterator[int]],
+                 task_args: tuple, barrier: bool = True) -> None:
         self._context = context
         self._group = group
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._collect, args=(num_proc, task_args), daemon=True)
+        self._thread = threading.Thread(target=self._collect, args=(num_tasks, task, task_args, barrier), daemon=True)
         self._thread.start()
 
-    def _collect(self, num_proc: int, task_args: tuple) -> None:
+    def _collect(self, num_tasks: int, task: Callable[..., Iterator[int]], task_args: tuple, barrier: bool) -> None:
         try:
-            self._context.setJobGroup(self._group, "hvdlite.spark.run", interruptOnCancel=True)
-            rdd = self._context.parallelize(range(num_proc), num_proc).barrier()
-            rdd.mapPartitions(lambda partition: run_task(*task_args)).collect()
+            self._context.setJobGroup(self._group, self._group.rpartition("-")[0], interruptOnCancel=True)
+            rdd = self._context.parallelize(range(num_tasks), num_tasks)
+            (rdd.barrier() if barrier else rdd).mapPartitions(lambda partition: task(*task_args)).collect()
         except BaseException as exc:  # noqa: B036 - handed to the driver's thread by result()
             self._error = exc
 
@@ -182,7 +185,8 @@ class _Stage:
         """The stage's own error, once it ended (if it failed)."""
         self._thread.join()
         if self._error is not None:
-            raise SparkJobError(f"the Spark stage of hvdlite.spark.run failed: {self._error}") from self._error
+            raise SparkJobError(f"the Spark stage of {self._group.rpartition('-')[0]} failed: {self._error}") \
+                from self._error
 
     def cancel(self) -> None:
         if self._thread.is_alive():

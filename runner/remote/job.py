@@ -89,8 +89,20 @@ def write_run_dir(run_dir: str, addresses: Sequence[Address], key: bytes) -> Non
     """The hostfile (one slot per alias), the aliases' addresses, the key, and the agent script."""
     with open(os.path.join(run_dir, "hostfile"), "w") as handle:
         handle.writelines(f"{alias(index)} slots=1\n" for index in range(len(addresses)))
-    with open(os.path.join(run_dir, TASKS_FILE), "w") as handle:
-        json.dump({alias(index): list(address) for index, address in enumerate(addresses)}, handle)
+    write_tasks(run_dir, {alias(index): address for index, address in enumerate(addresses)})
+    write_agent(run_dir, key)
+
+
+def write_tasks(run_dir: str, tasks: Mapping[str, Address]) -> None:
+    """The agent's table of host aliases and task addresses, replaced atomically (the agent may read it)."""
+    path = os.path.join(run_dir, TASKS_FILE)
+    with open(path + ".tmp", "w") as handle:
+        json.dump({name: list(address) for name, address in tasks.items()}, handle)
+    os.replace(path + ".tmp", path)
+
+
+def write_agent(run_dir: str, key: bytes) -> None:
+    """The job's key (private) and the agent script Hydra runs in place of ssh."""
     key_path = os.path.join(run_dir, KEY_FILE)
     with open(os.open(key_path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as handle:
         handle.write(key)
@@ -105,20 +117,24 @@ def run_launcher(addresses: Sequence[Address], key: bytes, options: LaunchOption
     """Run the job over the tasks at ``addresses`` (index = rank); its exit code and last output lines."""
     with tempfile.TemporaryDirectory(prefix="hvdlite-remote-") as run_dir:
         write_run_dir(run_dir, addresses, key)
-        argv = launcher_command(len(addresses), run_dir, options.launcher_args)
-        if options.verbose >= 2:
-            print(f"hvdlite: {shlex.join(argv)}", file=options.stderr or sys.stderr, flush=True)
-        process = subprocess.Popen(argv, env=dict(options.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   preexec_fn=die_with_parent)
-        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        pumps = [threading.Thread(target=_relay, args=(process.stdout, options.stdout or sys.stdout, tail)),
-                 threading.Thread(target=_relay, args=(process.stderr, options.stderr or sys.stderr, tail))]
-        for pump in pumps:
-            pump.start()
-        code = process.wait()
-        for pump in pumps:
-            pump.join()
-        return code, list(tail)
+        return launch(launcher_command(len(addresses), run_dir, options.launcher_args), options)
+
+
+def launch(argv: Sequence[str], options: LaunchOptions) -> tuple[int, list[str]]:
+    """Run the launcher command ``argv``, relaying its output; its exit code and last output lines."""
+    if options.verbose >= 2:
+        print(f"hvdlite: {shlex.join(argv)}", file=options.stderr or sys.stderr, flush=True)
+    process = subprocess.Popen(list(argv), env=dict(options.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=die_with_parent)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    pumps = [threading.Thread(target=_relay, args=(process.stdout, options.stdout or sys.stdout, tail)),
+             threading.Thread(target=_relay, args=(process.stderr, options.stderr or sys.stderr, tail))]
+    for pump in pumps:
+        pump.start()
+    code = process.wait()
+    for pump in pumps:
+        pump.join()
+    return code, list(tail)
 
 
 def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str]) -> None:

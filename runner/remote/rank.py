@@ -9,7 +9,9 @@ so with its task.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import cloudpickle
@@ -18,7 +20,7 @@ from hvdlite.settings.config import environ
 
 from ..process import die_with_parent
 from .task import KEY_VARIABLE, TASK_VARIABLE
-from .wire import parse_address, request
+from .wire import connect, parse_address, request
 
 
 def main() -> int:
@@ -29,14 +31,35 @@ def main() -> int:
     address, key = parse_address(env[TASK_VARIABLE]), bytes.fromhex(env[KEY_VARIABLE])
     rank = int(env.get("PMI_RANK", "-1"))  # Hydra's: MPI is not started here, fn starts it (hvd.init)
     fn, args, kwargs = cloudpickle.loads(request(address, key, ("payload",)))
+    threading.Thread(target=_end_with_task, args=(address, key, rank), name="hvdlite-task-watch", daemon=True).start()
     try:
         value = cloudpickle.dumps(fn(*args, **kwargs))
     except BaseException:  # noqa: B036 - the driver must hear of any failure, then we exit
         request(address, key, ("result", rank, False, traceback.format_exc()))
         traceback.print_exc()
         _abort()
-    request(address, key, ("result", rank, True, value))
+    request(address, key, ("result", rank, True, value, _final_rank()))
     return 0
+
+
+def _end_with_task(address: tuple[str, int], key: bytes, rank: int) -> None:
+    """SIGKILL this process when its task dies (the task's end closes the watch connection): an
+    elastic rank's parent is a shell that lives on without the proxy, and a rank left running would
+    stay in the job for a task that is gone."""
+    try:
+        with connect(address, key) as connection:
+            connection.send(("watch",))
+            connection.recv()
+    except (EOFError, OSError):
+        sys.stderr.write(f"hvdlite: rank {rank}: its task is gone; it ends\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _final_rank() -> int | None:
+    """The rank this process had in the job's last world (elastic jobs renumber), if fn started hvdlite."""
+    runtime = sys.modules.get("hvdlite.core.runtime")
+    return runtime.last_rank() if runtime is not None else None
 
 
 def _abort() -> None:

@@ -7,12 +7,15 @@ A :class:`TaskService` lives in a Spark task or a Ray actor for one job. It answ
   it, so a task the engine kills takes its rank with it;
 - ``("payload",)`` from the rank: the pickled ``(fn, args, kwargs)``;
 - ``("result", rank, ok, data)`` from the rank: its pickled return value, or its traceback;
+- ``("watch",)`` from the rank: never answered; the connection closes when this task dies, and the
+  rank then ends itself (an elastic rank runs under a shell that a dead proxy does not take along);
 - ``("finish",)`` from the driver: the job is over; :meth:`TaskService.outcome` returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import subprocess
 import threading
 from multiprocessing.connection import Connection
@@ -25,6 +28,7 @@ from .wire import Address, format_address, listen
 
 TASK_VARIABLE = "HVDLITE_REMOTE_TASK"  # the rank's way back to its task (host:port) ...
 KEY_VARIABLE = "HVDLITE_REMOTE_KEY"  # ... and the job's key, hex
+ALIAS_VARIABLE = "HVDLITE_HOST_ALIAS"  # an elastic job's name for this task's slot (hvdlite.settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +41,19 @@ class TaskOutcome:
     error: str = ""  # the rank's traceback, or why no result came (not ok)
     reported: bool = False  # the rank itself reported (a value or a traceback)
     lost: bool = False  # the task itself died (killed by its engine, its executor or node gone)
+    final_rank: int | None = None  # the rank's rank in the job's last world (elastic jobs renumber)
 
 
 class TaskService:
-    """Serves one task of a remote job (see the module docstring)."""
+    """Serves one task of a remote job (see the module docstring).
 
-    def __init__(self, index: int, payload: bytes, key: bytes, host: str) -> None:
+    ``host_alias``: in an elastic job, the name the launcher's host list gives this task; its ranks
+    may then have any MPI rank (the job renumbers them), and learn the alias from the environment.
+    """
+
+    def __init__(self, index: int, payload: bytes, key: bytes, host: str, host_alias: str | None = None) -> None:
         self.index = index
+        self.host_alias = host_alias
         self._payload = payload
         self._key = key
         self._listener = listen(host, key)
@@ -87,24 +97,35 @@ class TaskService:
             elif kind == "result":
                 self._outcome = self._checked_result(*message[1:])
                 connection.send("ok")
+            elif kind == "watch":
+                self._finished.wait()
             elif kind == "finish":
                 self._finished.set()
                 connection.send("ok")
 
-    def _checked_result(self, rank: int, ok: bool, data: Any) -> TaskOutcome:
-        """The rank's report; results are returned by task index, so a rank in another task is an error."""
-        if rank != self.index:
+    def _checked_result(self, rank: int, ok: bool, data: Any, final_rank: int | None = None) -> TaskOutcome:
+        """The rank's report; a static job's results are returned by task index, so a rank in another
+        task is an error there."""
+        if rank != self.index and self.host_alias is None:
             return TaskOutcome(self.index, False, error=f"MPI rank {rank} ran in task {self.index}: the launcher "
                                                          "placed the ranks out of order", reported=True)
-        return TaskOutcome(self.index, ok, data if ok else b"", "" if ok else data, True)
+        return TaskOutcome(self.index, ok, data if ok else b"", "" if ok else data, True, final_rank=final_rank)
 
     def _run(self, connection: Connection, command: str) -> None:
-        """Run ``command`` here, streaming its output to ``connection``; in this thread, which the
-        process dies with (``die_with_parent``)."""
-        env = {**environ(), TASK_VARIABLE: format_address(self.address), KEY_VARIABLE: self._key.hex()}
+        """Run ``command`` here, streaming its output to ``connection``.
+
+        In a static job, the proxy dies with this thread (``die_with_parent``), and Hydra ends the job.
+        An elastic job's proxy outlives the task: a proxy's death kills Hydra's mpiexec (an assertion
+        on its closed control connection), so the proxy stays, the rank ends itself (its watch on
+        this task, :mod:`.rank`), and the proxy reports that death as any other rank's.
+        """
+        env = {**environ(), TASK_VARIABLE: format_address(self.address), KEY_VARIABLE: self._key.hex(),
+               **({ALIAS_VARIABLE: self.host_alias} if self.host_alias else {})}
+        detached = {"start_new_session": True, "preexec_fn": _ignore_broken_pipes} if self.host_alias else \
+            {"preexec_fn": die_with_parent}
         # exec: the shell becomes the command, which keeps the death signal (a forked child would not).
         process = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=env, preexec_fn=die_with_parent)
+                                   stderr=subprocess.PIPE, env=env, **detached)
         lock = threading.Lock()
         errors = threading.Thread(target=_relay, args=(process.stderr, "err", connection, lock), daemon=True)
         errors.start()
@@ -113,6 +134,11 @@ class TaskService:
         self._ran_code = process.wait()
         with lock:
             _send(connection, ("exit", self._ran_code))
+
+
+def _ignore_broken_pipes() -> None:
+    """A detached proxy's output pipe closes with its task: writing there must not kill it."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
 
 def _relay(stream: Any, kind: str, connection: Connection, lock: threading.Lock) -> None:

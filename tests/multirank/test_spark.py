@@ -101,3 +101,60 @@ def test_the_spark_example_trains(spark):
     """examples/spark_train.py as a user runs it: its own driver and its own local cluster."""
     done, accuracies = run_example("spark_train.py", {"SPARK_LOCAL_IP": "127.0.0.1"})
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
+
+
+def kill_my_executor():
+    """SIGKILL the executor JVM this rank runs under (its task's Python worker's ancestor)."""
+    import signal
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        pid = int(fields[1])
+        with open(f"/proc/{pid}/comm") as handle:
+            if handle.read().strip() == "java":
+                os.kill(pid, signal.SIGKILL)
+                time.sleep(600)  # this rank ends with its task
+    raise AssertionError("no executor JVM above this rank")
+
+
+def trains_through_a_lost_executor(marker):
+    """Counts the ranks every step; the first rank 1 to reach step 3 kills its executor. Stops once the
+    job is back at two ranks (Spark ran the lost task again elsewhere) or after 600 steps."""
+    import hvdlite as hvd
+    from hvdlite.elastic import ObjectState
+
+    hvd.init()
+    seen = []  # this process's own record of the world sizes it trained at
+    state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 600 and not (state.step >= 10 and 1 in state.sizes and state.sizes[-1] == 2):
+            size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
+            seen.append(size)
+            if hvd.rank() == 1 and state.step == 3 and not os.path.exists(marker):
+                open(marker, "w").close()
+                kill_my_executor()
+            state.sizes.append(size)
+            state.step += 1
+            time.sleep(0.1)
+            state.commit()
+
+    train(state)
+    return hvd.rank(), hvd.size(), seen, state.sizes
+
+
+def test_run_elastic_survives_a_lost_executor_and_grows_back(spark, tmp_path):
+    import hvdlite.spark
+
+    results = hvdlite.spark.run_elastic(trains_through_a_lost_executor, args=(str(tmp_path / "killed"),),
+                                        num_proc=2, min_num_proc=1, max_num_proc=2)
+    assert [(rank, size) for rank, size, _, _ in results] == [(0, 2), (1, 2)], results
+    survivor, joined = results[0][2], results[1][2]
+    # The survivor trained through the loss in one process: two ranks, one, then two again.
+    assert survivor[:4] == [2, 2, 2, 2] and 1 in survivor and survivor[-1] == 2, survivor
+    assert set(joined) == {2} and len(joined) < len(survivor), joined  # the task Spark ran again
+    assert results[0][3] == results[1][3], results
+    assert no_jobs_left(spark)

@@ -19,10 +19,10 @@ def test_without_a_running_session_it_says_to_start_one(monkeypatch):
 
 
 def test_extra_mpi_args_and_one_network_interface_become_launcher_flags():
-    assert job._launcher_args("-verbose", None) == ("--mpi-args", "-verbose")
-    assert job._launcher_args(None, ["eth1"]) == ("--network-interface", "eth1")
+    assert job.launcher_args("-verbose", None) == ("--mpi-args", "-verbose")
+    assert job.launcher_args(None, ["eth1"]) == ("--network-interface", "eth1")
     with pytest.raises(hvdlite.spark.SparkJobError, match=r"one network interface, got \['eth0', 'eth1'\]"):
-        job._launcher_args(None, {"eth0", "eth1"})
+        job.launcher_args(None, {"eth0", "eth1"})
 
 
 def test_another_python_for_the_ranks_is_refused():
