@@ -67,19 +67,26 @@ def _ray() -> Any:
 class RayExecutor:
     """Runs a function as ``num_workers`` MPI ranks in Ray actors (Horovod's ``horovod.ray.RayExecutor``).
 
-    ``cpus_per_worker`` / ``use_gpu`` / ``gpus_per_worker`` size each actor's bundle. Elastic
-    arguments (``min_workers``...) and ``num_hosts`` are not supported here and are refused.
+    ``cpus_per_worker`` / ``use_gpu`` / ``gpus_per_worker`` size each actor's bundle. With
+    ``min_workers`` and ``max_workers`` instead of ``num_workers`` the job is elastic (an
+    :class:`~hvdlite.ray.elastic.ElasticRayExecutor` runs it: ``start`` and ``run`` only).
+    ``num_hosts`` and the other placement arguments are not supported and are refused.
     """
 
     def __init__(self, settings: RaySettings | None = None, num_workers: int | None = None,
                  cpus_per_worker: int = 1, use_gpu: bool = False, gpus_per_worker: int | None = None,
-                 **unsupported: Any) -> None:
+                 min_workers: int | None = None, max_workers: int | None = None, reset_limit: int | None = None,
+                 elastic_timeout: float = 600, **unsupported: Any) -> None:
         given = sorted(name for name, value in unsupported.items() if value is not None)
         if given:
-            raise RayJobError(f"RayExecutor: {', '.join(given)} not supported by hvdlite (give num_workers)")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise RayJobError(f"RayExecutor needs num_workers, a positive integer; got {num_workers!r}")
+            raise RayJobError(f"RayExecutor: {', '.join(given)} not supported by hvdlite (give num_workers, or "
+                              "min_workers and max_workers)")
         self.settings = settings or RaySettings()
+        self._elastic = _elastic_executor(self.settings, num_workers, min_workers, max_workers, reset_limit,
+                                          elastic_timeout, (use_gpu, cpus_per_worker, gpus_per_worker))
+        if self._elastic is None and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                      or num_workers < 1):
+            raise RayJobError(f"RayExecutor needs num_workers, a positive integer; got {num_workers!r}")
         self.num_workers = num_workers
         self._bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker or 1} if use_gpu else {})}
         self._workers: list[Any] = []
@@ -96,6 +103,12 @@ class RayExecutor:
     def start(self, executable_cls: type | None = None, executable_args: list | None = None,
               executable_kwargs: dict | None = None, extra_env_vars: Mapping[str, str] | None = None) -> None:
         """Reserve the placement group and start the actors (each holding ``executable_cls(...)``)."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise RayJobError("RayExecutor.start(executable_cls=...) is not supported in elastic mode")
+            self._elastic.start()
+            self._elastic.env_vars.update(extra_env_vars or {})
+            return
         if self._workers:
             raise RayJobError("RayExecutor.start(): already started; shutdown() first")
         ray = _ray()
@@ -164,7 +177,10 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], args: list | tuple | None = None, kwargs: Mapping[str, Any] | None = None,
             callbacks: Any = None) -> list[Any]:
         """``fn(*args, **kwargs)`` on every worker as one MPI job; the return values by rank, or a
-        :class:`~hvdlite.runner.remote.job.RemoteJobError` naming the rank that failed."""
+        :class:`~hvdlite.runner.remote.job.RemoteJobError` naming the rank that failed. Elastic: the
+        values of the ranks that finished, by final rank."""
+        if self._elastic is not None:
+            return self._elastic.run(fn, callbacks, args or (), kwargs)
         ray = _ray()
         addresses, key = self._serve(fn, args, kwargs, callbacks)
         code, tail = run_launcher(addresses, key, self._launch_options())
@@ -217,6 +233,25 @@ class RayExecutor:
                                                    f"{str(exc).splitlines()[0]})", lost=True)
 
     def _require_started(self, what: str) -> None:
+        if self._elastic is not None:
+            raise RayJobError(f"RayExecutor.{what}() is not supported in elastic mode (min_workers/max_workers)")
         if not self._workers:
             raise RayJobError(f"RayExecutor.{what}() before start(): call start() first")
 
+
+
+def _elastic_executor(settings: RaySettings, num_workers: int | None, min_workers: int | None,
+                      max_workers: int | None, reset_limit: int | None, elastic_timeout: float,
+                      slot: tuple[bool, int, int | None]) -> Any:
+    """The ElasticRayExecutor of a RayExecutor given min_workers/max_workers; None for a fixed size."""
+    if min_workers is None and max_workers is None:
+        return None
+    if num_workers is not None:
+        raise RayJobError("RayExecutor: give num_workers (a fixed size) or min_workers/max_workers (elastic), "
+                          "not both")
+    from .elastic import ElasticRayExecutor, ElasticRaySettings
+
+    elastic = ElasticRaySettings(min_workers or 1, max_workers, reset_limit, float(elastic_timeout),
+                                 settings.timeout_s, settings.nics)
+    use_gpu, cpus, gpus = slot
+    return ElasticRayExecutor(elastic, use_gpu, cpus, gpus)

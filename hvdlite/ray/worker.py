@@ -1,7 +1,7 @@
 """The Ray actor that hosts one rank of a :class:`~hvdlite.ray.RayExecutor` job.
 
-A plain class (the executor wraps it with ``ray.remote``): one
-:class:`~hvdlite.runner.remote.task.TaskService` per run, on the address Ray knows this node by,
+A plain class (the executors wrap it with ``ray.remote``): one
+:class:`~hvdlite.runner.remote.task.TaskService` per run (per elastic run: one slot attempt), on the address Ray knows this node by,
 and the user's executable object for ``execute``.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..runner.remote.elastic import serve_task
 from ..runner.remote.job import RemoteJobError
 from ..runner.remote.task import TaskOutcome, TaskService
 
@@ -31,6 +32,10 @@ class Worker:
         """Start serving this rank of a new run; the address the driver's agent reaches."""
         self._service = TaskService(self.index, payload, key, self._host)
         return self._service.address
+
+    def serve_slot(self, attempt: int, payload: bytes, key: bytes, registry: tuple[str, int]) -> None:
+        """Serve this actor's slot of an elastic run until the driver says it is over (blocking)."""
+        serve_task(self.index, attempt, payload, key, self._host, registry)
 
     def outcome(self) -> TaskOutcome:
         """What became of this rank, once the driver said the run is over."""

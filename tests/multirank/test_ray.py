@@ -108,8 +108,8 @@ def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
         executor.run(rank_and_size, args=[0])
     with pytest.raises(RayJobError, match="num_workers"):
         RayExecutor(num_workers=0)
-    with pytest.raises(RayJobError, match="min_workers not supported"):
-        RayExecutor(num_workers=2, min_workers=1)
+    with pytest.raises(RayJobError, match="num_hosts not supported"):
+        RayExecutor(num_workers=2, num_hosts=1)
     with pytest.raises(RayJobError, match="5 workers of .* need 5 CPU; the Ray cluster has 4 CPU in all"):
         RayExecutor(num_workers=5).start()
     # 3 workers fit the cluster, but not beside the 2 CPUs taken here: start() waits, then gives up.
@@ -135,3 +135,83 @@ def test_the_ray_example_trains(ray_cluster):
     """examples/ray_train.py as a user runs it, in a driver of its own."""
     done, accuracies = run_example("ray_train.py", {})
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
+
+
+def kill_my_actor():
+    """SIGKILL the Ray actor this rank runs under (an ancestor whose command line Ray set to ``ray::...``)."""
+    import os
+    import signal
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as handle:
+            pid = int(handle.read().rpartition(")")[2].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            if handle.read().startswith(b"ray::"):
+                os.kill(pid, signal.SIGKILL)
+                time.sleep(600)  # this rank ends with its actor
+    raise AssertionError("no Ray actor above this rank")
+
+
+def trains_through_a_lost_actor(marker, full):
+    """Counts the ranks every step; at step 3 of a full world, the first rank 1 there kills its actor.
+    Stops once the world is full again after the loss (the slot's actor started again), or after 600 steps."""
+    import os
+
+    import numpy as np
+
+    import hvdlite as hvd
+    from hvdlite.elastic import ObjectState
+
+    hvd.init()
+    seen = []  # this process's own record of the world sizes it trained at
+    state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 600 and not (state.step >= 10 and full - 1 in state.sizes and state.sizes[-1] == full):
+            size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
+            seen.append(size)
+            if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
+                open(marker, "w").close()
+                kill_my_actor()
+            state.sizes.append(size)
+            state.step += 1
+            time.sleep(0.1)
+            state.commit()
+
+    train(state)
+    return hvd.rank(), hvd.size(), seen
+
+
+def test_elastic_executor_replaces_a_killed_actor_at_np_3(ray_cluster, tmp_path):
+    from hvdlite.ray import ElasticRayExecutor
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=60))
+    executor.start()
+    results = executor.run(trains_through_a_lost_actor, args=(str(tmp_path / "killed"), 3))
+    assert [(rank, size) for rank, size, _ in results] == [(0, 3), (1, 3), (2, 3)], results
+    # Two ranks trained through the loss in one process each (3 ranks, then 2, then 3 again); the
+    # third is the killed slot's new actor, which saw only the full world.
+    # (The job may start at 2, min_num_proc, and grow to 3 at its first commit.)
+    through = [seen for _, _, seen in results if 2 in seen[seen.index(3):]]
+    assert len(through) == 2 and all(seen[-1] == 3 for seen in through), results
+    assert [set(seen) for _, _, seen in results if 2 not in seen] == [{3}], results
+    assert all_cpus_free(ray_cluster)
+
+
+def test_ray_executor_with_min_and_max_workers_is_elastic(ray_cluster):
+    from hvdlite.ray import RayExecutor, RayJobError
+
+    executor = RayExecutor(min_workers=2, max_workers=2)
+    executor.start()
+    assert executor.run(rank_and_size, args=[5]) == [(5, 2), (6, 2)]
+    with pytest.raises(RayJobError, match="not supported in elastic mode"):
+        executor.run_remote(rank_and_size, args=[0])
+    with pytest.raises(RayJobError, match="num_workers .* or min_workers/max_workers"):
+        RayExecutor(num_workers=2, min_workers=1, max_workers=2)
+    with pytest.raises(RayJobError, match=r"min_np <= num_proc <= max_np, got min_np=3, num_proc=2, max_np=2"):
+        RayExecutor(min_workers=3, max_workers=2).start()
+    with pytest.raises(RayJobError, match="min_num_proc=5 actors .* which holds 4"):
+        RayExecutor(min_workers=5, max_workers=6).start()
+    assert all_cpus_free(ray_cluster)
