@@ -19,7 +19,7 @@ from typing import Any
 from ..runner.remote.elastic import ElasticRegistry, ElasticSizes, run_elastic_job
 from ..runner.remote.job import LaunchOptions, interface_flags, pickled_call
 from ..settings.config import environ
-from .executor import CUDA_DEVICES, RayJobError, _ray
+from .engine import CUDA_DEVICES, RayJobError, ray_module
 from .worker import Worker
 
 REPORT_SECONDS = 30.0  # after the job, how long a live actor may take to send its rank's outcome
@@ -66,7 +66,7 @@ class ElasticRayExecutor:
 
     def start(self) -> None:
         """Check that Ray runs and can hold ``min_num_proc`` actors; settle ``max_num_proc``."""
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             raise RayJobError("ElasticRayExecutor.start() needs Ray running: call ray.init(...) first")
         room = self._slots_in(ray.cluster_resources())
@@ -91,7 +91,7 @@ class ElasticRayExecutor:
             return self._run(payload, run_dir)
 
     def _run(self, payload: bytes, run_dir: str) -> list[Any]:
-        ray = _ray()
+        ray = ray_module()
         key = secrets.token_bytes(32)
         registry = ElasticRegistry(ray.util.get_node_ip_address(), key, run_dir)
         actors = SlotActors(ray, self._resources, self._max_np or 1, (payload, key, registry.address))

@@ -18,7 +18,6 @@ from typing import Any
 
 import cloudpickle
 
-from ..errors import HvdliteError
 from ..runner.remote.job import (
     LaunchOptions,
     finish_tasks,
@@ -29,13 +28,9 @@ from ..runner.remote.job import (
 )
 from ..runner.remote.task import TaskOutcome
 from ..settings.config import environ
+from .elastic import ElasticRayExecutor, ElasticRaySettings
+from .engine import CUDA_DEVICES, RayJobError, ray_module
 from .worker import Worker
-
-CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
-
-
-class RayJobError(HvdliteError):
-    """A RayExecutor cannot do what was asked: not started, bad arguments, no room in the cluster."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +49,6 @@ def _release(ray: Any, group: Any, timeout: float, poll: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while ray.util.placement_group_table(group).get("state") != "REMOVED" and time.monotonic() < deadline:
         time.sleep(poll)
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError("hvdlite.ray needs Ray: pip install 'hvdlite[ray]'") from exc
-    return ray
 
 
 class RayExecutor:
@@ -111,7 +98,7 @@ class RayExecutor:
             return
         if self._workers:
             raise RayJobError("RayExecutor.start(): already started; shutdown() first")
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             raise RayJobError("RayExecutor.start() needs Ray running: call ray.init(...) first")
         self._placement_group = self._reserve(ray)
@@ -126,7 +113,7 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Stop the actors and release their placement group (a no-op when not started)."""
-        ray = _ray()
+        ray = ray_module()
         for worker in self._workers:
             ray.kill(worker)
         self._workers = []
@@ -181,7 +168,7 @@ class RayExecutor:
         values of the ranks that finished, by final rank."""
         if self._elastic is not None:
             return self._elastic.run(fn, callbacks, args or (), kwargs)
-        ray = _ray()
+        ray = ray_module()
         addresses, key = self._serve(fn, args, kwargs, callbacks)
         code, tail = run_launcher(addresses, key, self._launch_options())
         finish_tasks(addresses, key)
@@ -204,7 +191,7 @@ class RayExecutor:
 
     def execute(self, fn: Callable[[Any], Any]) -> list[Any]:
         """``fn(executable)`` on every worker (no MPI job); the return values by worker."""
-        ray = _ray()
+        ray = ray_module()
         self._require_started("execute")
         return ray.get([worker.execute.remote(cloudpickle.dumps(fn)) for worker in self._workers])
 
@@ -215,7 +202,7 @@ class RayExecutor:
             raise RayJobError("RayExecutor.run(callbacks=...) is not supported by hvdlite")
         payload = pickled_call(fn, args or (), kwargs or {}, "Ray actors", RayJobError)
         key = secrets.token_bytes(32)
-        ray = _ray()
+        ray = ray_module()
         return [tuple(address) for address in ray.get([w.serve.remote(payload, key) for w in self._workers])], key
 
     def _launch_options(self) -> LaunchOptions:
@@ -249,8 +236,6 @@ def _elastic_executor(settings: RaySettings, num_workers: int | None, min_worker
     if num_workers is not None:
         raise RayJobError("RayExecutor: give num_workers (a fixed size) or min_workers/max_workers (elastic), "
                           "not both")
-    from .elastic import ElasticRayExecutor, ElasticRaySettings
-
     elastic = ElasticRaySettings(min_workers or 1, max_workers, reset_limit, float(elastic_timeout),
                                  settings.timeout_s, settings.nics)
     use_gpu, cpus, gpus = slot

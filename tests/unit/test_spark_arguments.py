@@ -28,3 +28,20 @@ def test_extra_mpi_args_and_one_network_interface_become_launcher_flags():
 def test_another_python_for_the_ranks_is_refused():
     with pytest.raises(hvdlite.spark.SparkJobError, match="executable"):
         hvdlite.spark.run(print, executable="/usr/bin/python3")
+
+
+def test_run_elastic_sizes_take_horovods_names_and_the_issues_and_refuse_disorder():
+    from hvdlite.spark import elastic
+
+    assert elastic._either("min_np", None, 2) == 2 and elastic._either("max_np", 3, 3) == 3
+    with pytest.raises(hvdlite.spark.SparkJobError, match="max_np=3 and max_num_proc=4 disagree"):
+        elastic._either("max_np", 3, 4)
+    sizes = elastic._sizes(2, None, None, None, None)
+    assert (sizes.num_proc, sizes.min_np, sizes.max_np) == (2, 2, 2)
+    with pytest.raises(hvdlite.spark.SparkJobError, match="run_elastic: .*min_np=3, num_proc=2"):
+        elastic._sizes(2, 3, None, None, None)
+
+
+def test_run_elastic_refuses_timestamped_output():
+    with pytest.raises(hvdlite.spark.SparkJobError, match="prefix_output_with_timestamp"):
+        hvdlite.spark.run_elastic(print, prefix_output_with_timestamp=True)
