@@ -1,6 +1,7 @@
 """What the Spark and Ray tests share: one small torch training job, run as ranks
 (``train_distributed``) and as one process on every rank's batches together (``train_one_process``);
-a job whose rank 1 waits to be killed; and running an example as a user does."""
+a job whose rank 1 waits to be killed; killing the engine's process a rank runs under; and running
+an example as a user does."""
 
 import os
 import subprocess
@@ -76,6 +77,21 @@ def waits_until_killed(marker):
         open(marker, "w").close()
         time.sleep(600)
     hvd.allreduce(np.ones(3), name="waits for rank 1")
+
+
+def kill_ancestor(what, is_it):
+    """SIGKILL the nearest ancestor of this process for which ``is_it(pid)`` holds (``what`` names it),
+    then wait to die with it."""
+    import signal
+
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as handle:
+            pid = int(handle.read().rpartition(")")[2].split()[1])
+        if is_it(pid):
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(600)
+    raise AssertionError(f"no {what} above this process")
 
 
 def run_example(name, env):

@@ -11,7 +11,13 @@ from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
 from .harness import ONE_THREAD
-from .remote_training import check_matches_one_process, run_example, train_distributed, waits_until_killed
+from .remote_training import (
+    check_matches_one_process,
+    kill_ancestor,
+    run_example,
+    train_distributed,
+    waits_until_killed,
+)
 
 pytestmark = pytest.mark.multirank
 # The ranks and actors need not import the test modules.
@@ -137,20 +143,9 @@ def test_the_ray_example_trains(ray_cluster):
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
 
 
-def kill_my_actor():
-    """SIGKILL the Ray actor this rank runs under (an ancestor whose command line Ray set to ``ray::...``)."""
-    import os
-    import signal
-
-    pid = os.getpid()
-    while pid > 1:
-        with open(f"/proc/{pid}/stat") as handle:
-            pid = int(handle.read().rpartition(")")[2].split()[1])
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            if handle.read().startswith(b"ray::"):
-                os.kill(pid, signal.SIGKILL)
-                time.sleep(600)  # this rank ends with its actor
-    raise AssertionError("no Ray actor above this rank")
+def is_ray_actor(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().startswith(b"ray::")  # the command line Ray gives its workers
 
 
 def trains_through_a_lost_actor(marker, full):
@@ -174,7 +169,7 @@ def trains_through_a_lost_actor(marker, full):
             seen.append(size)
             if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
                 open(marker, "w").close()
-                kill_my_actor()
+                kill_ancestor("Ray actor", is_ray_actor)
             state.sizes.append(size)
             state.step += 1
             time.sleep(0.1)

@@ -13,7 +13,13 @@ import pytest
 from hvdlite.runner.remote.job import RemoteJobError
 
 from . import remote_training
-from .remote_training import check_matches_one_process, run_example, train_distributed, waits_until_killed
+from .remote_training import (
+    check_matches_one_process,
+    kill_ancestor,
+    run_example,
+    train_distributed,
+    waits_until_killed,
+)
 
 pytestmark = pytest.mark.multirank
 # The ranks need not import the test modules.
@@ -103,20 +109,9 @@ def test_the_spark_example_trains(spark):
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
 
 
-def kill_my_executor():
-    """SIGKILL the executor JVM this rank runs under (its task's Python worker's ancestor)."""
-    import signal
-
-    pid = os.getpid()
-    while pid > 1:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rpartition(")")[2].split()
-        pid = int(fields[1])
-        with open(f"/proc/{pid}/comm") as handle:
-            if handle.read().strip() == "java":
-                os.kill(pid, signal.SIGKILL)
-                time.sleep(600)  # this rank ends with its task
-    raise AssertionError("no executor JVM above this rank")
+def is_java(pid):
+    with open(f"/proc/{pid}/comm") as handle:
+        return handle.read().strip() == "java"
 
 
 def trains_through_a_lost_executor(marker):
@@ -136,7 +131,7 @@ def trains_through_a_lost_executor(marker):
             seen.append(size)
             if hvd.rank() == 1 and state.step == 3 and not os.path.exists(marker):
                 open(marker, "w").close()
-                kill_my_executor()
+                kill_ancestor("executor JVM", is_java)
             state.sizes.append(size)
             state.step += 1
             time.sleep(0.1)

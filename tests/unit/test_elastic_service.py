@@ -110,7 +110,7 @@ def test_rank_0_does_not_wait_for_an_unreachable_launcher_at_every_commit(monkey
         raise ChannelError("hvdliterun's elastic service is unreachable (test)")
 
     fake = types.SimpleNamespace(config=Config(elastic_min_np=1, elastic_service="127.0.0.1:1"),
-                                 topology=types.SimpleNamespace(rank=0), hosts=("a",),
+                                 topology=types.SimpleNamespace(rank=0), hosts=("a",), slot_hosts=("a",),
                                  book=HostBook(hosts={"a": 1}))
     monkeypatch.setattr(runtime, "current", lambda: fake)
     monkeypatch.setattr(reform, "request", unreachable)
