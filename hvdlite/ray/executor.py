@@ -226,7 +226,6 @@ class RayExecutor:
             raise RayJobError(f"RayExecutor.{what}() before start(): call start() first")
 
 
-
 def _elastic_executor(settings: RaySettings, num_workers: int | None, min_workers: int | None,
                       max_workers: int | None, reset_limit: int | None, elastic_timeout: float,
                       slot: tuple[bool, int, int | None]) -> Any:
