@@ -94,6 +94,35 @@ def kill_ancestor(what, is_it):
     raise AssertionError(f"no {what} above this process")
 
 
+def counts_through_a_lost_slot(marker, full, what, is_it):
+    """An elastic job that counts its ranks every step; at step 3 or later of a full world (``full``
+    ranks), the first rank 1 there kills the engine's process it runs under (``what``, found by
+    ``is_it``). Stops once the world is full again after the loss, or after 600 steps. Returns the
+    rank, the size, the sizes this process trained at itself, and the job's record of them."""
+    import hvdlite as hvd
+    from hvdlite.elastic import ObjectState
+
+    hvd.init()
+    seen = []
+    state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 600 and not (state.step >= 10 and full - 1 in state.sizes and state.sizes[-1] == full):
+            size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
+            seen.append(size)
+            if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
+                open(marker, "w").close()
+                kill_ancestor(what, is_it)
+            state.sizes.append(size)
+            state.step += 1
+            time.sleep(0.1)
+            state.commit()
+
+    train(state)
+    return hvd.rank(), hvd.size(), seen, state.sizes
+
+
 def run_example(name, env):
     """examples/``name`` run with ``--epochs 1`` in a driver of its own; (the finished process, the
     accuracies its ranks printed)."""

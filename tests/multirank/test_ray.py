@@ -13,7 +13,7 @@ from . import remote_training
 from .harness import ONE_THREAD
 from .remote_training import (
     check_matches_one_process,
-    kill_ancestor,
+    counts_through_a_lost_slot,
     run_example,
     train_distributed,
     waits_until_killed,
@@ -148,50 +148,19 @@ def is_ray_actor(pid):
         return handle.read().startswith(b"ray::")  # the command line Ray gives its workers
 
 
-def trains_through_a_lost_actor(marker, full):
-    """Counts the ranks every step; at step 3 of a full world, the first rank 1 there kills its actor.
-    Stops once the world is full again after the loss (the slot's actor started again), or after 600 steps."""
-    import os
-
-    import numpy as np
-
-    import hvdlite as hvd
-    from hvdlite.elastic import ObjectState
-
-    hvd.init()
-    seen = []  # this process's own record of the world sizes it trained at
-    state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < 600 and not (state.step >= 10 and full - 1 in state.sizes and state.sizes[-1] == full):
-            size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
-            seen.append(size)
-            if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
-                open(marker, "w").close()
-                kill_ancestor("Ray actor", is_ray_actor)
-            state.sizes.append(size)
-            state.step += 1
-            time.sleep(0.1)
-            state.commit()
-
-    train(state)
-    return hvd.rank(), hvd.size(), seen
-
-
 def test_elastic_executor_replaces_a_killed_actor_at_np_3(ray_cluster, tmp_path):
     from hvdlite.ray import ElasticRayExecutor
 
     executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=60))
     executor.start()
-    results = executor.run(trains_through_a_lost_actor, args=(str(tmp_path / "killed"), 3))
-    assert [(rank, size) for rank, size, _ in results] == [(0, 3), (1, 3), (2, 3)], results
+    results = executor.run(counts_through_a_lost_slot, args=(str(tmp_path / "killed"), 3, "Ray actor", is_ray_actor))
+    assert [(rank, size) for rank, size, _, _ in results] == [(0, 3), (1, 3), (2, 3)], results
     # Two ranks trained through the loss in one process each (3 ranks, then 2, then 3 again); the
     # third is the killed slot's new actor, which saw only the full world.
     # (The job may start at 2, min_num_proc, and grow to 3 at its first commit.)
-    through = [seen for _, _, seen in results if 2 in seen[seen.index(3):]]
+    through = [seen for _, _, seen, _ in results if 2 in seen[seen.index(3):]]
     assert len(through) == 2 and all(seen[-1] == 3 for seen in through), results
-    assert [set(seen) for _, _, seen in results if 2 not in seen] == [{3}], results
+    assert [set(seen) for _, _, seen, _ in results if 2 not in seen] == [{3}], results
     assert all_cpus_free(ray_cluster)
 
 

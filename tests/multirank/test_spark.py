@@ -15,7 +15,7 @@ from hvdlite.runner.remote.job import RemoteJobError
 from . import remote_training
 from .remote_training import (
     check_matches_one_process,
-    kill_ancestor,
+    counts_through_a_lost_slot,
     run_example,
     train_distributed,
     waits_until_killed,
@@ -114,38 +114,12 @@ def is_java(pid):
         return handle.read().strip() == "java"
 
 
-def trains_through_a_lost_executor(marker):
-    """Counts the ranks every step; the first rank 1 to reach step 3 kills its executor. Stops once the
-    job is back at two ranks (Spark ran the lost task again elsewhere) or after 600 steps."""
-    import hvdlite as hvd
-    from hvdlite.elastic import ObjectState
-
-    hvd.init()
-    seen = []  # this process's own record of the world sizes it trained at
-    state = ObjectState(hvd.broadcast_object, hvd.rank, step=0, sizes=[])
-
-    @hvd.elastic.run
-    def train(state):
-        while state.step < 600 and not (state.step >= 10 and 1 in state.sizes and state.sizes[-1] == 2):
-            size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
-            seen.append(size)
-            if hvd.rank() == 1 and state.step == 3 and not os.path.exists(marker):
-                open(marker, "w").close()
-                kill_ancestor("executor JVM", is_java)
-            state.sizes.append(size)
-            state.step += 1
-            time.sleep(0.1)
-            state.commit()
-
-    train(state)
-    return hvd.rank(), hvd.size(), seen, state.sizes
-
-
 def test_run_elastic_survives_a_lost_executor_and_grows_back(spark, tmp_path):
     import hvdlite.spark
 
-    results = hvdlite.spark.run_elastic(trains_through_a_lost_executor, args=(str(tmp_path / "killed"),),
-                                        num_proc=2, min_num_proc=1, max_num_proc=2)
+    args = (str(tmp_path / "killed"), 2, "executor JVM", is_java)
+    results = hvdlite.spark.run_elastic(counts_through_a_lost_slot, args=args, num_proc=2, min_num_proc=1,
+                                        max_num_proc=2)
     assert [(rank, size) for rank, size, _, _ in results] == [(0, 2), (1, 2)], results
     survivor, joined = results[0][2], results[1][2]
     # The survivor trained through the loss in one process: two ranks, one, then two again.
