@@ -82,23 +82,24 @@ class ElasticRayExecutor:
             kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """``worker_fn(*args, **kwargs)`` as one elastic job; the values of the ranks that finished,
         by final rank, or a :class:`~hvdlite.runner.remote.job.RemoteJobError` saying why it failed."""
-        if self._max_np is None:
+        max_np = self._max_np
+        if max_np is None:
             raise RayJobError("ElasticRayExecutor.run() before start(): call start() first")
         if callbacks:
             raise RayJobError("ElasticRayExecutor.run(callbacks=...) is not supported by hvdlite")
         payload = pickled_call(worker_fn, args or (), kwargs or {}, "Ray actors", RayJobError)
         with tempfile.TemporaryDirectory(prefix="hvdlite-ray-elastic-") as run_dir:
-            return self._run(payload, run_dir)
+            return self._run(payload, run_dir, max_np)
 
-    def _run(self, payload: bytes, run_dir: str) -> list[Any]:
+    def _run(self, payload: bytes, run_dir: str, max_np: int) -> list[Any]:
         ray = ray_module()
         key = secrets.token_bytes(32)
         registry = ElasticRegistry(ray.util.get_node_ip_address(), key, run_dir)
-        actors = SlotActors(ray, self._resources, self._max_np or 1, (payload, key, registry.address))
+        actors = SlotActors(ray, self._resources, max_np, (payload, key, registry.address))
         try:
-            first = min(self.settings.min_num_proc, self._max_np or 1)
+            first = min(self.settings.min_num_proc, max_np)
             registry.wait_for(first, self.settings.timeout_s, lambda: True)
-            sizes = self._sizes(max(first, len(registry.live())), self._max_np or 1)
+            sizes = self._sizes(max(first, len(registry.live())), max_np)
             return run_elastic_job(registry, run_dir, sizes, self._launch_options(), REPORT_SECONDS)
         finally:
             registry.close()

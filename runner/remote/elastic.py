@@ -29,6 +29,7 @@ from .task import TaskOutcome, TaskService
 from .wire import Address, request
 
 HOSTS_LIST = "hosts.txt"  # the live aliases, one "alias:1" a line, printed by the discovery script
+DISCOVERY_SCRIPT = "discover"  # prints HOSTS_LIST for hvdliterun --host-discovery-script
 
 
 def elastic_alias(index: int, attempt: int) -> str:
@@ -72,6 +73,7 @@ class ElasticRegistry(Registry):
         self._live: dict[int, tuple[int, str]] = {}  # task index -> (attempt, alias) of its latest attempt
         self._results: dict[str, TaskOutcome] = {}
         write_agent(run_dir, key)
+        write_discovery_script(run_dir)
         self._publish()
         super().__init__(host, key, 0)
 
@@ -128,12 +130,16 @@ class ElasticRegistry(Registry):
         os.replace(path + ".tmp", path)
 
 
-def elastic_launcher_command(sizes: ElasticSizes, run_dir: str, launcher_args: Sequence[str] = ()) -> list[str]:
-    """The ``hvdliterun`` command of an elastic job over the tasks the run directory lists."""
-    discover = os.path.join(run_dir, "discover")
-    with open(discover, "w") as handle:
+def write_discovery_script(run_dir: str) -> None:
+    """``run_dir``/discover: the discovery script that prints the registry's host list."""
+    with open(os.path.join(run_dir, DISCOVERY_SCRIPT), "w") as handle:
         handle.write(f"#!/bin/sh\nexec cat {shlex.quote(os.path.join(run_dir, HOSTS_LIST))}\n")
-    os.chmod(discover, 0o700)
+    os.chmod(os.path.join(run_dir, DISCOVERY_SCRIPT), 0o700)
+
+
+def elastic_launcher_command(sizes: ElasticSizes, run_dir: str, launcher_args: Sequence[str] = ()) -> list[str]:
+    """The ``hvdliterun`` command of an elastic job over the tasks the registry of ``run_dir`` lists."""
+    discover = os.path.join(run_dir, DISCOVERY_SCRIPT)
     python = sys.executable
     optional = [*(["--elastic-timeout", f"{sizes.elastic_timeout:g}"] if sizes.elastic_timeout is not None else []),
                 *(["--reset-limit", str(sizes.reset_limit)] if sizes.reset_limit else [])]

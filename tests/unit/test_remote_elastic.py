@@ -4,6 +4,7 @@ directory the registry keeps, the launcher command, and results by final rank.""
 import json
 import os
 import secrets
+import subprocess
 import sys
 
 import cloudpickle
@@ -23,6 +24,7 @@ def test_sizes_must_be_ordered_and_the_message_names_them():
 
 def test_the_command_runs_hvdliterun_elastic_over_the_discovered_tasks(tmp_path):
     sizes = elastic.ElasticSizes(2, 1, 3, elastic_timeout=30, reset_limit=4)
+    elastic.write_discovery_script(str(tmp_path))
     argv = elastic.elastic_launcher_command(sizes, str(tmp_path), ["--network-interface", "eth1"])
     flags = dict(zip(argv[3:-3:2], argv[4:-3:2], strict=False))
     assert flags["-np"] == "2" and flags["--min-np"] == "1" and flags["--max-np"] == "3"
@@ -47,6 +49,8 @@ def test_the_registry_lists_each_tasks_latest_attempt_and_keeps_every_address(tm
         register(registry, key, 1, 1, 5002)  # task 1 ran again: a new slot
         register(registry, key, 1, 0, 5009)  # a late message from the attempt it replaced
         assert (tmp_path / elastic.HOSTS_LIST).read_text() == "task-0.0:1\ntask-1.1:1\n"
+        printed = subprocess.run([str(tmp_path / elastic.DISCOVERY_SCRIPT)], capture_output=True, text=True, check=True)
+        assert printed.stdout == "task-0.0:1\ntask-1.1:1\n"  # what hvdliterun's discovery reads
         assert registry.live() == {"task-0.0": ("127.0.0.1", 5000), "task-1.1": ("127.0.0.1", 5002)}
         assert json.loads((tmp_path / "tasks.json").read_text()) == {
             "task-1.0": ["127.0.0.1", 5001], "task-0.0": ["127.0.0.1", 5000], "task-1.1": ["127.0.0.1", 5002]}
