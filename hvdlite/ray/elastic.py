@@ -17,12 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..runner.remote.elastic import ElasticRegistry, ElasticSizes, run_elastic_job
-from ..runner.remote.job import LaunchOptions, interface_flags, pickled_call
+from ..runner.remote.job import REPORT_SECONDS, LaunchOptions, interface_flags, pickled_call
 from ..settings.config import environ
 from .engine import CUDA_DEVICES, RayJobError, ray_module
 from .worker import Worker
-
-REPORT_SECONDS = 30.0  # after the job, how long a live actor may take to send its rank's outcome
 
 
 @dataclasses.dataclass(frozen=True)

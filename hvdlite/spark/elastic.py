@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 from ..runner.remote.elastic import ElasticRegistry, ElasticSizes, run_elastic_job, serve_task
-from ..runner.remote.job import LaunchOptions, pickled_call
+from ..runner.remote.job import REPORT_SECONDS, LaunchOptions, pickled_call
 from ..runner.remote.wire import Address
 from ..settings.config import environ
 from .job import (
     DEFAULT_START_TIMEOUT,
-    REPORT_SECONDS,
     SparkJobError,
     Stage,
     checked_num_proc,

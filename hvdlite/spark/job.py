@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from ..errors import HvdliteError
 from ..runner.remote.job import (
+    REPORT_SECONDS,
     LaunchOptions,
     finish_tasks,
     interface_flags,
@@ -35,7 +36,6 @@ from ..settings.config import environ
 DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
 SLOTS_WAIT_SECONDS = 30.0  # a session just started: how long its first executors may take to register
 SLOTS_SETTLE_SECONDS = 3.0  # ... and how long the slot count must stand still below what is needed
-REPORT_SECONDS = 30.0  # after the job, how long a live task may take to send its rank's outcome
 
 
 class SparkJobError(HvdliteError):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
@@ -32,6 +33,8 @@ from .task import TaskOutcome
 from .wire import Address, request
 
 TAIL_LINES = 20  # the job's last output lines quoted in an error
+FINISH_SECONDS = 30.0  # after the job, how long the driver waits for a task to take its "finish"
+REPORT_SECONDS = 30.0  # then how long a live task may take to send its rank's outcome
 
 
 class RemoteJobError(HvdliteError):
@@ -145,16 +148,31 @@ def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str]) -> No
         sink.flush()
 
 
-def finish_tasks(addresses: Sequence[Address], key: bytes) -> list[int]:
-    """Tell every task the job is over; the indices of those that heard it (the others are gone)."""
-    reached = []
-    for index, address in enumerate(addresses):
+def finish_tasks(addresses: Sequence[Address], key: bytes, timeout: float = FINISH_SECONDS) -> list[int]:
+    """Tell every task the job is over, all at once; the indices of those that heard it within
+    ``timeout`` s. The others are gone, or hung: a task whose process stopped (its executor paused,
+    its node unreachable) still takes the connection in the kernel and would never answer."""
+    reached: list[int] = []
+    lock = threading.Lock()
+
+    def tell(index: int, address: Address) -> None:
         try:
             request(address, key, ("finish",))
         except (OSError, EOFError):
-            continue
-        reached.append(index)
-    return reached
+            return
+        with lock:
+            reached.append(index)
+
+    # Daemon threads: one still waiting on a hung task must not hold the driver at exit.
+    threads = [threading.Thread(target=tell, args=item, daemon=True, name=f"finish-task-{item[0]}")
+               for item in enumerate(addresses)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        return sorted(reached)
 
 
 def results_by_rank(outcomes: Sequence[TaskOutcome], code: int, tail: Sequence[str]) -> list[Any]:

@@ -2,8 +2,10 @@
 
 import json
 import os
+import socket
 import stat
 import sys
+import threading
 
 import cloudpickle
 import pytest
@@ -115,3 +117,30 @@ def test_ray_ranks_keep_the_gpus_ray_gave_their_actor(monkeypatch):
     monkeypatch.setenv("HVDLITE_TEST_MARK", "forwarded")
     env = RayExecutor(num_workers=1)._launch_options().env
     assert "CUDA_VISIBLE_DEVICES" not in env and env["HVDLITE_TEST_MARK"] == "forwarded"
+
+
+def test_finishing_tells_every_task_and_leaves_a_hung_one_behind(tmp_path):
+    key = b"k" * 32
+    answering = wire.listen("127.0.0.1", key)
+    heard = []
+
+    def serve():
+        with answering.accept() as connection:
+            heard.append(connection.recv())
+            connection.send("ok")
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    hung = socket.create_server(("127.0.0.1", 0))  # the kernel takes the connection; nothing ever answers
+    try:
+        reached = job.finish_tasks([hung.getsockname(), answering.address, ("127.0.0.1", _closed_port())], key,
+                                   timeout=1.0)
+    finally:
+        hung.close()
+        answering.close()
+    assert reached == [1] and heard == [("finish",)]
+
+
+def _closed_port():
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
