@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Every rank imports hvdlite, its test script's helpers and the launcher afresh. Where the environment
+# sets PYTHONDONTWRITEBYTECODE (some containers do), each of those processes compiles them again:
+# about 0.2 s of CPU per process, thousands of processes a run. The suite lets Python keep its
+# bytecode (in __pycache__, which git ignores) for itself and every process it starts.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason"
 # The longest groups first (worker seconds, measured 2026-11-28 on 2 cores with both workers busy:

@@ -1,14 +1,16 @@
 """What the Spark and Ray tests share: one small torch training job, run as ranks
 (``train_distributed``) and as one process on every rank's batches together (``train_one_process``);
 a job whose rank 1 waits to be killed; killing the engine's process a rank runs under; and running
-an example as a user does."""
+an example as a user does, or its functions in the test's driver."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import cloudpickle
 import numpy as np
 
 from .harness import ONE_THREAD
@@ -123,11 +125,23 @@ def counts_through_a_lost_slot(marker, full, what, is_it):
     return hvd.rank(), hvd.size(), seen, state.sizes
 
 
-def run_example(name, env):
-    """examples/``name`` run with ``--epochs 1`` in a driver of its own; (the finished process, the
-    accuracies its ranks printed)."""
-    example = Path(__file__).parents[2] / "examples" / name
-    done = subprocess.run([sys.executable, str(example), "--epochs", "1"], capture_output=True, text=True,
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name):
+    """examples/``name``.py as a module whose functions pickle by value (the ranks need not import it)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        cloudpickle.register_pickle_by_value(module)
+    return sys.modules[name]
+
+
+def run_example(name, env, *args):
+    """examples/``name`` run with ``--epochs 1`` and ``args`` in a driver of its own; (the finished process,
+    the accuracies its ranks printed)."""
+    done = subprocess.run([sys.executable, str(EXAMPLES / name), "--epochs", "1", *args], capture_output=True, text=True,
                           timeout=240, env={**os.environ, **ONE_THREAD, **env})
     assert done.returncode == 0, done.stdout + done.stderr
     return done, [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("rank ")]

@@ -138,8 +138,10 @@ def test_bad_input_is_refused_on_the_driver_at_once(ray_cluster):
 
 
 def test_the_ray_example_trains(ray_cluster):
-    """examples/ray_train.py as a user runs it, in a driver of its own."""
-    done, accuracies = run_example("ray_train.py", {})
+    """examples/ray_train.py as a user runs it on a running cluster: a driver of its own, joining the
+    fixture's Ray (``--address``; a Ray of its own would start a second set of daemons)."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    done, accuracies = run_example("ray_train.py", {}, "--address", address)
     assert len(accuracies) == 2 and min(accuracies) > 0.8, done.stdout
 
 

@@ -3,9 +3,7 @@ fit on a DataFrame of a known function, predict with ``transform``, save and loa
 and the clear errors for bad input. The fits are examples/spark_torch_estimator.py's."""
 
 import functools
-import importlib.util
 import sys
-from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -13,20 +11,13 @@ import pytest
 
 from hvdlite.spark.common.params import ParamsError
 
+from . import remote_training
+
 pytestmark = pytest.mark.multirank
 torch = pytest.importorskip("torch")
 
 
-def _example(name: str):
-    """examples/NAME.py as a module whose functions pickle by value (the ranks need not import it)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "examples" / f"{name}.py")
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
-
-
-example = _example("spark_torch_estimator")
+example = remote_training.example("spark_torch_estimator")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -95,7 +86,7 @@ def test_bad_input_is_named_before_any_rank_starts(spark, tmp_path):
 
 def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts_saves_and_resumes(spark, tmp_path):
     pytest.importorskip("keras")
-    keras_example = _example("spark_keras_estimator")
+    keras_example = remote_training.example("spark_keras_estimator")
     from hvdlite.spark.keras import KerasModel
 
     store = str(tmp_path / "store")
