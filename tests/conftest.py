@@ -40,16 +40,16 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason"
-# The longest groups first (worker seconds, measured 2026-11-28 on 2 cores with both workers busy:
-# tensorflow 251, torch 248, diloco ~230, the namespace files 203, adasum ~170, process_sets ~155, jax 150,
-# fully_sharded 143, docs 133, elastic 132, torch_backend 124, spark 99, fully_sharded_torch_apis 91,
-# elastic_frameworks 82, collectives 80, the unit tests 63, gpu_scripts_on_cpu 59, elastic_examples 55,
-# ray 52, shm 39, failures 28), so that neither worker is left with a long file while the other has
+# The longest groups first (worker seconds, measured 2026-11-29 on 2 cores with both workers busy:
+# tensorflow 547, torch 495, spark 453, torch_backend 320, diloco 308, the namespace files 294, jax 273,
+# fully_sharded 251, adasum 227, elastic 189, process_sets 178, docs 175, fully_sharded_torch_apis 131,
+# collectives 129, elastic_frameworks 123, ray 116, elastic_examples 80, shm 72, gpu_scripts_on_cpu 69,
+# the unit tests ~60, failures 41), so that neither worker is left with a long file while the other has
 # finished (xdist keeps one group queued per worker): the rest follow in file order.
-LONGEST_FIRST = ["test_tensorflow", "test_torch", "test_diloco", "netns", "test_adasum", "test_process_sets",
-                 "test_jax", "test_fully_sharded", "test_docs", "test_elastic", "test_torch_backend", "test_spark",
-                 "test_fully_sharded_torch_apis", "test_elastic_frameworks", "test_collectives", "unit",
-                 "test_gpu_scripts_on_cpu", "test_elastic_examples", "test_ray", "test_shm", "test_failures"]
+LONGEST_FIRST = ["test_tensorflow", "test_torch", "test_spark", "test_torch_backend", "test_diloco", "netns",
+                 "test_jax", "test_fully_sharded", "test_adasum", "test_elastic", "test_process_sets", "test_docs",
+                 "test_fully_sharded_torch_apis", "test_collectives", "test_elastic_frameworks", "test_ray",
+                 "test_elastic_examples", "test_shm", "test_gpu_scripts_on_cpu", "unit", "test_failures"]
 
 
 def _group(item: pytest.Item) -> str:

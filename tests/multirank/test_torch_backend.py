@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import run_job, run_script
+from .harness import run_job, run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 
@@ -24,9 +24,15 @@ def test_every_collective_equals_gloo(np):
     _every_rank_says(run_script("torch_backend.py", np, "collectives", timeout=180), np, "collectives ok")
 
 
+def _together(np: int):
+    """One job per size for the training and error cases (together.py): torch starts once per rank."""
+    return shared_script("together.py", np, *(f"torch_backend.py {case}" for case in ("training", "mismatch", "ddp_error")),
+                         timeout=300)
+
+
 @pytest.mark.parametrize("np", [2, 3])
 def test_ddp_and_fsdp2_with_dcp_train_as_on_gloo(np):
-    _every_rank_says(run_script("torch_backend.py", np, "training", timeout=240), np, "training ok")
+    _every_rank_says(_together(np), np, "training ok")
 
 
 def test_two_dimensional_mesh_hybrid_sharding_as_on_gloo():
@@ -35,7 +41,7 @@ def test_two_dimensional_mesh_hybrid_sharding_as_on_gloo():
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_shape_mismatch_is_an_error_naming_each_rank_first_call_or_cached(np):
-    result = run_script("torch_backend.py", np, "mismatch", timeout=120)
+    result = _together(np)
     for rank in range(np):
         seconds = {}
         for line in result.lines(rank):
@@ -48,7 +54,7 @@ def test_shape_mismatch_is_an_error_naming_each_rank_first_call_or_cached(np):
 
 @pytest.mark.parametrize("np", [2, 3])
 def test_error_in_a_ddp_step_is_raised_on_every_rank(np):
-    _every_rank_says(run_script("torch_backend.py", np, "ddp_error", timeout=120), np, "ddp error named")
+    _every_rank_says(_together(np), np, "ddp error named")
 
 
 def test_killed_rank_under_ddp_ends_the_job_and_is_named():

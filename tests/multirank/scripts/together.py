@@ -1,0 +1,59 @@
+"""Several test scripts as one job: one after another in the same rank processes.
+
+Usage: together.py "[VAR=value ...] script.py [arg ...]" ...
+
+A rank's framework import is most of a small job's CPU (TensorFlow about 6 s, torch about 2.5 s,
+per rank), so scripts that need nothing of their own from the launcher share one job and start
+their framework once. Each runs as ``__main__`` (runpy) with its own ``sys.argv`` and, for its run
+only, the environment variables written before its name; each initialises and shuts hvdlite down
+itself. A script that raises ends the job (hvdliterun stops every rank) and the ones after it do
+not run; each test checks the lines its own script prints. A script that changes process-wide
+state for good (TF1's ``disable_eager_execution``) goes last.
+"""
+
+import os
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def split_command(command: str) -> tuple[dict[str, str], str, list[str]]:
+    """``"A=1 B=2 script.py x y"`` -> ``({"A": "1", "B": "2"}, "script.py", ["x", "y"])``."""
+    words = shlex.split(command)
+    env = {}
+    while words and "=" in words[0] and not words[0].endswith(".py"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if not words:
+        raise ValueError(f"no script in {command!r}")
+    return env, words[0], words[1:]
+
+
+def run(command: str) -> None:
+    env, script, args = split_command(command)
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    sys.argv = [str(HERE / script), *args]
+    try:
+        runpy.run_path(str(HERE / script), run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def main() -> None:
+    for command in sys.argv[1:]:
+        run(command)
+
+
+if __name__ == "__main__":
+    main()
