@@ -108,7 +108,7 @@ def main() -> None:
         # rank, hence the tolerance); apart in between.
         together = all(np.allclose(e, every[0], atol=1e-6) for e in every)
         assert together == (local <= 0 or local % PERIOD == 0 or len(every) == 1), (rank, at, every)
-    print(f"ok jax local sgd {rank}", flush=True)
+    print(f"ok jax local sgd {' '.join(sys.argv[1:])} {rank}", flush=True)
     hvd.shutdown()
 
 

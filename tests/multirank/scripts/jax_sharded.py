@@ -80,7 +80,7 @@ def main() -> None:
     every = hvd.allgather_object(np.concatenate([np.ravel(v) for v in jax.tree.leaves(params)]).tolist())
     assert all(e == every[0] for e in every), every  # one allgather: the same parameters everywhere
     assert all(v.shape == (block,) for v in jax.tree.leaves(state.inner) if np.ndim(v) == 1)
-    print(f"ok jax sharded {rank}", flush=True)
+    print(f"ok jax sharded {kind} {mode} {rank}", flush=True)
     hvd.shutdown()
 
 
