@@ -4,31 +4,34 @@ DistributedOptimizer(op=Adasum) against a replay of every rank's own step (scrip
 
 import pytest
 
-from .harness import SCRIPTS, run_job
+from .harness import SCRIPTS, run_job, shared_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["core", "torch", "tiny", "process set", "errors"]
+OPTIMIZER_CASES = ["sgd", "adam", "backward_passes_per_step", "process set"]
+
+
+def _ok_lines(np: int, prefix: str) -> tuple[dict[int, list[str]], str]:
+    """Each rank's "ok PREFIX..." lines from the one job per size that runs both torch scripts
+    (together.py: torch starts once per rank)."""
+    result = shared_script("together.py", np, "adasum_ops.py", "adasum_optimizer.py", timeout=300)
+    lines = {rank: [line for line in result.lines(rank) if line.startswith(f"ok {prefix}")] for rank in range(np)}
+    return lines, result.output
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_adasum_equals_the_reference_tree_on_every_rank(np):
-    result = run_job(["python", str(SCRIPTS / "adasum_ops.py")], np=np, timeout=180)
-    assert result.returncode == 0, result.output
+    lines, output = _ok_lines(np, "adasum ")
     for rank in range(np):
-        assert [line for line in result.lines(rank) if line.startswith("ok ")] == \
-            [f"ok adasum {case}" for case in CASES], result.output
-
-
-OPTIMIZER_CASES = ["sgd", "adam", "backward_passes_per_step", "process set"]
+        assert [line for line in lines[rank] if not line.startswith("ok adasum optimizer ")] == \
+            [f"ok adasum {case}" for case in CASES], output
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])
 def test_the_adasum_optimizer_combines_each_ranks_parameter_changes(np):
-    result = run_job(["python", str(SCRIPTS / "adasum_optimizer.py")], np=np, timeout=180)
-    assert result.returncode == 0, result.output
+    lines, output = _ok_lines(np, "adasum optimizer ")
     for rank in range(np):
-        assert [line for line in result.lines(rank) if line.startswith("ok ")] == \
-            [f"ok adasum optimizer {case}" for case in OPTIMIZER_CASES], result.output
+        assert lines[rank] == [f"ok adasum optimizer {case}" for case in OPTIMIZER_CASES], output
 
 
 KERAS_CASES = ["sgd eager", "adam fit", "adam tf.function", "backward_passes_per_step", "process set", "loss scale",

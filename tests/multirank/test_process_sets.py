@@ -14,13 +14,15 @@ pytestmark = pytest.mark.multirank
 @pytest.mark.parametrize("case", ["static", "dynamic"])
 @pytest.mark.parametrize("np", [3, 4])
 def test_every_collective_on_overlapping_and_disjoint_sets(np, case):
-    result = run_script("process_sets.py", np, case, timeout=180)
+    result = shared_script("process_sets.py", np, case, timeout=180)  # np=3 static: also the next test's
+    assert result.returncode == 0, result.output
     for rank in range(np):
         assert f"ok {case}" in result.lines(rank), result.output
 
 
 def test_a_rank_outside_a_set_gets_an_error_at_once():
-    result = run_script("process_sets.py", 3, "static", timeout=180)
+    result = shared_script("process_sets.py", 3, "static", timeout=180)
+    assert result.returncode == 0, result.output
     # np=3 sets: [0, 2] (id 1), [0, 1] (id 2), [1] (id 3)
     assert any("rank 1 is not in process set 1 [0, 2]" in line for line in result.lines(1)), result.output
     assert any("rank 2 is not in process set 2 [0, 1]" in line for line in result.lines(2)), result.output

@@ -78,8 +78,11 @@ def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
 
 # Scripts that share one job per size (together.py), so TensorFlow starts once per rank for all of
 # them; tf1_training.py disables eager execution for good, so it goes last.
-TOGETHER = {2: ("tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py", "tf1_training.py global"),
-            3: ("tf_sync_batch_norm.py", "tf_horovod_compat.py", "tf1_training.py sets")}
+KERAS_LOCAL_SGD_RUNS = {2: "adam:fit", 3: "sgd:eager,adam:fit"}
+TOGETHER = {2: ("tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py",
+                f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[2]}", "tf1_training.py global"),
+            3: ("tf_sync_batch_norm.py", "tf_horovod_compat.py", f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[3]}",
+                "tf1_training.py sets")}
 COMPAT_CASES = ["graph_without_dependencies", "uint16", "error_types", "broadcast_inplace", "mixed_dense_and_sparse",
                 "signatures", "broadcast_grad", "graph_divergence"]
 
@@ -115,11 +118,8 @@ def test_partial_distributed_optimizer_keeps_the_local_layers_gradients_local():
         assert "ok keras partial" in result.lines(rank), result.output
 
 
-KERAS_LOCAL_SGD_RUNS = {2: "adam:fit", 3: "sgd:eager,adam:fit"}  # one job per size
-
-
 @pytest.mark.parametrize(("np", "kind", "mode"), [(2, "adam", "fit"), (3, "sgd", "eager"), (3, "adam", "fit")])
 def test_keras_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode):
-    result = shared_script("keras_local_sgd.py", np, KERAS_LOCAL_SGD_RUNS[np], timeout=300)
+    result = _together(np)
     assert result.output.count(f"ok keras local sgd {kind} {mode} ") == np, result.output
 

@@ -5,8 +5,8 @@ Usage: together.py "[VAR=value ...] script.py [arg ...]" ...
 A rank's framework import is most of a small job's CPU (TensorFlow about 6 s, torch about 2.5 s,
 per rank), so scripts that need nothing of their own from the launcher share one job and start
 their framework once. Each runs as ``__main__`` (runpy) with its own ``sys.argv`` and, for its run
-only, the environment variables written before its name; each initialises and shuts hvdlite down
-itself. A script that raises ends the job (hvdliterun stops every rank) and the ones after it do
+only, the environment variables written before its name; each initialises hvdlite itself, and
+hvdlite is shut down after each. A script that raises ends the job (hvdliterun stops every rank) and the ones after it do
 not run; each test checks the lines its own script prints. A script that changes process-wide
 state for good (TF1's ``disable_eager_execution``) goes last.
 """
@@ -52,7 +52,11 @@ def run(command: str) -> None:
 
 def main() -> None:
     for command in sys.argv[1:]:
-        run(command)
+        run(command)  # a script that raises ends the job here, through hvdlite's uncaught-error abort
+        # The next script starts hvdlite afresh, as in a job of its own (init on a running hvdlite
+        # does nothing, so the process sets it passes to init would not be registered).
+        if "hvdlite" in sys.modules:
+            sys.modules["hvdlite"].shutdown()
 
 
 if __name__ == "__main__":
