@@ -12,11 +12,13 @@ and a final ``sync()`` before the test. Rank 0 prints 'accuracy <mode> <percent>
 import sys
 
 import torch
-from torch_digits import EPOCHS, data, report, run_epochs
+from torch_digits import data, report, run_epochs
 
 import hvdlite.torch as hvd
 
-SYNC_EVERY = 16
+# 15 epochs, the setting the documented figures were measured at: DiLoCo (H=16) needs them to come
+# within 1 point of synchronous training (at 10, four fragments end 2.2 points behind).
+EPOCHS, SYNC_EVERY = 15, 16
 MODES = {
     "sync": None,
     "diloco": {},
