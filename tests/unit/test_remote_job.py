@@ -134,7 +134,7 @@ def test_finishing_tells_every_task_and_leaves_a_hung_one_behind(tmp_path):
     hung = socket.create_server(("127.0.0.1", 0))  # the kernel takes the connection; nothing ever answers
     try:
         reached = job.finish_tasks([hung.getsockname(), answering.address, ("127.0.0.1", _closed_port())], key,
-                                   timeout=1.0)
+                                   timeout=10.0)  # far more than the answering task needs, on a busy machine too
     finally:
         hung.close()
         answering.close()
