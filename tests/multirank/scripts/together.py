@@ -15,6 +15,7 @@ import os
 import runpy
 import shlex
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,11 +53,14 @@ def run(command: str) -> None:
 
 def main() -> None:
     for command in sys.argv[1:]:
+        start = time.perf_counter()
         run(command)  # a script that raises ends the job here, through hvdlite's uncaught-error abort
         # The next script starts hvdlite afresh, as in a job of its own (init on a running hvdlite
         # does nothing, so the process sets it passes to init would not be registered).
         if "hvdlite" in sys.modules:
             sys.modules["hvdlite"].shutdown()
+        # Where a shared job's time goes, for whoever shortens the suite next.
+        print(f"together: {command} took {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
