@@ -1,11 +1,12 @@
 """Several test scripts as one job: one after another in the same rank processes.
 
-Usage: together.py "[VAR=value ...] script.py [arg ...]" ...
+Usage: together.py "[VAR=value ...] [--cwd=DIR] script.py [arg ...]" ...
 
 A rank's framework import is most of a small job's CPU (TensorFlow about 6 s, torch about 2.5 s,
 per rank), so scripts that need nothing of their own from the launcher share one job and start
 their framework once. Each runs as ``__main__`` (runpy) with its own ``sys.argv`` and, for its run
-only, the environment variables written before its name; each initialises hvdlite itself, and
+only, the environment variables written before its name and the working directory ``--cwd`` names;
+each initialises hvdlite itself, and
 hvdlite is shut down after each. A script that raises ends the job (hvdliterun stops every rank) and the ones after it do
 not run; each test checks the lines its own script prints. A script that changes process-wide
 state for good (TF1's ``disable_eager_execution``) goes last.
@@ -22,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def split_command(command: str) -> tuple[dict[str, str], str, list[str]]:
-    """``"A=1 B=2 script.py x y"`` -> ``({"A": "1", "B": "2"}, "script.py", ["x", "y"])``."""
+    """``"A=1 B=2 script.py x y"`` -> ``({"A": "1", "B": "2"}, "script.py", ["x", "y"])``; a
+    ``--cwd=DIR`` before the script comes back as ``env["--cwd"]``."""
     words = shlex.split(command)
     env = {}
     while words and "=" in words[0] and not words[0].endswith(".py"):
@@ -35,15 +37,18 @@ def split_command(command: str) -> tuple[dict[str, str], str, list[str]]:
 
 def run(command: str) -> None:
     env, script, args = split_command(command)
+    cwd, home = env.pop("--cwd", None), os.getcwd()
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
-    sys.argv = [str(HERE / script), *args]
+    sys.argv = [str(HERE / script), *args]  # HERE / an absolute path is that path
     try:
+        os.chdir(cwd or home)
         runpy.run_path(str(HERE / script), run_name="__main__")
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise
     finally:
+        os.chdir(home)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
