@@ -1,4 +1,5 @@
-"""Starting MPI: what MPICH must be told before ``MPI_Init``, decided from how this rank was started.
+"""Starting MPI: what MPICH must be told before ``MPI_Init``, decided from how this rank was started,
+and waiting for this host's other ranks without spinning (:func:`wait_for_local_ranks`).
 
 Under a plain ``srun --mpi=pmi2`` (no hvdliterun), MPICH talks PMI-1 to Slurm's pmi2 plugin, which
 reads each request with a single 1024-byte ``read`` (``handle_pmi1_cmd`` in Slurm's
@@ -14,8 +15,12 @@ inside a Slurm allocation) reads whole lines and needs nothing.
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import HvdliteError
@@ -23,6 +28,8 @@ from ..settings.config import set_environ
 
 NETMOD = "MPIR_CVAR_CH4_NETMOD"
 SLURM_PMI_NETMOD = "ofi"
+ARRIVAL_WAIT_SECONDS = 60.0  # how long a rank waits for its host's other ranks before MPI_Init anyway
+ARRIVAL_POLL_SECONDS = 0.02
 
 
 def started_by_slurm_pmi(env: Mapping[str, str]) -> bool:
@@ -56,6 +63,34 @@ def unconnected_step(env: Mapping[str, str], world_size: int) -> str | None:
             "Run `srun --mpi=pmi2 ...`, or `hvdliterun python ...` inside the allocation")
 
 
+def wait_for_local_ranks(env: Mapping[str, str], timeout: float = ARRIVAL_WAIT_SECONDS,
+                         host: str | None = None) -> bool:
+    """Before ``MPI_Init``, sleep until every rank hvdliterun started on this host got here too.
+
+    MPICH's ``MPI_Init`` busy-waits for the job's other ranks, so a rank that imported its framework
+    quickly burns a core while its neighbours are still importing theirs, and where a host has more
+    ranks than cores that slows them down. Each rank leaves a mark in the launcher's run folder
+    (``HVDLITE_RUN_DIR``) and sleeps until the marks of its host's ``MPI_LOCALNRANKS`` ranks (Hydra's
+    count) are there. Only an optimisation: outside hvdliterun, where the run folder is not on this
+    host, or after ``timeout`` (a rank that never comes), ``MPI_Init`` waits as before. Returns True
+    if every local rank arrived.
+    """
+    run_dir, local_rank = env.get("HVDLITE_RUN_DIR"), env.get("MPI_LOCALRANKID")
+    local_ranks = env.get("MPI_LOCALNRANKS")
+    if not (run_dir and os.path.isdir(run_dir) and local_ranks and local_ranks.isdigit() and local_rank):
+        return False
+    arrivals = Path(run_dir) / "arrived"
+    arrivals.mkdir(exist_ok=True)
+    host = host or socket.gethostname()
+    (arrivals / f"{host}.{local_rank}").touch()
+    deadline = time.monotonic() + timeout
+    while sum(name.startswith(f"{host}.") for name in os.listdir(arrivals)) < int(local_ranks):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(ARRIVAL_POLL_SECONDS)
+    return True
+
+
 def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
     """Import mpi4py's ``MPI`` (which initializes MPI) after adding :func:`variables_before_mpi`.
 
@@ -65,6 +100,8 @@ def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
     """
     added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env)
     set_environ(added)
+    if "mpi4py.MPI" not in sys.modules:
+        wait_for_local_ranks(env)
     from mpi4py import MPI
 
     problem = unconnected_step(env, MPI.COMM_WORLD.Get_size())

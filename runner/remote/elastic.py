@@ -132,9 +132,10 @@ class ElasticRegistry(Registry):
 
 def write_discovery_script(run_dir: str) -> None:
     """``run_dir``/discover: the discovery script that prints the registry's host list."""
-    with open(os.path.join(run_dir, DISCOVERY_SCRIPT), "w") as handle:
+    path = os.path.join(run_dir, DISCOVERY_SCRIPT)
+    with open(path, "w") as handle:
         handle.write(f"#!/bin/sh\nexec cat {shlex.quote(os.path.join(run_dir, HOSTS_LIST))}\n")
-    os.chmod(os.path.join(run_dir, DISCOVERY_SCRIPT), 0o700)
+    os.chmod(path, 0o700)
 
 
 def elastic_launcher_command(sizes: ElasticSizes, run_dir: str, launcher_args: Sequence[str] = ()) -> list[str]:

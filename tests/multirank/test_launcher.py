@@ -89,3 +89,24 @@ def test_a_launcher_started_with_sigint_ignored_keeps_it_ignored():
     process.send_signal(signal.SIGTERM)
     _assert_stops(process, pids)
     assert still_running, "hvdliterun started with SIGINT ignored stopped on SIGINT"
+
+
+LATE_RANK = """
+import os, time
+if os.environ["PMI_RANK"] == "2":
+    time.sleep(8)                       # a rank still importing its framework
+import hvdlite
+cpu = time.process_time()
+hvdlite.init()                          # MPI_Init: MPICH busy-waits here for the late rank
+print(f"init cpu {time.process_time() - cpu:.2f}")
+hvdlite.shutdown()
+"""
+
+
+def test_ranks_waiting_in_init_for_a_late_rank_sleep_rather_than_spin():
+    result = run_job(["python", "-c", LATE_RANK], np=3, timeout=120)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        cpu = [float(line.split()[-1]) for line in result.lines(rank) if line.startswith("init cpu ")]
+        # Spinning through the 8 s wait would take 2 s or more even with 8 processes to a core here.
+        assert cpu and cpu[0] < 1.0, result.output

@@ -2,8 +2,15 @@
 
 import subprocess
 import sys
+import threading
 
-from hvdlite.core.mpi_start import NETMOD, started_by_slurm_pmi, unconnected_step, variables_before_mpi
+from hvdlite.core.mpi_start import (
+    NETMOD,
+    started_by_slurm_pmi,
+    unconnected_step,
+    variables_before_mpi,
+    wait_for_local_ranks,
+)
 
 # What Slurm's pmi2 plugin gives a task of `srun --mpi=pmi2` (seen in this project's test cluster).
 SLURM_PMI = {"PMI_FD": "13", "PMI_JOBID": "1.0", "PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_MPI_TYPE": "pmi2",
@@ -66,3 +73,31 @@ def test_a_connected_step_a_one_task_step_and_hydra_ranks_pass():
     assert unconnected_step({**SLURM_NO_PMI, **HYDRA}, world_size=1) is None  # hvdliterun -np 1 in a step
     assert unconnected_step({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, world_size=1) is None  # the batch script
     assert unconnected_step({}, world_size=1) is None
+
+
+def _local_rank(run_dir, rank: int, ranks: int) -> dict[str, str]:
+    return {**HYDRA, "HVDLITE_RUN_DIR": str(run_dir), "MPI_LOCALNRANKS": str(ranks), "MPI_LOCALRANKID": str(rank)}
+
+
+def test_a_rank_waits_before_mpi_init_until_its_hosts_other_ranks_arrive(tmp_path):
+    done = []
+    first = threading.Thread(target=lambda: done.append(wait_for_local_ranks(_local_rank(tmp_path, 0, 2), host="a")))
+    first.start()
+    first.join(0.3)
+    assert first.is_alive() and not done  # rank 1 of host "a" has not come yet
+    assert not wait_for_local_ranks(_local_rank(tmp_path, 0, 2), timeout=0.1, host="b")  # another host's count
+    assert first.is_alive()
+    assert wait_for_local_ranks(_local_rank(tmp_path, 1, 2), host="a")
+    first.join(30)
+    assert done == [True]
+
+
+def test_a_rank_that_never_comes_only_costs_the_timeout(tmp_path):
+    assert not wait_for_local_ranks(_local_rank(tmp_path, 0, 3), timeout=0.1, host="a")
+
+
+def test_without_hvdliterun_or_its_run_folder_nothing_waits(tmp_path):
+    assert not wait_for_local_ranks(HYDRA)  # plain mpiexec: no run folder
+    assert not wait_for_local_ranks(_local_rank(tmp_path / "on-the-launchers-host-only", 0, 2))
+    assert not wait_for_local_ranks({"HVDLITE_RUN_DIR": str(tmp_path)})  # not started by Hydra
+    assert not (tmp_path / "arrived").exists()

@@ -5,11 +5,11 @@ Usage: together.py "[VAR=value ...] [--cwd=DIR] script.py [arg ...]" ...
 A rank's framework import is most of a small job's CPU (TensorFlow about 6 s, torch about 2.5 s,
 per rank), so scripts that need nothing of their own from the launcher share one job and start
 their framework once. Each runs as ``__main__`` (runpy) with its own ``sys.argv`` and, for its run
-only, the environment variables written before its name and the working directory ``--cwd`` names;
-each initialises hvdlite itself, and
-hvdlite is shut down after each. A script that raises ends the job (hvdliterun stops every rank) and the ones after it do
-not run; each test checks the lines its own script prints. A script that changes process-wide
-state for good (TF1's ``disable_eager_execution``) goes last.
+only, the environment variables written before its name and the working directory ``--cwd`` names.
+Each initialises hvdlite itself, and hvdlite is shut down after each. A script that raises ends the
+job (hvdliterun stops every rank) and the ones after it do not run; each test checks the lines its
+own script prints, and the line "together: COMMAND took N s" each finished script adds. A script
+that changes process-wide state for good (TF1's ``disable_eager_execution``) goes last.
 """
 
 import os
