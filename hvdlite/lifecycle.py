@@ -16,6 +16,7 @@ from typing import Any
 from .core import runtime
 from .elastic.channel import ChannelError, request
 from .elastic.reform import join_parent
+from .errors import ProcessSetError
 from .process_sets import ProcessSet
 from .settings.config import Config
 
@@ -27,9 +28,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
     ``process_sets``: the :class:`~hvdlite.process_sets.ProcessSet` objects to register now (the
     same on every rank), or ``"dynamic"`` to allow :func:`add_process_set` and
-    :func:`remove_process_set` later. Calling it again while initialized does nothing, as in Horovod.
+    :func:`remove_process_set` later. Calling it again while initialized does nothing, as in Horovod,
+    except that sets it was given which are not registered are an error (they would stay unusable).
     """
     if runtime.is_initialized():
+        _check_sets_of_a_repeated_init(process_sets)
         return
     runtime.start(comm, process_sets, join=join_parent if comm is None else None)
     world = runtime.current()
@@ -37,6 +40,22 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     if world.topology.rank == 0:  # once per job: a re-formed world starts the runtime, not init
         for note in world.config.notes:
             log.warning("%s", note)
+
+
+def _check_sets_of_a_repeated_init(process_sets: Sequence[ProcessSet] | str | None) -> None:
+    """``init`` on a running hvdlite registers nothing. Horovod's said nothing either, and a set given
+    to it failed only at its first collective; here the call itself says so, on every rank alike
+    (no communication: it depends only on what each rank passed and holds)."""
+    if process_sets is None or isinstance(process_sets, str):
+        if process_sets == "dynamic" and not runtime.current().communicators.dynamic:
+            raise ProcessSetError("hvd.init(process_sets='dynamic') while hvdlite runs without dynamic process "
+                                  "sets changes nothing: call hvd.shutdown() first")
+        return
+    unregistered = [process_set.ranks for process_set in process_sets if process_set.process_set_id is None]
+    if unregistered:
+        raise ProcessSetError(f"hvd.init(process_sets=...) while hvdlite runs registers nothing, so process set(s) "
+                              f"{unregistered} would stay unusable: call hvd.shutdown() first, or start with "
+                              "init(process_sets='dynamic') and add them with hvd.add_process_set()")
 
 
 def shutdown() -> None:

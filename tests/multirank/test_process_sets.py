@@ -44,10 +44,11 @@ def test_bad_sets_fail_on_every_rank_and_the_job_goes_on(np):
         assert sum(line.startswith("caught ProcessSetError") for line in lines) >= 7, result.output
 
 
-def test_adding_a_set_without_dynamic_mode_is_refused():
-    result = run_script("process_sets.py", 2, "not_dynamic", timeout=60)
-    for rank in range(2):
-        assert "ok not_dynamic" in result.lines(rank), result.output
+@pytest.mark.parametrize("case", ["not_dynamic", "second_init"])
+def test_adding_a_set_without_dynamic_mode_or_by_a_repeated_init_is_refused(case):
+    result = shared_script("process_sets.py", 3, "not_dynamic,second_init", timeout=60)
+    for rank in range(3):
+        assert f"ok {case}" in result.lines(rank), result.output
 
 
 def test_a_set_keeps_reducing_while_a_rank_outside_it_sleeps():

@@ -146,6 +146,19 @@ def not_dynamic(rank, size):
     hvd.shutdown()
 
 
+def second_init(rank, size):
+    """init on a running hvdlite registers nothing: the sets it already holds pass, a new one is refused."""
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    hvd.init(process_sets=[pair])  # already registered: nothing to do
+    expect(hvd.ProcessSetError, "process set(s) [[1]] would stay unusable: call hvd.shutdown() first",
+           lambda: hvd.init(process_sets=[pair, hvd.ProcessSet([1])]))
+    expect(hvd.ProcessSetError, "runs without dynamic process sets", lambda: hvd.init(process_sets="dynamic"))
+    if pair.included():  # the set registered first still works
+        assert hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="second", process_set=pair).tolist() == [2.0]
+    hvd.shutdown()
+
+
 def concurrent(rank, size):
     """Set [0, 1] keeps all-reducing while rank 2 sleeps: it never waits for a rank outside it."""
     pair = hvd.ProcessSet([0, 1])
@@ -192,7 +205,8 @@ def reports(rank, size):
 if __name__ == "__main__":
     from mpi4py import MPI
 
-    case = sys.argv[1]
-    {"static": static, "dynamic": dynamic, "bad_sets": bad_sets, "not_dynamic": not_dynamic,
-     "concurrent": concurrent, "from_comm": from_comm, "reports": reports}[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
-    print(f"ok {case}", flush=True)
+    cases = {"static": static, "dynamic": dynamic, "bad_sets": bad_sets, "not_dynamic": not_dynamic,
+             "second_init": second_init, "concurrent": concurrent, "from_comm": from_comm, "reports": reports}
+    for case in sys.argv[1].split(","):  # one or several, one after another
+        cases[case](MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+        print(f"ok {case}", flush=True)
