@@ -122,3 +122,22 @@ def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts
         keras_example.pipeline(store, "bad", label_cols=["extra"]).fit(frame)
     with pytest.raises(ParamsError, match=r"the model cannot take the feature columns \['features'\]"):
         keras_example.pipeline(store, "bad", feature_cols=["features"]).fit(frame)
+
+
+def test_a_keras_model_with_an_unregistered_custom_layer_predicts_on_the_executors_and_loads_back(spark, tmp_path):
+    keras = pytest.importorskip("keras")
+    from hvdlite.spark.keras import KerasModel
+
+    class Doubler(keras.layers.Layer):  # local, not registered: Keras finds it only through custom_objects
+        def call(self, inputs):
+            return 2.0 * inputs
+
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, Doubler()(keras.layers.Dense(1, kernel_initializer="ones")(inputs)))
+    fitted = KerasModel(model=model, custom_objects={"Doubler": Doubler}, feature_columns=["x"], label_columns=["y"],
+                        output_cols=["y__output"], label_shapes=[[1]], output_shapes=[[1]], history={}, run_id="r")
+    frame = spark.createDataFrame([([1.0, 2.0], 0.0), ([3.0, -4.0], 0.0)], ["x", "y"])
+    assert fitted.transform(frame).toPandas()["y__output"].tolist() == [6.0, -2.0]  # 2 * (x1 + x2)
+    fitted.write().save(str(tmp_path / "saved"))
+    loaded = KerasModel.load(str(tmp_path / "saved"))
+    assert loaded.transform(frame).toPandas()["y__output"].tolist() == [6.0, -2.0]

@@ -17,8 +17,8 @@ import numpy as np
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..common.model import ParamsReader, ParamsWriter, transform_with
-from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
+from ..common.model import ParamsReader, ParamsWriter, load, save, transform_with
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import KerasSpec, train
@@ -111,11 +111,11 @@ class KerasModel(Model, MLWritable, MLReadable):
         apply(self, kwargs, "KerasModel")
 
     def _transform(self, df: Any) -> Any:
-        model = self.getModel()
+        shipped = ScopedModel(self.getModel(), self.getCustomObjects() or {})
 
         def predict(inputs: list[Any]) -> list[Any]:
             inputs = [value.astype(np.float32) if value.dtype == np.float64 else value for value in inputs]
-            outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
+            outputs = shipped.model(inputs[0] if len(inputs) == 1 else inputs, training=False)
             outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
             return [keras.ops.convert_to_numpy(output) for output in outputs]
 
@@ -123,11 +123,50 @@ class KerasModel(Model, MLWritable, MLReadable):
                               self.getOutputShapes(), predict)
 
     def write(self) -> MLWriter:
-        return ParamsWriter(self, ("model", "custom_objects"))
+        return _KerasModelWriter(self, ("model", "custom_objects"))
 
     @classmethod
     def read(cls) -> MLReader:
-        return ParamsReader(cls)
+        return _KerasModelReader(cls)
+
+
+class ScopedModel:
+    """A Keras model that pickles with its custom objects and unpickles inside their scope.
+
+    Keras 3 pickles a model as its ``.keras`` file and rebuilds it from the class names in it, so a
+    custom layer that is not registered (``keras.saving.register_keras_serializable``) is unknown
+    where it is unpickled: on Spark's executors in ``transform``, or where a saved model is loaded.
+    The custom objects travel by cloudpickle beside the model's bytes and scope its rebuilding.
+    """
+
+    def __init__(self, model: Any, custom_objects: dict[str, Any]) -> None:
+        self.model, self.custom_objects = model, custom_objects
+
+    def __getstate__(self) -> dict[str, bytes]:
+        return {"custom_objects": cloudpickle.dumps(self.custom_objects), "model": cloudpickle.dumps(self.model)}
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self.custom_objects = cloudpickle.loads(state["custom_objects"])
+        with keras.saving.custom_object_scope(self.custom_objects):
+            self.model = cloudpickle.loads(state["model"])
+
+
+class _KerasModelWriter(ParamsWriter):
+    """Saves the model as a :class:`ScopedModel`, so that loading it needs no registered custom objects."""
+
+    def saveImpl(self, path: str) -> None:  # noqa: N802 - Spark ML's name
+        params = values(self._instance)
+        save(path, {k: v for k, v in params.items() if k not in self._payload},
+             {"model": ScopedModel(params["model"], params["custom_objects"] or {})})
+
+
+class _KerasModelReader(ParamsReader):
+    def load(self, path: str) -> Any:
+        params, payload = load(path)
+        shipped = payload["model"]
+        if isinstance(shipped, ScopedModel):
+            payload = {"model": shipped.model, "custom_objects": shipped.custom_objects}
+        return self._kind(**params, **payload)
 
 
 declare(KerasModel, MODEL)
