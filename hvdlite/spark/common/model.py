@@ -65,7 +65,11 @@ class ParamsWriter(MLWriter):
     def saveImpl(self, path: str) -> None:  # noqa: N802 - Spark ML's name
         params = values(self._instance)
         save(path, {k: v for k, v in params.items() if k not in self._payload},
-             {k: params[k] for k in self._payload})
+             self.pack({k: params[k] for k in self._payload}))
+
+    def pack(self, payload: dict[str, Any]) -> Any:
+        """What is pickled of the ``payload`` parameters (a framework may wrap them)."""
+        return payload
 
 
 class ParamsReader(MLReader):
@@ -77,7 +81,11 @@ class ParamsReader(MLReader):
 
     def load(self, path: str) -> Any:
         params, payload = load(path)
-        return self._kind(**params, **payload)
+        return self._kind(**params, **self.unpack(payload))
+
+    def unpack(self, payload: Any) -> dict[str, Any]:
+        """The ``payload`` parameters back from what :meth:`ParamsWriter.pack` pickled."""
+        return payload
 
 
 def save(path: str, params: dict[str, Any], payload: Any) -> None:

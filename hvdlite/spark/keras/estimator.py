@@ -17,8 +17,8 @@ import numpy as np
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..common.model import ParamsReader, ParamsWriter, load, save, transform_with
-from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
+from ..common.model import ParamsReader, ParamsWriter, transform_with
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import KerasSpec, train
@@ -154,19 +154,16 @@ class ScopedModel:
 class _KerasModelWriter(ParamsWriter):
     """Saves the model as a :class:`ScopedModel`, so that loading it needs no registered custom objects."""
 
-    def saveImpl(self, path: str) -> None:  # noqa: N802 - Spark ML's name
-        params = values(self._instance)
-        save(path, {k: v for k, v in params.items() if k not in self._payload},
-             {"model": ScopedModel(params["model"], params["custom_objects"] or {})})
+    def pack(self, payload: dict[str, Any]) -> Any:
+        return {"model": ScopedModel(payload["model"], payload["custom_objects"] or {})}
 
 
 class _KerasModelReader(ParamsReader):
-    def load(self, path: str) -> Any:
-        params, payload = load(path)
+    def unpack(self, payload: Any) -> dict[str, Any]:
         shipped = payload["model"]
         if isinstance(shipped, ScopedModel):
-            payload = {"model": shipped.model, "custom_objects": shipped.custom_objects}
-        return self._kind(**params, **payload)
+            return {"model": shipped.model, "custom_objects": shipped.custom_objects}
+        return payload  # saved before models were scoped
 
 
 declare(KerasModel, MODEL)

@@ -61,7 +61,7 @@ def main() -> None:
         start = time.perf_counter()
         run(command)  # a script that raises ends the job here, through hvdlite's uncaught-error abort
         # The next script starts hvdlite afresh, as in a job of its own (init on a running hvdlite
-        # does nothing, so the process sets it passes to init would not be registered).
+        # registers nothing: it would refuse the process sets the next script passes to it).
         if "hvdlite" in sys.modules:
             sys.modules["hvdlite"].shutdown()
         # Where a shared job's time goes, for whoever shortens the suite next.
