@@ -58,7 +58,8 @@ def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, 
 
     marker = tmp_path / "steps"
     step = functools.partial(_horovod_style_step, str(marker))
-    resumed = example.fit_and_predict(spark, store, epochs=5, train_minibatch_fn=step)[0].stages[-1]
+    # use_gpu=False, as Horovod scripts for CPU clusters say it: the CPU, as without GPUs (tests/unit has the rules)
+    resumed = example.fit_and_predict(spark, store, epochs=5, train_minibatch_fn=step, use_gpu=False)[0].stages[-1]
     assert marker.read_text().split() == ["8"] * (2 * 2 * 16)  # 2 epochs, 2 ranks, 16 steps of 8 rows
     assert resumed.getHistory()[:3] == history  # the first three epochs were not run again
     assert len(resumed.getHistory()) == 5 and resumed.getHistory()[-1]["train"]["loss"] <= losses[-1]
@@ -112,7 +113,7 @@ def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts
         spark.createDataFrame(keras_example.colour_rows(640), keras_example.COLUMNS)))).toPandas()
     np.testing.assert_allclose(np.stack(again["label__output"]), outputs, rtol=1e-5)
 
-    resumed = keras_example.fit_and_predict(spark, store, epochs=6)[0].stages[-1].getHistory()
+    resumed = keras_example.fit_and_predict(spark, store, epochs=6, use_gpu=False)[0].stages[-1].getHistory()
     assert {name: values[:4] for name, values in resumed.items()} == history  # not run again
     # Epoch 5 starts from the saved weights and optimizer: far below where a new model starts.
     assert len(resumed["loss"]) == 6 and resumed["loss"][4] < 0.5 * history["loss"][0], resumed

@@ -63,3 +63,17 @@ def test_a_numeric_learning_rate_is_scaled_and_a_schedule_left_as_given():
     assert scales_learning_rate(keras.optimizers.serialize(keras.optimizers.SGD(0.1)))
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
     assert not scales_learning_rate(keras.optimizers.serialize(keras.optimizers.SGD(schedule)))
+
+
+def test_ranks_train_on_gpus_only_when_asked_and_every_rank_has_its_own():
+    from hvdlite.spark.common.device import DeviceError, RankDevice, uses_gpu
+
+    two_gpus_each = [RankDevice(0, 2), RankDevice(1, 2), RankDevice(0, 2)]
+    assert uses_gpu(True, two_gpus_each)
+    assert not uses_gpu(False, two_gpus_each)  # use_gpu=False: the CPU even where there are GPUs
+    assert not uses_gpu(True, [RankDevice(0, 0), RankDevice(1, 0)])  # no GPUs anywhere: the CPU
+    with pytest.raises(DeviceError, match=r"ranks \[0, 2\] have GPUs but ranks \[1\] have none"):
+        uses_gpu(True, [RankDevice(0, 1), RankDevice(0, 0), RankDevice(1, 2)])
+    with pytest.raises(DeviceError, match=r"rank 2 \(local rank 2, 2 GPUs\) would share a GPU"):
+        uses_gpu(True, [RankDevice(0, 2), RankDevice(1, 2), RankDevice(2, 2)])
+    assert not uses_gpu(False, [RankDevice(0, 1), RankDevice(0, 0)])  # nothing to agree on without GPUs

@@ -42,6 +42,8 @@ COMMON = {
     "transformation_fn": (None, "a function applied to every batch (a dict of column -> array) before the step"),
     "inmemory_cache_all": (False, "keep each rank's share in memory after the first epoch"),
     "partitions_per_process": (10, "Parquet partitions Spark writes per rank"),
+    "use_gpu": (True, "train each rank on its local rank's GPU where every executor has GPUs (else on the CPU); "
+                      "False trains on the CPU even where there are GPUs"),
 }
 
 # What every framework's fitted model declares besides its model and history.

@@ -60,7 +60,8 @@ class KerasEstimator(HorovodEstimator, Estimator):
             loss_weights=params["loss_weights"], metrics=list(params["metrics"] or []),
             callbacks=list(params["callbacks"] or []), custom_objects=dict(params["custom_objects"] or {}),
             output_shapes=outputs,
-            compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"])
+            compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"],
+            use_gpu=params["use_gpu"])
         return functools.partial(train, spec)
 
     def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any,

@@ -5,7 +5,8 @@ by the number of ranks, wraps it in ``hvdlite.tensorflow.keras.DistributedOptimi
 the model and calls ``model.fit`` on its share of the data, with rank 0's weights and optimizer
 state broadcast first and the epoch's metrics averaged over the ranks. Rank 0 saves a checkpoint
 (the weights and the optimizer's variables) and the Keras history into the run folder after every
-epoch; a fit with the same ``run_id`` resumes from there.
+epoch; a fit with the same ``run_id`` resumes from there. With ``use_gpu`` TensorFlow sees only the
+rank's GPU (its local rank's) where every rank has one, else none (:mod:`hvdlite.spark.common.device`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from ..common.device import agreed_uses_gpu
 from ..common.spec import Batch, DataSpec
 from ..estimator import label_as_output
 
@@ -38,6 +40,7 @@ class KerasSpec:
     output_shapes: list[tuple[int, ...]]  # each output's per-row shape: the labels are reshaped to it
     compression: Any
     backward_passes_per_step: int
+    use_gpu: bool = True
 
 
 def train(spec: KerasSpec) -> dict[str, Any] | None:
@@ -45,6 +48,7 @@ def train(spec: KerasSpec) -> dict[str, Any] | None:
     import hvdlite.tensorflow.keras as hvd
 
     hvd.init()
+    _place(spec.use_gpu, hvd)
     data = spec.data
     if data.seed is not None:
         keras.utils.set_random_seed(data.seed)
@@ -63,6 +67,17 @@ def train(spec: KerasSpec) -> dict[str, Any] | None:
     if hvd.rank() != 0:
         return None
     return {"history": history, "weights": model.get_weights()}
+
+
+def _place(use_gpu: bool, hvd: Any) -> None:
+    """Let TensorFlow see only this rank's GPU (its local rank's) where ``use_gpu`` and every rank
+    has one, else no GPU: left alone, every rank of a host would take GPU 0. Before any tensor exists."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    on_gpu = agreed_uses_gpu(use_gpu, hvd.local_rank(), len(gpus) if use_gpu else 0)
+    if gpus:
+        tf.config.set_visible_devices([gpus[hvd.local_rank()]] if on_gpu else [], "GPU")
 
 
 def _compiled(spec: KerasSpec, hvd: Any) -> tuple[Any, Any]:

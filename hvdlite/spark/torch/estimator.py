@@ -86,7 +86,7 @@ class TorchEstimator(HorovodEstimator, Estimator):
             loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels),
             metrics=list(params["metrics"] or []), input_shapes=params["input_shapes"],
             compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"],
-            train_minibatch_fn=params["train_minibatch_fn"])
+            train_minibatch_fn=params["train_minibatch_fn"], use_gpu=params["use_gpu"])
         return functools.partial(train, spec)
 
     def _model(self, params: dict[str, Any], prepared: Prepared, run_id: str, result: Any,

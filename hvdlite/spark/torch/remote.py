@@ -5,7 +5,9 @@ multiplied by the number of ranks, the model and optimizer are broadcast from ra
 is ``steps`` batches of the rank's share, losses and metrics are averaged over the ranks, and rank
 0 saves a checkpoint into the run folder after every epoch (with the learning rate as given, so a
 resume at another size scales it again). The history is Horovod's: one entry per epoch,
-``{"epoch": N, "train": {"loss": ..., METRIC: ...}, "validation": {...}}``.
+``{"epoch": N, "train": {"loss": ..., METRIC: ...}, "validation": {...}}``. With ``use_gpu`` each
+rank trains on its local rank's GPU where every rank has one (:mod:`hvdlite.spark.common.device`);
+checkpoints and what rank 0 returns hold CPU tensors either way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import io
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..common.device import agreed_uses_gpu
 from ..common.spec import Batch, DataSpec
 from ..estimator import label_mismatch
 
@@ -34,6 +37,7 @@ class TrainSpec:
     compression: Any
     backward_passes_per_step: int
     train_minibatch_fn: Callable[..., Any] | None
+    use_gpu: bool = True
 
 
 def train(spec: TrainSpec) -> dict[str, Any] | None:
@@ -47,14 +51,17 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     data = spec.data
     if data.seed is not None:
         torch.manual_seed(data.seed)
-    model = cloudpickle.loads(spec.model)
-    optimizer = spec.optimizer_cls(model.parameters(), lr=1.0)
+    device = _device(spec.use_gpu, hvd)
+    model = cloudpickle.loads(spec.model).to(device)
+    optimizer = spec.optimizer_cls(model.parameters(), lr=1.0)  # over the parameters on their device
     optimizer.load_state_dict(_scaled_lr(spec.optimizer_state, hvd.size()))
     history = _resume(spec, model, optimizer, hvd)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=spec.compression or hvd.Compression.none,
                                          backward_passes_per_step=spec.backward_passes_per_step)
-    train_batches, val_batches = data.train_batches(hvd.rank(), hvd.size()), data.val_batches(hvd.rank(), hvd.size())
+    train_batches = _tensor_batches(spec, data.train_batches(hvd.rank(), hvd.size()), device)
+    val_batches = data.val_batches(hvd.rank(), hvd.size())
+    val_batches = None if val_batches is None else _tensor_batches(spec, val_batches, device)
     for epoch in range(len(history), data.epochs):
         model.train()
         logs = {"epoch": epoch, "train": _epoch(spec, model, optimizer, train_batches, data.steps, "train", hvd)}
@@ -69,12 +76,37 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
                 print(logs, flush=True)
     if hvd.rank() != 0:
         return None
-    return {"history": history, "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "optimizer": _scaled_lr(optimizer.state_dict(), 1 / hvd.size())}
+    return {"history": history, "model": _on_cpu(model.state_dict()),
+            "optimizer": _on_cpu(_scaled_lr(optimizer.state_dict(), 1 / hvd.size()))}
 
 
-def _epoch(spec: TrainSpec, model: Any, optimizer: Any, batches: Iterator[Batch], steps: int, stage: str,
-           hvd: Any) -> dict[str, float]:
+def _device(use_gpu: bool, hvd: Any) -> Any:
+    """This rank's device: its local rank's GPU where ``use_gpu`` and every rank has one, else the CPU."""
+    import torch
+
+    gpus = torch.cuda.device_count() if use_gpu else 0
+    if not agreed_uses_gpu(use_gpu, hvd.local_rank(), gpus):
+        return torch.device("cpu")
+    torch.cuda.set_device(hvd.local_rank())
+    return torch.device("cuda", hvd.local_rank())
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` (a state dict, nested) with its tensors on the CPU: what the driver and the
+    checkpoint get, loadable where there is no GPU."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
+
+
+def _epoch(spec: TrainSpec, model: Any, optimizer: Any, batches: Iterator[tuple[list[Any], list[Any], Any]],
+           steps: int, stage: str, hvd: Any) -> dict[str, float]:
     """``steps`` steps (training with an optimizer, else evaluation); the loss and metrics averaged
     over the steps and the ranks."""
     import torch
@@ -82,7 +114,7 @@ def _epoch(spec: TrainSpec, model: Any, optimizer: Any, batches: Iterator[Batch]
     totals: dict[str, float] = {}
     transform_outputs, loss_fn = _transform_outputs(spec), _loss_fn(spec)  # once per epoch, not per step
     for _ in range(steps):
-        inputs, labels, weights = _tensors(spec, next(batches))
+        inputs, labels, weights = next(batches)
         if optimizer is not None:
             outputs, loss = (spec.train_minibatch_fn or _train_minibatch)(
                 model, optimizer, transform_outputs, loss_fn, inputs, labels, weights)
@@ -140,20 +172,21 @@ def _step_values(spec: TrainSpec, loss: float, outputs: list[Any], labels: list[
     return values
 
 
-def _tensors(spec: TrainSpec, batch: Batch) -> tuple[list[Any], list[Any], Any]:
+def _tensor_batches(spec: TrainSpec, batches: Iterator[Batch], device: Any) -> Iterator[tuple[list[Any], list[Any], Any]]:
+    """Each batch as ``(inputs, labels, sample_weights)`` tensors on ``device``: Horovod's step arguments."""
     import torch
 
     def tensor(values: Any) -> Any:
         result = torch.as_tensor(values)
-        return result.float() if result.dtype == torch.float64 else result
+        return (result.float() if result.dtype == torch.float64 else result).to(device)
 
     data = spec.data
-    inputs = [tensor(batch[name]) for name in data.feature_cols]
-    if spec.input_shapes:
-        inputs = [value.reshape(shape) for value, shape in zip(inputs, spec.input_shapes, strict=True)]
-    labels = [tensor(batch[name]) for name in data.label_cols]
-    weights = tensor(batch[data.sample_weight_col]) if data.sample_weight_col else None
-    return inputs, labels, weights
+    for batch in batches:
+        inputs = [tensor(batch[name]) for name in data.feature_cols]
+        if spec.input_shapes:
+            inputs = [value.reshape(shape) for value, shape in zip(inputs, spec.input_shapes, strict=True)]
+        labels = [tensor(batch[name]) for name in data.label_cols]
+        yield inputs, labels, tensor(batch[data.sample_weight_col]) if data.sample_weight_col else None
 
 
 def label_like(label: Any, output: Any, column: str) -> Any:
@@ -176,7 +209,7 @@ def _save(spec: TrainSpec, model: Any, optimizer: Any, history: list[dict[str, A
     import torch
 
     buffer = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizer": _scaled_lr(optimizer.state_dict(), 1 / size)}, buffer)
+    torch.save(_on_cpu({"model": model.state_dict(), "optimizer": _scaled_lr(optimizer.state_dict(), 1 / size)}), buffer)
     spec.data.save(buffer.getvalue(), history)
 
 
@@ -188,7 +221,7 @@ def _resume(spec: TrainSpec, model: Any, optimizer: Any, hvd: Any) -> list[dict[
     history = []
     saved = spec.data.saved_checkpoint() if hvd.rank() == 0 else None
     if saved is not None:
-        checkpoint = torch.load(io.BytesIO(saved), weights_only=False)
+        checkpoint = torch.load(io.BytesIO(saved), weights_only=False, map_location="cpu")  # loads onto the model's device
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(_scaled_lr(checkpoint["optimizer"], hvd.size()))
         history = spec.data.saved_history()
