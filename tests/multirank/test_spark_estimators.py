@@ -34,6 +34,9 @@ def _horovod_style_step(marker, model, optimizer, transform_outputs, loss_fn, in
 
 
 def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, tmp_path):
+    from pyspark.ml import PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+
     from hvdlite.spark.torch import TorchModel
 
     store = str(tmp_path / "store")
@@ -55,6 +58,12 @@ def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, 
     again = loaded.transform(fitted.stages[0].transform(spark.createDataFrame(example.linear_rows(320),
                                                                               ["x1", "x2", "y", "is_val"])))
     np.testing.assert_allclose(again.select("y__output").toPandas()["y__output"], predicted["y__output"], rtol=1e-6)
+    fitted.write().save(str(tmp_path / "pipeline"))  # Spark's own PipelineModel writer and reader, as Horovod's
+    reloaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    assert [type(stage) for stage in reloaded.stages] == [VectorAssembler, TorchModel]
+    assert reloaded.stages[-1].uid == model.uid and reloaded.stages[-1].getHistory() == history
+    rows = reloaded.transform(spark.createDataFrame(example.linear_rows(320), ["x1", "x2", "y", "is_val"]))
+    np.testing.assert_allclose(rows.select("y__output").toPandas()["y__output"], predicted["y__output"], rtol=1e-6)
 
     marker = tmp_path / "steps"
     step = functools.partial(_horovod_style_step, str(marker))

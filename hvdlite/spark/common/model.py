@@ -6,11 +6,14 @@ flattened). The model runs in a pandas UDF on the executors, in batches of Arrow
 feature columns are converted to arrays first, as for training.
 
 Saving (``model.write().save(path)``, ``Model.load(path)``) writes the parameters as JSON and the
-framework's payload (the model itself) with cloudpickle, into the folder ``path`` through fsspec.
+framework's payload (the model itself) with cloudpickle, into the folder ``path`` through fsspec,
+beside Spark ML's ``metadata`` (class and uid), so that a fitted ``PipelineModel`` holding the model
+saves and loads with Spark's own ``write()`` / ``PipelineModel.load``.
 """
 
 import json
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,8 +67,8 @@ class ParamsWriter(MLWriter):
 
     def saveImpl(self, path: str) -> None:  # noqa: N802 - Spark ML's name
         params = values(self._instance)
-        save(path, {k: v for k, v in params.items() if k not in self._payload},
-             self.pack({k: params[k] for k in self._payload}))
+        kept = {k: v for k, v in params.items() if k not in self._payload}
+        save(path, kept, self.pack({k: params[k] for k in self._payload}), spark_metadata(self._instance, kept))
 
     def pack(self, payload: dict[str, Any]) -> Any:
         """What is pickled of the ``payload`` parameters (a framework may wrap them)."""
@@ -80,16 +83,28 @@ class ParamsReader(MLReader):
         self._kind = kind
 
     def load(self, path: str) -> Any:
-        params, payload = load(path)
-        return self._kind(**params, **self.unpack(payload))
+        params, payload, uid = load(path)
+        instance = self._kind(**params, **self.unpack(payload))
+        return instance if uid is None else instance._resetUid(uid)  # the uid it was saved with, as Spark's models
 
     def unpack(self, payload: Any) -> dict[str, Any]:
         """The ``payload`` parameters back from what :meth:`ParamsWriter.pack` pickled."""
         return payload
 
 
-def save(path: str, params: dict[str, Any], payload: Any) -> None:
-    """Write ``params`` (JSON) and ``payload`` (cloudpickle) into the folder ``path``."""
+def spark_metadata(instance: Any, params: dict[str, Any]) -> str:
+    """Spark ML's ``metadata`` line (``DefaultParamsWriter``'s fields): ``PipelineModel.load`` reads
+    a stage's class from it, then that class loads the stage."""
+    import pyspark
+
+    kind = type(instance)
+    return json.dumps({"class": f"{kind.__module__}.{kind.__name__}", "timestamp": int(time.time() * 1000),
+                       "sparkVersion": pyspark.__version__, "uid": instance.uid, "paramMap": params,
+                       "defaultParamMap": {}})
+
+
+def save(path: str, params: dict[str, Any], payload: Any, metadata: str) -> None:
+    """Write ``params`` (JSON), ``payload`` (cloudpickle) and Spark's ``metadata`` into the folder ``path``."""
     import cloudpickle
     import fsspec
 
@@ -99,10 +114,13 @@ def save(path: str, params: dict[str, Any], payload: Any) -> None:
         json.dump(params, file)
     with fs.open(f"{root}/payload.pkl", "wb") as file:
         file.write(cloudpickle.dumps(payload))
+    with fs.open(f"{root}/metadata", "w") as file:  # one line, a file: Spark's text reader takes either
+        file.write(metadata + "\n")
 
 
-def load(path: str) -> tuple[dict[str, Any], Any]:
-    """What :func:`save` wrote into ``path``."""
+def load(path: str) -> tuple[dict[str, Any], Any, str | None]:
+    """What :func:`save` wrote into ``path``: the parameters, the payload and the saved uid (None
+    for a model saved before the metadata was)."""
     import cloudpickle
     import fsspec
 
@@ -110,7 +128,11 @@ def load(path: str) -> tuple[dict[str, Any], Any]:
     with fs.open(f"{root}/params.json", "r") as file:
         params = json.load(file)
     with fs.open(f"{root}/payload.pkl", "rb") as file:
-        return params, cloudpickle.loads(file.read())
+        payload = cloudpickle.loads(file.read())
+    if not fs.exists(f"{root}/metadata"):
+        return params, payload, None
+    with fs.open(f"{root}/metadata", "r") as file:
+        return params, payload, json.loads(file.readline())["uid"]
 
 
-__all__ = ["ParamsReader", "ParamsWriter", "transform_with", "save", "load"]
+__all__ = ["ParamsReader", "ParamsWriter", "transform_with", "spark_metadata", "save", "load"]
