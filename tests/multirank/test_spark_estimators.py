@@ -151,3 +151,32 @@ def test_a_keras_model_with_an_unregistered_custom_layer_predicts_on_the_executo
     fitted.write().save(str(tmp_path / "saved"))
     loaded = KerasModel.load(str(tmp_path / "saved"))
     assert loaded.transform(frame).toPandas()["y__output"].tolist() == [6.0, -2.0]
+
+
+def test_an_unfitted_pipeline_with_either_estimator_saves_and_loads_with_sparks_writer(spark, tmp_path):
+    from pyspark.ml import Pipeline
+
+    from hvdlite.spark.torch import TorchEstimator
+
+    pipeline = example.pipeline(str(tmp_path / "store"), "saved", batch_size=4)
+    pipeline.write().save(str(tmp_path / "torch"))
+    estimator = Pipeline.load(str(tmp_path / "torch")).getStages()[-1]
+    original = pipeline.getStages()[-1]
+    assert type(estimator) is TorchEstimator and estimator.uid == original.uid
+    assert (estimator.getBatchSize(), estimator.getRunId(), estimator.getLabelCols()) == (4, "saved", ["y"])
+    assert estimator.getStore().get_train_data_path() == original.getStore().get_train_data_path()
+    assert torch.equal(estimator.getModel().weight, original.getModel().weight)
+    # pickled together: the optimizer still steps the loaded model's own parameters
+    assert estimator.getOptimizer().param_groups[0]["params"][0] is estimator.getModel().weight
+
+    keras = pytest.importorskip("keras")
+    from hvdlite.spark.keras import KerasEstimator
+
+    keras_example = remote_training.example("spark_keras_estimator")
+    pipeline = keras_example.pipeline(str(tmp_path / "store"), "saved")
+    pipeline.write().save(str(tmp_path / "keras"))
+    estimator, original = Pipeline.load(str(tmp_path / "keras")).getStages()[-1], pipeline.getStages()[-1]
+    assert type(estimator) is KerasEstimator and estimator.getEpochs() == original.getEpochs()
+    for loaded, given in zip(estimator.getModel().get_weights(), original.getModel().get_weights(), strict=True):
+        np.testing.assert_array_equal(loaded, given)
+    assert isinstance(estimator.getModel(), keras.Model)

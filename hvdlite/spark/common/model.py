@@ -59,7 +59,8 @@ def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], out
 
 
 class ParamsWriter(MLWriter):
-    """``model.write()``: saves the model's parameters, those named in ``payload`` with cloudpickle."""
+    """``write()`` of a model or an estimator: saves its parameters, those named in ``payload`` with
+    cloudpickle (all together, so that an optimizer still refers to its model's parameters)."""
 
     def __init__(self, instance: Any, payload: tuple[str, ...]) -> None:
         super().__init__()
@@ -84,12 +85,24 @@ class ParamsReader(MLReader):
 
     def load(self, path: str) -> Any:
         params, payload, uid = load(path)
-        instance = self._kind(**params, **self.unpack(payload))
+        instance = self._kind(**{**params, **self.unpack(payload)})
         return instance if uid is None else instance._resetUid(uid)  # the uid it was saved with, as Spark's models
 
     def unpack(self, payload: Any) -> dict[str, Any]:
         """The ``payload`` parameters back from what :meth:`ParamsWriter.pack` pickled."""
         return payload
+
+
+def opaque(params: dict[str, Any]) -> tuple[str, ...]:
+    """The names of the parameters whose values JSON cannot hold (models, optimizers, functions,
+    the store): what a writer pickles."""
+    def json_able(value: Any) -> bool:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return tuple(name for name, value in params.items() if not json_able(value))
 
 
 def spark_metadata(instance: Any, params: dict[str, Any]) -> str:
@@ -135,4 +148,4 @@ def load(path: str) -> tuple[dict[str, Any], Any, str | None]:
         return params, payload, json.loads(file.readline())["uid"]
 
 
-__all__ = ["ParamsReader", "ParamsWriter", "transform_with", "spark_metadata", "save", "load"]
+__all__ = ["ParamsReader", "ParamsWriter", "transform_with", "opaque", "spark_metadata", "save", "load"]

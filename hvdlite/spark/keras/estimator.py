@@ -17,8 +17,8 @@ import numpy as np
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..common.model import ParamsReader, ParamsWriter, transform_with
-from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
+from ..common.model import ParamsReader, ParamsWriter, opaque, transform_with
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import KerasSpec, train
@@ -34,7 +34,7 @@ MODEL = {
 }
 
 
-class KerasEstimator(HorovodEstimator, Estimator):
+class KerasEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
     """Horovod's ``KerasEstimator``: fit a Keras 3 model on a DataFrame with hvdlite ranks."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -45,6 +45,15 @@ class KerasEstimator(HorovodEstimator, Estimator):
         """Set several parameters by keyword."""
         check_known(self, kwargs, "KerasEstimator")
         return self._set(**kwargs)
+
+    def write(self) -> MLWriter:
+        """As Horovod's: the estimator saves (the model scoped with its custom objects, the rest that
+        JSON cannot hold pickled), and so does an unfitted ``Pipeline`` holding it."""
+        return _ScopedWriter(self, opaque(values(self)))
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _ScopedReader(cls)
 
     def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
         """Run the model on two rows of zeros, on the driver."""
@@ -124,11 +133,11 @@ class KerasModel(Model, MLWritable, MLReadable):
                               self.getOutputShapes(), predict)
 
     def write(self) -> MLWriter:
-        return _KerasModelWriter(self, ("model", "custom_objects"))
+        return _ScopedWriter(self, ("model", "custom_objects"))
 
     @classmethod
     def read(cls) -> MLReader:
-        return _KerasModelReader(cls)
+        return _ScopedReader(cls)
 
 
 class ScopedModel:
@@ -152,18 +161,19 @@ class ScopedModel:
             self.model = cloudpickle.loads(state["model"])
 
 
-class _KerasModelWriter(ParamsWriter):
+class _ScopedWriter(ParamsWriter):
     """Saves the model as a :class:`ScopedModel`, so that loading it needs no registered custom objects."""
 
     def pack(self, payload: dict[str, Any]) -> Any:
-        return {"model": ScopedModel(payload["model"], payload["custom_objects"] or {})}
+        rest = {name: value for name, value in payload.items() if name not in ("model", "custom_objects")}
+        return {**rest, "model": ScopedModel(payload["model"], self._instance.getCustomObjects() or {})}
 
 
-class _KerasModelReader(ParamsReader):
+class _ScopedReader(ParamsReader):
     def unpack(self, payload: Any) -> dict[str, Any]:
         shipped = payload["model"]
         if isinstance(shipped, ScopedModel):
-            return {"model": shipped.model, "custom_objects": shipped.custom_objects}
+            return {**payload, "model": shipped.model, "custom_objects": shipped.custom_objects}
         return payload  # saved before models were scoped
 
 

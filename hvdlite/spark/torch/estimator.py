@@ -13,8 +13,8 @@ from typing import Any
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from ..common.model import ParamsReader, ParamsWriter, transform_with
-from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare
+from ..common.model import ParamsReader, ParamsWriter, opaque, transform_with
+from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
 from ..estimator import HorovodEstimator, data_spec
 from .remote import TrainSpec, train
@@ -34,7 +34,7 @@ MODEL = {
 }
 
 
-class TorchEstimator(HorovodEstimator, Estimator):
+class TorchEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
     """Horovod's ``TorchEstimator``: fit a ``torch.nn.Module`` on a DataFrame with hvdlite ranks."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -47,6 +47,15 @@ class TorchEstimator(HorovodEstimator, Estimator):
         """Set several parameters by keyword."""
         check_known(self, kwargs, "TorchEstimator")
         return self._set(**kwargs)
+
+    def write(self) -> MLWriter:
+        """As Horovod's: the estimator saves (model, optimizer, functions and store pickled), and so
+        does an unfitted ``Pipeline`` holding it."""
+        return ParamsWriter(self, opaque(values(self)))
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return ParamsReader(cls)
 
     def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
         """Run a copy of the model on two rows of zeros, on the driver."""
