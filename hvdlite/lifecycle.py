@@ -51,11 +51,18 @@ def _check_sets_of_a_repeated_init(process_sets: Sequence[ProcessSet] | str | No
             raise ProcessSetError("hvd.init(process_sets='dynamic') while hvdlite runs without dynamic process "
                                   "sets changes nothing: call hvd.shutdown() first")
         return
-    unregistered = [process_set.ranks for process_set in process_sets if process_set.process_set_id is None]
+    unregistered = [_named(process_set) for process_set in process_sets if process_set.process_set_id is None]
     if unregistered:
         raise ProcessSetError(f"hvd.init(process_sets=...) while hvdlite runs registers nothing, so process set(s) "
                               f"{unregistered} would stay unusable: call hvd.shutdown() first, or start with "
                               "init(process_sets='dynamic') and add them with hvd.add_process_set()")
+
+
+def _named(process_set: ProcessSet) -> Any:
+    """A set's ranks, or for one given as a communicator (ranks known only once registered) its size."""
+    if process_set.ranks is None:
+        return f"<mpi4py communicator of {process_set.mpi_comm.Get_size()} processes>"
+    return process_set.ranks
 
 
 def shutdown() -> None:

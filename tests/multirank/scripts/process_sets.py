@@ -154,6 +154,10 @@ def second_init(rank, size):
     expect(hvd.ProcessSetError, "process set(s) [[1]] would stay unusable: call hvd.shutdown() first",
            lambda: hvd.init(process_sets=[pair, hvd.ProcessSet([1])]))
     expect(hvd.ProcessSetError, "runs without dynamic process sets", lambda: hvd.init(process_sets="dynamic"))
+    split = MPI.COMM_WORLD.Split(color=0, key=rank)  # a set given as a communicator is named by its size
+    expect(hvd.ProcessSetError, "process set(s) ['<mpi4py communicator of 3 processes>'] would stay unusable",
+           lambda: hvd.init(process_sets=[hvd.ProcessSet(split)]))
+    split.Free()
     if pair.included():  # the set registered first still works
         assert hvd.allreduce(np.array([1.0]), op=hvd.Sum, name="second", process_set=pair).tolist() == [2.0]
     hvd.shutdown()
