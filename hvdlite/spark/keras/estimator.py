@@ -165,13 +165,15 @@ class _ScopedWriter(ParamsWriter):
     """Saves the model as a :class:`ScopedModel`, so that loading it needs no registered custom objects."""
 
     def pack(self, payload: dict[str, Any]) -> Any:
+        if "model" not in payload:  # an estimator given no model yet
+            return payload
         rest = {name: value for name, value in payload.items() if name not in ("model", "custom_objects")}
         return {**rest, "model": ScopedModel(payload["model"], self._instance.getCustomObjects() or {})}
 
 
 class _ScopedReader(ParamsReader):
     def unpack(self, payload: Any) -> dict[str, Any]:
-        shipped = payload["model"]
+        shipped = payload.get("model")
         if isinstance(shipped, ScopedModel):
             return {**payload, "model": shipped.model, "custom_objects": shipped.custom_objects}
         return payload  # saved before models were scoped
