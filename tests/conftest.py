@@ -12,9 +12,10 @@ Two pytest-xdist workers (``-n 2 --dist loadgroup --no-loadscope-reorder``, in p
 each taking whole groups: a multi-rank file is a group (its shared jobs run once, on one worker), the
 files that use the network-namespace hosts are one group (they use the same namespaces), the unit
 tests are one. Groups go out in the order this file sorts them (longest first; xdist would otherwise
-order them by their number of tests). Measured on 2 cores, fresh clone, 2026-11-29: 21:31 of tests
-(23:51 with the install; 29:34 earlier that day before the Spark JVMs' settings, the same machine's
-speed drifts by 10-15%; 40:43 before small scripts shared jobs through scripts/together.py). The
+order them by their number of tests). Measured on 2 cores, fresh clone, 2026-11-29: 19:35 of tests
+(21:29 with the install; 21:31 without the shared JAX compilation cache, 29:34 earlier that day
+before the Spark JVMs' settings; the same machine's speed drifts by 10-15%; 40:43 before small
+scripts shared jobs through scripts/together.py). The
 cores are the limit, not the workers: most of a small job's CPU is its ranks importing their
 framework, so scripts that need nothing of their own from the launcher share one job per size. Two
 jobs at a time oversubscribe the cores, so no test bounds a time tighter than its generous margin,
