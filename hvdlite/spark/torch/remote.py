@@ -95,14 +95,9 @@ def _on_cpu(value: Any) -> Any:
     """``value`` (a state dict, nested) with its tensors on the CPU: what the driver and the
     checkpoint get, loadable where there is no GPU."""
     import torch
+    from torch.utils._pytree import tree_map
 
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, dict):
-        return {key: _on_cpu(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_cpu(item) for item in value)
-    return value
+    return tree_map(lambda item: item.detach().cpu().clone() if isinstance(item, torch.Tensor) else item, value)
 
 
 def _epoch(spec: TrainSpec, model: Any, optimizer: Any, batches: Iterator[tuple[list[Any], list[Any], Any]],
