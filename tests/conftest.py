@@ -62,6 +62,8 @@ def _group(item: pytest.Item) -> str:
         return "unit"
     if path.stem == "test_spark_estimators":
         return "test_spark"  # one Spark session (tests/multirank/conftest.py) for both files
+    if "tensorflow_job" in getattr(item, "fixturenames", ()):
+        return "test_tensorflow"  # the worker that runs the shared TensorFlow job (tests/multirank/tensorflow_job.py)
     return "netns" if item.get_closest_marker("netns") else path.stem
 
 

@@ -1,13 +1,16 @@
-"""What the multi-rank tests share: one JAX compilation cache per session, and the Spark session of
-the Spark tests (test_spark.py, test_spark_estimators.py: one xdist group)."""
+"""What the multi-rank tests share: one JAX compilation cache per session, the TensorFlow job of
+several files (tensorflow_job.py), and the Spark session of the Spark tests (test_spark.py,
+test_spark_estimators.py: one xdist group)."""
 
 import os
 import shutil
 import sys
+from collections.abc import Callable
 
 import pytest
 
-from .harness import ONE_THREAD
+from .harness import ONE_THREAD, JobResult
+from .tensorflow_job import tensorflow_job as shared_tensorflow_job
 
 # The three JVMs (driver, two executors) live for seconds of work each: the C1 compiler alone and the
 # serial collector cost them half the CPU of the default tiered JIT and parallel GC (Spark tests
@@ -31,6 +34,14 @@ def jax_compilation_cache(tmp_path_factory):
         for name, value in settings.items():
             patch.setenv(name, value)
         yield folder
+
+
+@pytest.fixture(scope="session")
+def tensorflow_job(tmp_path_factory) -> Callable[[int], JobResult]:
+    """``tensorflow_job(np)``: the shared TensorFlow job at ``np`` ranks (tensorflow_job.py). A test
+    that asks for this fixture runs in the xdist group ``test_tensorflow`` (tests/conftest.py)."""
+    state_dir = str(tmp_path_factory.mktemp("tf_state"))
+    return lambda np: shared_tensorflow_job(np, state_dir)
 
 
 @pytest.fixture(scope="session")

@@ -39,14 +39,13 @@ KERAS_CASES = ["sgd eager", "adam fit", "adam tf.function", "backward_passes_per
 
 
 # The Keras and optax optimizers at np=2 and 3: the recursive halving over 4 ranks (two levels) is the
-# core's, run at np=4 by the reference-tree and the torch optimizer tests above.
+# core's, run at np=4 by the reference-tree and the torch optimizer tests above. The Keras one runs in
+# the TensorFlow job that several files share (tensorflow_job.py).
 @pytest.mark.parametrize("np", [2, 3])
-def test_the_keras_adasum_optimizer_combines_each_ranks_variable_changes(np):
-    result = run_job(["python", str(SCRIPTS / "keras_adasum_optimizer.py")], np=np,
-                     env={"KERAS_BACKEND": "tensorflow"}, timeout=300)
-    assert result.returncode == 0, result.output
+def test_the_keras_adasum_optimizer_combines_each_ranks_variable_changes(np, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
-        assert [line for line in result.lines(rank) if line.startswith("ok ")] == \
+        assert [line for line in result.lines(rank) if line.startswith("ok keras adasum ")] == \
             [f"ok keras adasum {case}" for case in KERAS_CASES], result.output
 
 

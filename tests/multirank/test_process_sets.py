@@ -67,8 +67,8 @@ def test_torch_trains_two_data_parallel_sets_like_one_process_each(np):
 
 
 @pytest.mark.parametrize(("np", "mode"), [(3, "static"), (2, "dynamic")])
-def test_tensorflow_and_keras_train_two_data_parallel_sets_like_one_process_each(np, mode):
-    result = run_script("tf_process_sets.py", np, mode, timeout=240)
+def test_tensorflow_and_keras_train_two_data_parallel_sets_like_one_process_each(np, mode, tensorflow_job):
+    result = tensorflow_job(np)  # the TensorFlow job that several files share (tensorflow_job.py)
     for rank in range(np):
         assert f"ok tf process sets {mode}" in result.lines(rank), result.output
 

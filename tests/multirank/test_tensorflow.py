@@ -2,73 +2,50 @@
 callbacks, state, errors. The collectives themselves run through the shared body in
 test_collectives.py (framework=tensorflow and tensorflow-graph)."""
 
-from pathlib import Path
-
 import pytest
 
-from .harness import run_script, shared_script
+from .harness import run_script
+from .tensorflow_job import API_CASES, EXAMPLES
 
 pytestmark = pytest.mark.multirank
 FIT_CASES = ["sgd", "adam clipnorm", "adam global_clipnorm", "sgd momentum predivide", "loss scale",
              "gradient_accumulation_steps=2", "backward_passes_per_step=2"]
 TAPE_CASES = ["gradient tape compiled=False", "gradient tape compiled=True"]
-API_CASES = ["gradients", "static_shapes", "sparse", "variables", "callbacks", "mixed_precision", "errors"]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _ok_lines(result, rank):
     return [line.split(" max diff")[0].removeprefix("ok ") for line in result.lines(rank) if line.startswith("ok ")]
 
 
-# Every script of this file but the Keras example's checkpoint pair shares one job per size
-# (together.py), so TensorFlow starts once per rank for all of them; tf_training.py runs both of its
-# loops, tf_api.py every API case (at np=2 also "state": it saves and loads the model into the
-# session's state_dir); tf1_training.py disables eager execution for good, so it goes last.
-KERAS_LOCAL_SGD_RUNS = {2: "adam:fit", 3: "sgd:eager,adam:fit"}
-SYNTHETIC_BENCHMARK = (f"{EXAMPLES / 'tensorflow2_synthetic_benchmark.py'} --model mlp --fp16-allreduce "
-                       "--num-iters 2 --num-batches-per-iter 2 --num-warmup-batches 1")
-TOGETHER = {2: ("tf_training.py fit,tape", "tf_api.py {api},state {state_dir}", SYNTHETIC_BENCHMARK,
-                "tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py",
-                f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[2]}", "tf1_training.py global"),
-            3: ("tf_training.py fit,tape", "tf_api.py {api} {state_dir}", "tf_sync_batch_norm.py",
-                "tf_horovod_compat.py", f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[3]}", "tf1_training.py sets")}
+# Every script of this file but the Keras example's checkpoint pair runs in the TensorFlow job that
+# several files share (tensorflow_job.py, through the tensorflow_job fixture).
 COMPAT_CASES = ["graph_without_dependencies", "uint16", "error_types", "broadcast_inplace", "mixed_dense_and_sparse",
                 "signatures", "broadcast_grad", "graph_divergence"]
 
 
-@pytest.fixture(scope="session")
-def state_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tf_state"))
-
-
-def _together(np: int, state_dir: str):
-    commands = [command.format(api=",".join(API_CASES), state_dir=state_dir) for command in TOGETHER[np]]
-    return shared_script("together.py", np, *commands, timeout=420)
-
-
 @pytest.mark.parametrize("np", [2, 3])
 @pytest.mark.parametrize("loop, cases", [("fit", FIT_CASES), ("tape", TAPE_CASES)])
-def test_training_matches_one_process_on_the_whole_batch(np, loop, cases, state_dir):
-    result = _together(np, state_dir)
+def test_training_matches_one_process_on_the_whole_batch(np, loop, cases, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
         assert [case for case in _ok_lines(result, rank) if case in cases] == cases, result.output
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_tensorflow_api(np, state_dir):
-    result = _together(np, state_dir)
+def test_tensorflow_api(np, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
         assert [case for case in _ok_lines(result, rank) if case in API_CASES] == API_CASES, result.output
 
 
-def test_saved_model_loads_back_with_and_without_hvdlite(state_dir):
-    result = _together(2, state_dir)
+def test_saved_model_loads_back_with_and_without_hvdlite(tensorflow_job):
+    result = tensorflow_job(2)
     for rank in range(2):
         assert "state" in _ok_lines(result, rank), result.output
 
 
-def test_synthetic_benchmark_example_prints_horovods_lines(state_dir):
-    result = _together(2, state_dir)
+def test_synthetic_benchmark_example_prints_horovods_lines(tensorflow_job):
+    result = tensorflow_job(2)
     lines = result.lines(0)
     assert any(line.startswith("Img/sec per CPU: ") for line in lines), result.output
     assert any(line.startswith("Total img/sec on 2 CPU(s): ") for line in lines), result.output
@@ -90,34 +67,34 @@ def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_places_where_horovod_tensorflow_behaved_differently(np, state_dir):
-    result = _together(np, state_dir)
+def test_places_where_horovod_tensorflow_behaved_differently(np, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
         assert [case for case in _ok_lines(result, rank) if case in COMPAT_CASES] == COMPAT_CASES, result.output
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(np, state_dir):
-    result = _together(np, state_dir)
+def test_sync_batch_normalization_equals_batch_normalization_on_the_whole_batch(np, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
         assert "ok tf sync batch norm" in result.lines(rank), result.output
 
 
 @pytest.mark.parametrize(("np", "mode"), [(2, "global"), (3, "sets")])
-def test_tf1_graph_trains_with_the_distributed_v1_optimizer_and_the_broadcast_hook(np, mode, state_dir):
-    result = _together(np, state_dir)
+def test_tf1_graph_trains_with_the_distributed_v1_optimizer_and_the_broadcast_hook(np, mode, tensorflow_job):
+    result = tensorflow_job(np)
     for rank in range(np):
         assert f"ok tf1 training {mode}" in result.lines(rank), result.output
 
 
-def test_partial_distributed_optimizer_keeps_the_local_layers_gradients_local(state_dir):
-    result = _together(2, state_dir)
+def test_partial_distributed_optimizer_keeps_the_local_layers_gradients_local(tensorflow_job):
+    result = tensorflow_job(2)
     for rank in range(2):
         assert "ok keras partial" in result.lines(rank), result.output
 
 
 @pytest.mark.parametrize(("np", "kind", "mode"), [(2, "adam", "fit"), (3, "sgd", "eager"), (3, "adam", "fit")])
-def test_keras_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode, state_dir):
-    result = _together(np, state_dir)
+def test_keras_local_sgd_updates_locally_and_averages_every_period_like_its_replay(np, kind, mode, tensorflow_job):
+    result = tensorflow_job(np)
     assert result.output.count(f"ok keras local sgd {kind} {mode} ") == np, result.output
 

@@ -21,7 +21,9 @@ uncaught     rank 1 raises in its training loop: its traceback is printed (torch
              stderr around ours) and the job ends.
 """
 
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -254,11 +256,17 @@ def fsdp2_run(mesh, rank, checkpoint_dir):
     return norms, [v.clone() for _, v in sorted(full.items())]
 
 
+@contextlib.contextmanager
 def shared_dir(rank):
-    """A directory every rank sees (rank 0 makes it)."""
+    """A directory every rank sees: rank 0 makes it, and removes it once every rank is done with it."""
     objects = [tempfile.mkdtemp(prefix="hvdlite-dcp-") if rank == 0 else None]
     dist.broadcast_object_list(objects, src=0)
-    return objects[0]
+    try:
+        yield objects[0]
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(objects[0], ignore_errors=True)
 
 
 def training(rank, size):
@@ -267,9 +275,9 @@ def training(rank, size):
     gloo = dist.new_group(backend="gloo")
     exact = size == 2
     same(ddp_params(None, rank), ddp_params(gloo, rank), "DDP parameters", exact)
-    root = shared_dir(rank)
-    ours = fsdp2_run(init_device_mesh("cpu", (size,)), rank, os.path.join(root, "hvdlite"))
-    theirs = fsdp2_run(DeviceMesh.from_group(gloo, "cpu"), rank, os.path.join(root, "gloo"))
+    with shared_dir(rank) as root:
+        ours = fsdp2_run(init_device_mesh("cpu", (size,)), rank, os.path.join(root, "hvdlite"))
+        theirs = fsdp2_run(DeviceMesh.from_group(gloo, "cpu"), rank, os.path.join(root, "gloo"))
     same(ours[0], theirs[0], "FSDP2 clip_grad_norm_ totals", exact)
     if rank == 0:
         same(ours[1], theirs[1], "FSDP2 full state dict after a DCP round trip", exact)
@@ -291,9 +299,9 @@ def mesh(rank, size):
 
     theirs = DeviceMesh.from_group([gloo_cols[rank % 2], gloo_rows[rank // 2]], "cpu", mesh=torch.tensor(rows),
                                    mesh_dim_names=("replicate", "shard"))
-    root = shared_dir(rank)
-    a = fsdp2_run(ours, rank, os.path.join(root, "hvdlite"))
-    b = fsdp2_run(theirs, rank, os.path.join(root, "gloo"))
+    with shared_dir(rank) as root:
+        a = fsdp2_run(ours, rank, os.path.join(root, "hvdlite"))
+        b = fsdp2_run(theirs, rank, os.path.join(root, "gloo"))
     same(a[0], b[0], "HSDP clip_grad_norm_ totals")
     if rank == 0:
         same(a[1], b[1], "HSDP full state dict")
