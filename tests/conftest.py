@@ -10,8 +10,9 @@ for the first), then its xdist worker and the time it ended: where the suite's t
 
 Two pytest-xdist workers (``-n 2 --dist loadgroup --no-loadscope-reorder``, in pyproject's addopts),
 each taking whole groups: a multi-rank file is a group (its shared jobs run once, on one worker), the
-files that use the network-namespace hosts are one group (they use the same namespaces), the unit
-tests are one. Groups go out in the order this file sorts them (longest first; xdist would otherwise
+files that use the network-namespace hosts are one group (they use the same namespaces), the tests of
+other files that check the shared TensorFlow job (the ``tensorflow_job`` fixture) join test_tensorflow's,
+the unit tests are one. Groups go out in the order this file sorts them (longest first; xdist would otherwise
 order them by their number of tests). Measured on 2 cores, fresh clone, 2026-11-29: 19:35 of tests
 (21:29 with the install; 21:31 without the shared JAX compilation cache, 29:34 earlier that day
 before the Spark JVMs' settings; the same machine's speed drifts by 10-15%; 40:43 before small

@@ -3,49 +3,72 @@
 One job per layout runs every case in turn (torch_diloco.py); each test checks its own case.
 """
 
+from collections.abc import Callable
+
 import pytest
 
-from .harness import SCRIPTS, run_job, shared_script
+from .harness import SCRIPTS, JobResult, run_job, shared_script
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
 # averaged between the ranks holding the same place in each group); np=3 in groups of one.
 RUNS = {(4, 2): "refusals,plain,sharded,plain/2/1,sharded/2/1,plain/2/0/int8,plain/1/0/bf16,wide/2/1/int8",
         (3, 1): "refusals,plain,plain/2/1/int8,plain/2/1/bf16"}
+# The torch scripts at np=4 and np=3 share one job per size (together.py: torch starts once per rank):
+# the np=4 job saves the checkpoint that the np=3 job loads ({checkpoint}).
+TORCH_JOBS = {4: (f"torch_diloco.py 2 {RUNS[(4, 2)]}", "torch_diloco_digits.py 2", "torch_diloco_resize.py save {checkpoint}"),
+              3: (f"torch_diloco.py 1 {RUNS[(3, 1)]}", "torch_diloco_resize.py load {checkpoint}")}
 
 
-def _diloco_ok(np: int, group_size: int, run: str) -> None:
-    result = shared_script("torch_diloco.py", np, str(group_size), RUNS[(np, group_size)], timeout=240)
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("diloco") / "diloco.pt")
+
+
+@pytest.fixture(scope="session")
+def torch_job(checkpoint) -> Callable[[int], JobResult]:
+    """``torch_job(np)``: the shared torch job at ``np`` (4 or 3) ranks; the np=3 one after the np=4 one."""
+    def job(np: int) -> JobResult:
+        if np == 3:
+            job(4)  # saves the checkpoint the np=3 job loads
+        commands = [command.format(checkpoint=checkpoint) for command in TORCH_JOBS[np]]
+        return shared_script("together.py", np, *commands, timeout=600)
+    return job
+
+
+def _diloco_ok(torch_job: Callable[[int], JobResult], np: int, run: str) -> None:
+    result = torch_job(np)
     assert result.output.count(f"ok diloco {run} ") == np, result.output
 
 
 @pytest.mark.parametrize(("np", "group_size"), [(4, 2), (3, 1)])
-def test_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size):
-    _diloco_ok(np, group_size, "plain")
+def test_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, torch_job):
+    _diloco_ok(torch_job, np, "plain")
 
 
-def test_diloco_over_groups_that_fully_shard_the_model_exchanges_each_ranks_shard_like_the_replay():
-    _diloco_ok(4, 2, "sharded")
+def test_diloco_over_groups_that_fully_shard_the_model_exchanges_each_ranks_shard_like_the_replay(torch_job):
+    _diloco_ok(torch_job, 4, "sharded")
 
 
 @pytest.mark.parametrize(("np", "group_size", "run"), [(4, 2, "plain/2/1"), (4, 2, "sharded/2/1"),
                                                        (3, 1, "plain/2/1/int8")])
-def test_streaming_diloco_lands_each_fragment_delay_steps_late_keeping_local_progress(np, group_size, run):
-    _diloco_ok(np, group_size, run)
+def test_streaming_diloco_lands_each_fragment_delay_steps_late_keeping_local_progress(np, group_size, run, torch_job):
+    _diloco_ok(torch_job, np, run)
 
 
 @pytest.mark.parametrize(("np", "group_size", "run"), [(4, 2, "plain/2/0/int8"), (4, 2, "plain/1/0/bf16"),
                                                        (3, 1, "plain/2/1/bf16"), (4, 2, "wide/2/1/int8")])
-def test_compressed_diloco_averages_what_the_codec_delivers_with_error_feedback(np, group_size, run):
-    _diloco_ok(np, group_size, run)
+def test_compressed_diloco_averages_what_the_codec_delivers_with_error_feedback(np, group_size, run, torch_job):
+    _diloco_ok(torch_job, np, run)
 
 
 @pytest.mark.parametrize(("np", "group_size"), [(4, 2), (3, 1)])
-def test_diloco_refuses_local_sgd_inside_a_distributed_outer_optimizer_disagreeing_ranks_and_non_members(np, group_size):
-    _diloco_ok(np, group_size, "refusals")
+def test_diloco_refuses_local_sgd_inside_a_distributed_outer_optimizer_disagreeing_ranks_and_non_members(np, group_size,
+                                                                                                        torch_job):
+    _diloco_ok(torch_job, np, "refusals")
 
 
-def test_diloco_with_h16_reaches_synchronous_accuracy_on_digits_in_two_groups_of_two():
-    result = shared_script("torch_diloco_digits.py", 4, "2", timeout=300)
+def test_diloco_with_h16_reaches_synchronous_accuracy_on_digits_in_two_groups_of_two(torch_job):
+    result = torch_job(4)
     assert result.output.count("ok diloco digits") == 4, result.output
     accuracy = {mode: float(value) for mode, value in
                 (line.split()[1:3] for line in result.lines(0) if line.startswith("accuracy "))}
@@ -98,10 +121,10 @@ def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_th
     assert all(f"{ok} {rank} [{np - group_size}, {np}]" in result.output for rank in range(np)), result.output
 
 
-def test_a_diloco_checkpoint_saved_at_np_4_resumes_at_np_2_and_3_like_the_replay(tmp_path):
-    path = str(tmp_path / "diloco.pt")
-    saved = run_job(["python", str(SCRIPTS / "torch_diloco_resize.py"), "save", path], np=4, timeout=180)
-    assert saved.returncode == 0 and saved.output.count("ok diloco resize save ") == 4, saved.output
-    for np in (2, 3):
-        loaded = run_job(["python", str(SCRIPTS / "torch_diloco_resize.py"), "load", path], np=np, timeout=180)
-        assert loaded.returncode == 0 and loaded.output.count("ok diloco resize load ") == np, loaded.output
+def test_a_diloco_checkpoint_saved_at_np_4_resumes_at_np_2_and_3_like_the_replay(torch_job, checkpoint):
+    saved = torch_job(4)
+    assert saved.output.count("ok diloco resize save ") == 4, saved.output
+    loaded = torch_job(3)
+    assert loaded.output.count("ok diloco resize load ") == 3, loaded.output
+    loaded = run_job(["python", str(SCRIPTS / "torch_diloco_resize.py"), "load", checkpoint], np=2, timeout=180)
+    assert loaded.returncode == 0 and loaded.output.count("ok diloco resize load ") == 2, loaded.output
