@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
+TOGETHER_STARTS = "together: running "  # scripts/together.py's line before each command's output
 # One compute thread per rank: this machine has two cores and tests run up to three ranks.
 # TF_* keep TensorFlow to one thread per rank and quiet; NPROC limits JAX (XLA_FLAGS do not).
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -34,6 +35,16 @@ class JobResult:
     def lines(self, rank: int) -> list[str]:
         prefix = f"[{rank}]: "
         return [line[len(prefix):] for line in self.output.splitlines() if line.startswith(prefix)]
+
+    def command_lines(self, rank: int, command: str) -> list[str]:
+        """What ``rank`` printed on stdout while scripts/together.py ran ``command`` (one of its arguments)."""
+        lines, mine = [], False
+        for line in self.lines(rank):
+            if line.startswith(TOGETHER_STARTS):
+                mine = line == TOGETHER_STARTS + command
+            elif mine:
+                lines.append(line)
+        return lines
 
 
 def hvdliterun() -> str:

@@ -4,11 +4,12 @@ in the same job (tests/multirank/scripts/torch_backend.py says what each case ch
 examples/torch_fsdp2.py (pytorch/examples' FSDP2 recipe) against one process, resumed at another size."""
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from .harness import run_job, run_script, shared_script
+from .harness import run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 
@@ -74,35 +75,70 @@ def test_uncaught_error_under_torch_excepthook_prints_its_traceback():
 
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "torch_fsdp2.py")
-
-
-def _fsdp2_example(np, checkpoints, *flags):
-    result = run_job(["python", EXAMPLE, "--steps", "3", "--checkpoint-dir", str(checkpoints), *flags], np=np,
-                     timeout=240)
-    assert result.returncode == 0, result.output
-    return result.lines(0)
-
-
 SHARDING = {"torch": [], "hvdlite": ["--hvdlite-fully-shard"]}  # whose fully_shard the example imports
+# (api, first size, resumed size, whose fully_shard first, whose resumed)
+PAIRS = [("--dcp-api", 2, 3, "torch", "hvdlite"), ("--dtensor-api", 3, 2, "hvdlite", "torch"),
+         ("--dcp-api", 3, 2, "hvdlite", "hvdlite"), ("--dtensor-api", 2, 3, "torch", "torch")]
 
 
-@pytest.mark.parametrize(("api", "first", "then", "first_sharding", "then_sharding"), [
-    ("--dcp-api", 2, 3, "torch", "hvdlite"), ("--dtensor-api", 3, 2, "hvdlite", "torch"),
-    ("--dcp-api", 3, 2, "hvdlite", "hvdlite"), ("--dtensor-api", 2, 3, "torch", "torch")])
-def test_fsdp2_example_trains_saves_and_resumes_at_another_size_as_one_process(tmp_path, api, first, then,
+def _example(checkpoints: Path, *flags: str) -> str:
+    return shlex.join([EXAMPLE, "--steps", "3", "--checkpoint-dir", str(checkpoints), *flags])
+
+
+def _pair(root: Path, pair: tuple) -> tuple[str, str]:
+    """The example's two runs of one pair: the first trains and saves, the second resumes."""
+    api, _, _, first_sharding, then_sharding = pair
+    flags = ["--check", "--explicit-prefetching"] + ([api] if api == "--dcp-api" else [])
+    folder = root / "_".join(map(str, pair)).strip("-")
+    return _example(folder, *flags, *SHARDING[first_sharding]), _example(folder, *flags, *SHARDING[then_sharding])
+
+
+def _mixed_precision(root: Path, sharding: str) -> str:
+    return _example(root / f"mixed-{sharding}", "--mixed-precision", *SHARDING[sharding])
+
+
+def _example_jobs(root: Path) -> list[tuple[int, list[str]]]:
+    """Every run of the example in three shared jobs (together.py: torch starts once per rank), in
+    the order they run: at np=2 the first runs of the pairs that start at 2 and the mixed-precision
+    runs; at np=3 the resumed runs of those pairs and the first runs of the others; at np=2 theirs."""
+    runs = {pair: _pair(root, pair) for pair in PAIRS}
+    return [(2, [runs[p][0] for p in PAIRS if p[1] == 2] + [_mixed_precision(root, s) for s in sorted(SHARDING)]),
+            (3, [runs[p][1] for p in PAIRS if p[2] == 3] + [runs[p][0] for p in PAIRS if p[1] == 3]),
+            (2, [runs[p][1] for p in PAIRS if p[2] == 2])]
+
+
+def _example_run(root: Path, job: int, command: str) -> tuple[list[str], str]:
+    """Rank 0's lines of one run of the example in the shared job ``job`` (0, 1 or 2; a pair's two runs
+    can be the same command line), and that job's whole output; the jobs before it run first."""
+    for np, commands in _example_jobs(root)[:job]:
+        shared_script("together.py", np, *commands, timeout=600)
+    np, commands = _example_jobs(root)[job]
+    assert command in commands, f"job {job} does not run {command}"
+    result = shared_script("together.py", np, *commands, timeout=600)
+    return result.command_lines(0, command), result.output
+
+
+@pytest.fixture(scope="session")
+def example_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fsdp2_example")
+
+
+@pytest.mark.parametrize(("api", "first", "then", "first_sharding", "then_sharding"), PAIRS)
+def test_fsdp2_example_trains_saves_and_resumes_at_another_size_as_one_process(example_root, api, first, then,
                                                                                 first_sharding, then_sharding):
     """pytorch/examples' FSDP2 recipe, on torch's fully_shard or (only the imports changed) hvdlite's,
     resumed from the other's checkpoint at another number of ranks."""
-    flags = ["--check", "--explicit-prefetching"] + ([api] if api == "--dcp-api" else [])
+    saving, resuming = _pair(example_root, (api, first, then, first_sharding, then_sharding))
+    saved, output = _example_run(example_root, 0 if first == 2 else 1, saving)
     assert any(line.startswith(f"equal to one process after 3 steps (ranks per step {[first] * 3})")
-               for line in _fsdp2_example(first, tmp_path, *flags, *SHARDING[first_sharding]))
-    resumed = _fsdp2_example(then, tmp_path, *flags, *SHARDING[then_sharding])
+               for line in saved), output
+    resumed, output = _example_run(example_root, 1 if then == 3 else 2, resuming)
     assert any(line.startswith(f"equal to one process after 6 steps (ranks per step {[first] * 3 + [then] * 3})")
-               for line in resumed), resumed
+               for line in resumed), output
 
 
 @pytest.mark.parametrize("sharding", sorted(SHARDING))
-def test_fsdp2_example_mixed_precision_gathers_bf16(tmp_path, sharding):
+def test_fsdp2_example_mixed_precision_gathers_bf16(example_root, sharding):
     # (the example's inspect_model asserts the root's parameters are full and bf16 after model.unshard())
-    assert "trained to step 3; checkpoint in" in " ".join(_fsdp2_example(2, tmp_path, "--mixed-precision",
-                                                                          *SHARDING[sharding]))
+    lines, output = _example_run(example_root, 0, _mixed_precision(example_root, sharding))
+    assert "trained to step 3; checkpoint in" in " ".join(lines), output

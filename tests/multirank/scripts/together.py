@@ -8,8 +8,10 @@ their framework once. Each runs as ``__main__`` (runpy) with its own ``sys.argv`
 only, the environment variables written before its name and the working directory ``--cwd`` names.
 Each initialises hvdlite itself, and hvdlite is shut down after each. A script that raises ends the
 job (hvdliterun stops every rank) and the ones after it do not run; each test checks the lines its
-own script prints, and the line "together: COMMAND took N s" each finished script adds. A script
-that changes process-wide state for good (TF1's ``disable_eager_execution``) goes last.
+own script prints (``JobResult.command_lines``: what a rank printed between the line "together:
+running COMMAND" and the next command's), and the line "together: COMMAND took N s" each finished
+script adds. A script that changes process-wide state for good (TF1's ``disable_eager_execution``)
+goes last.
 """
 
 import os
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+STARTS = "together: running "  # tests/multirank/harness.py's JobResult.command_lines reads it
 
 
 def split_command(command: str) -> tuple[dict[str, str], str, list[str]]:
@@ -59,6 +62,7 @@ def run(command: str) -> None:
 def main() -> None:
     for command in sys.argv[1:]:
         start = time.perf_counter()
+        print(f"{STARTS}{command}", flush=True)  # on stdout: the lines after it are this command's
         run(command)  # a script that raises ends the job here, through hvdlite's uncaught-error abort
         # The next script starts hvdlite afresh, as in a job of its own (init on a running hvdlite
         # registers nothing: it would refuse the process sets the next script passes to it).
