@@ -14,17 +14,18 @@ files that use the network-namespace hosts are one group (they use the same name
 other files that check the shared TensorFlow job (the ``tensorflow_job`` fixture) join
 test_tensorflow's, the unit tests are one. Groups go out in the order this file sorts them (longest
 first; xdist would otherwise order them by their number of tests). Measured on 2 cores, fresh clone,
-2026-11-29: 18:37 of tests (20:35 with the install) once test_torch, test_diloco and the FSDP2 example
-shared their torch jobs and three files the TensorFlow job; 20:20 (22:28) an hour before with only the
-TensorFlow one, in a slow hour for this machine (its speed drifts by 10-15%); 18:53 to 19:35 (20:52 to
-21:29) earlier that day before either; 21:31 without the shared JAX compilation cache, 29:34 before the
-Spark JVMs' settings, 40:43 before small scripts shared jobs through scripts/together.py. The cores are
-the limit, not the workers: most of a small job's CPU is its ranks importing their framework, so scripts
-that need nothing of their own from the launcher share one job per size. Two jobs at a time
-oversubscribe the cores, so no test bounds a time tighter than its generous margin, and tests that look
-at machine-wide state (MPICH's files in /dev/shm) tell their job's from a running neighbour's. The Slurm
-test that waits out a job's time limit (Slurm ends a job 60 to 90 s after it started) runs last of its
-worker, so the job runs beside the tests after it instead of being waited for.
+2026-11-29: 17:25 and 18:37 of tests (19:25, 20:35 with the install) once test_torch, test_diloco and
+the FSDP2 example shared their torch jobs and three files the TensorFlow job; 20:20 (22:28) an hour
+before with only the TensorFlow one, in a slow hour for this machine (its speed drifts by 10-15%); 18:53
+to 19:35 (20:52 to 21:29) earlier that day before either; 21:31 without the shared JAX compilation
+cache, 29:34 before the Spark JVMs' settings, 40:43 before small scripts shared jobs through
+scripts/together.py. The cores are the limit, not the workers: most of a small job's CPU is its ranks
+importing their framework, so scripts that need nothing of their own from the launcher share one job per
+size. Two jobs at a time oversubscribe the cores, so no test bounds a time tighter than its generous
+margin, and tests that look at machine-wide state (MPICH's files in /dev/shm) tell their job's from a
+running neighbour's. The Slurm test that waits out a job's time limit (Slurm ends a job 60 to 90 s after
+it started) runs last of its worker, so the job runs beside the tests after it instead of being waited
+for.
 """
 
 from __future__ import annotations
