@@ -24,6 +24,11 @@ class TensorMismatchError(HvdliteError, ValueError):
     """Ranks submitted the same tensor name with different shape, dtype, op, or arguments."""
 
 
+class InvalidArgumentError(HvdliteError, ValueError):
+    """An argument is out of range on this rank (a root or peer that is not a rank of the group, an
+    output of the wrong size); raised before anything is sent."""
+
+
 class DuplicateNameError(HvdliteError, ValueError):
     """A tensor name was submitted while a request with the same name is still in flight."""
 

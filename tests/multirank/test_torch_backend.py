@@ -25,6 +25,19 @@ def test_every_collective_equals_gloo(np):
     _every_rank_says(run_script("torch_backend.py", np, "collectives", timeout=180), np, "collectives ok")
 
 
+@pytest.mark.parametrize(("np", "seed"), [(2, 1), (3, 0)])
+def test_every_call_conforms_to_gloo(np, seed):
+    """scripts/torch_conformance.py: each call of torch.distributed (every form, dtype, op, group
+    shape, point-to-point, objects, futures, errors) on hvdlite and on gloo, in one job, compared."""
+    result = run_script("torch_conformance.py", np, str(seed), timeout=240, expect_ok=False)
+    mismatches = [line for line in result.output.splitlines() if "MISMATCH" in line]
+    assert not mismatches, "\n".join(mismatches) + "\n" + result.output[-3000:]
+    assert result.returncode == 0, result.output
+    for rank in range(np):
+        assert any(re.fullmatch(r"conformance: \d{3,} checks, 0 mismatches", line) for line in result.lines(rank)), \
+            result.output
+
+
 def _together(np: int):
     """One job per size for the training and error cases (together.py): torch starts once per rank."""
     return shared_script("together.py", np, *(f"torch_backend.py {case}" for case in ("training", "mismatch", "ddp_error")),

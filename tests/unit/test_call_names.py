@@ -40,7 +40,17 @@ def test_two_ranks_waiting_on_calls_the_other_lacks_diverged() -> None:
     a, b = "call.allreduce.2.float32[4]SUM1.0", "call.allreduce.2.float32[3]SUM1.0"
     ((failed, message),) = diverged_call_names({a: [0], b: [1, 2]})
     assert failed == sorted([a, b])
-    assert "rank 0: ['float32[4]SUM1.0'], rank 1: ['float32[3]SUM1.0'], rank 2: ['float32[3]SUM1.0']" in message
+    assert ("rank 0: ['allreduce float32[4]SUM1.0'], rank 1: ['allreduce float32[3]SUM1.0'], "
+            "rank 2: ['allreduce float32[3]SUM1.0']") in message
+
+
+def test_ranks_waiting_on_calls_of_different_kinds_diverged() -> None:
+    reduce, broadcast = "call.allreduce.0.float32[3]SUM1.0", "call.broadcast.0.float32[3]r0"
+    ((failed, message),) = diverged_call_names({reduce: [0], broadcast: [1]})
+    assert failed == sorted([reduce, broadcast])
+    assert "rank 0: ['allreduce float32[3]SUM1.0'], rank 1: ['broadcast float32[3]r0']" in message
+    # in one sequence, a rank ahead waits on more calls of other kinds: no divergence
+    assert diverged_call_names({reduce: [0, 1], broadcast: [0]}) == []
 
 
 def test_a_slower_rank_is_no_divergence() -> None:
@@ -61,7 +71,20 @@ def test_coordinator_fails_diverged_calls_and_the_late_rank_s_next_call_only() -
     assert sorted(r.meta.name for r in errors) == [y, x] and {r.error_type for r in errors} == {"TensorMismatchError"}
     late = "call.allreduce.0.float32[5]SUM1.0"  # rank 2's call at that point, whatever its shape
     (error,) = c.round([_message(0), _message(1), _message(2, late)]).responses
-    assert error.meta.name == late and "rank 0: ['float32[4]SUM1.0']" in error.error
+    assert error.meta.name == late and "rank 0: ['allreduce float32[4]SUM1.0']" in error.error
     nxt = "call.allreduce.1.float32[3]SUM1.0"  # after that, the ranks' calls work again
+    (ok,) = c.round([_message(0, nxt), _message(1, nxt), _message(2, nxt)]).responses
+    assert ok.meta.name == nxt and not ok.error
+
+
+def test_a_late_rank_gets_a_cross_kind_divergence_on_its_next_call_of_any_kind() -> None:
+    c = Coordinator(3, None, None)
+    x, y = "call.allreduce.0.float32[3]SUM1.0", "call.broadcast.0.float32[3]r0"
+    errors = c.round([_message(0, x), _message(1, y), _message(2)]).responses
+    assert sorted(r.meta.name for r in errors) == [x, y]
+    late = "call.alltoall.0.float32[3]"
+    (error,) = c.round([_message(0), _message(1), _message(2, late)]).responses
+    assert error.meta.name == late and "rank 1: ['broadcast float32[3]r0']" in error.error
+    nxt = "call.allreduce.1.float32[3]SUM1.0"  # once told, rank 2's calls are its own again
     (ok,) = c.round([_message(0, nxt), _message(1, nxt), _message(2, nxt)]).responses
     assert ok.meta.name == nxt and not ok.error

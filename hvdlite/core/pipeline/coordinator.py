@@ -81,9 +81,9 @@ class Coordinator:
         # Generated names failed because ranks' sequences diverged, with their error: a rank that submits
         # one only afterwards (it was slower) gets the same error at once, not a stall.
         self._diverged: dict[str, Response] = {}
-        # Kinds of call (naming.CallNames) failed by a divergence: the error, and the ranks that had not
-        # made their call yet (they get the error for it).
-        self._late_calls: dict[str | None, tuple[str, set[int]]] = {}
+        # The last divergence of calls (naming.CallNames): the error, and the ranks that had not made
+        # their call yet (they get the error for it).
+        self._late_calls: tuple[str, set[int]] | None = None
 
     @property
     def pending_names(self) -> list[str]:
@@ -119,7 +119,7 @@ class Coordinator:
                 self._forget(name)
         for names, message in calls:  # call names repeat: what is remembered is the ranks still to call
             waiting = set().union(*(calls_ranks[name] for name in names))
-            self._late_calls[call_kind(names[0])] = (message + self._scope.label, set(range(self.size)) - waiting)
+            self._late_calls = (message + self._scope.label, set(range(self.size)) - waiting)
         if len(self._joined) == self.size:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
             responses.append(Response(RequestMeta("join", Collective.JOIN), last_joined=last))
@@ -149,15 +149,14 @@ class Coordinator:
             self._ready_at.setdefault(meta.name, {})[message.rank] = now - age
 
     def _late_call(self, meta: RequestMeta, rank: int) -> Response | None:
-        """The error of diverged calls (naming.CallNames) for a rank that had not made its call of
-        that kind when they failed: its next call of the kind is that call. Once per such rank."""
-        kind = call_kind(meta.name) if self._late_calls else None
-        message, late = self._late_calls.get(kind, (None, ()))
-        if rank not in late:
+        """The error of diverged calls (naming.CallNames) for a rank that had not made its call when
+        they failed: its next call, of whatever kind, is that call. Once per such rank."""
+        if self._late_calls is None or rank not in self._late_calls[1] or call_kind(meta.name) is None:
             return None
+        message, late = self._late_calls
         late.discard(rank)
         if not late:
-            del self._late_calls[kind]
+            self._late_calls = None
         return _error(meta, message, "TensorMismatchError")
 
     def _remember_diverged(self, name: str, error: Response) -> None:

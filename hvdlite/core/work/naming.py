@@ -149,24 +149,28 @@ def call_kind(name: str) -> str | None:
 
 
 def diverged_call_names(pending: Mapping[str, Iterable[int]]) -> list[tuple[list[str], str]]:
-    """:class:`CallNames` that can never complete: two ranks each wait on a call of one kind that the
-    other has not made. In one sequence of calls that cannot happen (the slower rank has made no call
-    the faster has not), so it means the ranks' sequences differ: another shape, or a call skipped."""
-    waiting: dict[str, dict[int, set[str]]] = {}  # kind -> rank -> the calls (names) it waits on
+    """:class:`CallNames` that can never complete: two ranks each wait on a call that the other has
+    not made, whatever their kinds. In one sequence of calls that cannot happen (the slower rank has
+    made no call the faster has not), so it means the ranks' sequences differ: another shape,
+    another collective (rank 0 reduces while rank 1 broadcasts), or a call skipped."""
+    waiting: dict[int, set[str]] = {}  # rank -> the calls (names) it waits on
     for name, ranks in pending.items():
-        if match := _CALL.match(name):
+        if _CALL.match(name):
             for rank in ranks:
-                waiting.setdefault(match.group(1), {}).setdefault(rank, set()).add(name)
-    diverged = []
-    for kind, by_rank in sorted(waiting.items()):
-        ranks = sorted(by_rank)
-        if not any(by_rank[a] - by_rank[b] and by_rank[b] - by_rank[a] for a in ranks for b in ranks if a < b):
-            continue
-        at = ", ".join(f"rank {rank}: {sorted(_CALL.match(n).group(2) for n in by_rank[rank])}" for rank in ranks)
-        message = (f"ranks made different {kind} calls at the same point (dtype[shape] of each rank's waiting "
-                   f"calls): {at}. Every rank of a process group must make the same calls in the same order")
-        diverged.append((sorted(set().union(*by_rank.values())), message))
-    return diverged
+                waiting.setdefault(rank, set()).add(name)
+    ranks = sorted(waiting)
+    if not any(waiting[a] - waiting[b] and waiting[b] - waiting[a] for a in ranks for b in ranks if a < b):
+        return []
+    at = ", ".join(f"rank {rank}: {sorted(_described_call(n) for n in waiting[rank])}" for rank in ranks)
+    message = (f"ranks made different calls at the same point (each rank's waiting calls, as collective "
+               f"dtype[shape]): {at}. Every rank of a process group must make the same calls in the same order")
+    return [(sorted(set().union(*waiting.values())), message)]
+
+
+def _described_call(name: str) -> str:
+    """``call.allreduce.2.float32[4]SUM1.0`` -> ``allreduce float32[4]SUM1.0``."""
+    match = _CALL.match(name)
+    return f"{match.group(1)} {match.group(2)}"
 
 
 def group_member_names(base: str, count: int) -> list[str]:

@@ -16,8 +16,10 @@ Sub-groups (``dist.new_group``, device meshes) become process sets of their memb
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ...core.runtime import current
@@ -53,8 +55,33 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
     base = member.comms[-1] if member.comms else runtime.comm
     names = runtime.adapter_state.setdefault(("torch.distributed call names", process_set.process_set_id),
                                              CallNames())
-    p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(base.Dup(), runtime.config.comm_timeout)
-    return ProcessGroupHvdlite(process_set, ranks.index(runtime.topology.rank), len(ranks), p2p, names)
+    timeout = group_timeout(getattr(options, "_timeout", None), runtime.config.comm_timeout)
+    label = f"the hvdlite group of job ranks {ranks}"
+    p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(base.Dup(), timeout, label)
+    return ProcessGroupHvdlite(process_set, ranks, ranks.index(runtime.topology.rank), p2p, names, timeout)
+
+
+def group_timeout(torch_timeout: timedelta | None, comm_timeout: float | None) -> float | None:
+    """A group's deadline in seconds: the earlier of torch's ``timeout`` (of ``init_process_group``
+    or ``new_group``) and ``HVDLITE_COMM_TIMEOUT_SECONDS`` (None: no deadline)."""
+    seconds = [s for s in (torch_timeout.total_seconds() if torch_timeout else None, comm_timeout) if s]
+    return min(seconds) if seconds else None
+
+
+def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """torch's ``monitored_barrier``, which refuses every backend but gloo by name, for hvdlite
+    groups too (any other group goes to torch's own)."""
+    if group is not dist.GroupMember.NON_GROUP_MEMBER and dist.is_initialized() and \
+            dist.get_backend(group) == BACKEND_NAME:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        backend = pg if isinstance(pg, ProcessGroupHvdlite) else pg._get_backend(torch.device("cpu"))
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        return backend.monitored_barrier(timeout, wait_all_ranks)
+    return _TORCH_MONITORED_BARRIER(group, timeout, wait_all_ranks)
+
+
+_TORCH_MONITORED_BARRIER = dist.monitored_barrier
 
 
 def make_default() -> None:
@@ -69,3 +96,4 @@ def register() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+    dist.monitored_barrier = dist.distributed_c10d.monitored_barrier = _monitored_barrier
