@@ -74,6 +74,11 @@ class Communicators:
         raise ProcessSetError(f"{what}: rank {self._rank} is not in process set {process_set.process_set_id} "
                               f"{process_set.ranks}, so it cannot take part in its collectives")
 
+    def bound_calls(self, process_set: ProcessSet, seconds: float | None) -> None:
+        """Give the unnamed calls of a torch group over ``process_set`` its timeout (see
+        :meth:`~hvdlite.core.pipeline.negotiate.Negotiator.bound_calls`); this rank must be a member."""
+        self.of(process_set, Collective.ALLREDUCE, None).engine.pipeline.negotiator.bound_calls(seconds)
+
     def includes(self, process_set: ProcessSet | None, collective: Collective, name: str | None) -> bool:
         """Whether this rank is in ``process_set`` (None: the global set), for callers that act alone
         outside it (an optimizer whose gradients then stay local, as Horovod's torch optimizer's do).

@@ -10,12 +10,12 @@ from hvdlite.core.work.response import RankMessage
 from hvdlite.ops import Collective
 
 
-def test_names_repeat_per_kind_window_and_carry_the_signature() -> None:
+def test_names_repeat_per_window_of_calls_of_every_kind_and_carry_the_signature() -> None:
     names = CallNames()
     taken = [names.take("allreduce", "float32[3]") for _ in range(CallNames.WINDOW + 1)]
     assert taken[0] == "call.allreduce.0.float32[3]" and taken[-1] == taken[0]
     assert len(set(taken)) == CallNames.WINDOW
-    assert names.take("allgather", "int64[2]") == "call.allgather.0.int64[2]"  # its own count
+    assert names.take("allgather", "int64[2]") == "call.allgather.1.int64[2]"  # one count for every kind
     assert call_kind(taken[1]) == "allreduce" and call_kind("allreduce.noname.3") is None
 
 

@@ -84,6 +84,10 @@ class Coordinator:
         # The last divergence of calls (naming.CallNames): the error, and the ranks that had not made
         # their call yet (they get the error for it).
         self._late_calls: tuple[str, set[int]] | None = None
+        # Calls (naming.CallNames) that waited past ``call_deadline``: their error, and the ranks that had
+        # not made them (they get the error when they do).
+        self.call_deadline: float | None = None  # a torch group's timeout, in seconds (None: no deadline)
+        self._timed_out: dict[str, tuple[str, set[int]]] = {}
 
     @property
     def pending_names(self) -> list[str]:
@@ -124,6 +128,7 @@ class Coordinator:
             last = max(self._joined, key=lambda rank: (self._joined[rank], rank))
             responses.append(Response(RequestMeta("join", Collective.JOIN), last_joined=last))
             self._joined.clear()
+        responses.extend(self._expire_calls(now))
         warnings, fatal = self._inspect_stalls(now)
         return RoundResult(tuple(responses), tuple(warnings), fatal)
 
@@ -135,7 +140,8 @@ class Coordinator:
             if meta.collective is Collective.JOIN:
                 self._joined[message.rank] = len(self._joined)
                 continue
-            late = self._diverged.get(meta.name) or self._late_call(meta, message.rank)
+            late = (self._diverged.get(meta.name) or self._late_call(meta, message.rank)
+                    or self._timed_out_call(meta, message.rank))
             if late is not None:
                 responses.append(late)
                 continue
@@ -158,6 +164,38 @@ class Coordinator:
         if not late:
             self._late_calls = None
         return _error(meta, message, "TensorMismatchError")
+
+    def _expire_calls(self, now: float) -> list[Response]:
+        """Calls waiting past :attr:`call_deadline`: an error for the ranks that made them, naming the
+        ranks that did not (remembered: each gets the error when it makes the call)."""
+        if self.call_deadline is None:
+            return []
+        expired = []
+        for name, by_rank in list(self._table.items()):
+            waited = now - self._first_seen[name]
+            if call_kind(name) is None or waited < self.call_deadline:
+                continue
+            missing = [r for r in range(self.size) if r not in by_rank]
+            job = self._scope.job_ranks
+            message = (f"{call_kind(name)} call {name!r}{self._scope.label} waited {waited:.1f} s, past its group's "
+                       f"timeout of {self.call_deadline:g} s (the timeout= of init_process_group or new_group): made "
+                       f"by rank(s) {job(sorted(by_rank))}, not by rank(s) {job(missing)}")
+            expired.append(_error(by_rank[min(by_rank)], message, "StallError"))
+            self._timed_out[name] = (message, set(missing))
+            if len(self._timed_out) > _REMEMBERED_DIVERGED:  # ranks that never came (they died): forget the oldest
+                del self._timed_out[next(iter(self._timed_out))]
+            self._forget(name)
+        return expired
+
+    def _timed_out_call(self, meta: RequestMeta, rank: int) -> Response | None:
+        """The error of a call that timed out for a rank that makes it only now; once per such rank."""
+        entry = self._timed_out.get(meta.name)
+        if entry is None or rank not in entry[1]:
+            return None
+        entry[1].discard(rank)
+        if not entry[1]:
+            del self._timed_out[meta.name]
+        return _error(meta, entry[0], "StallError")
 
     def _remember_diverged(self, name: str, error: Response) -> None:
         self._diverged[name] = error

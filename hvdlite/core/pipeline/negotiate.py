@@ -73,6 +73,14 @@ class Negotiator:
         # Rank 0: the names waiting at the coordinator for other ranks (elsewhere, never any).
         self._waiting_names = self._coordinator.waiting if self._coordinator is not None else {}
 
+    def bound_calls(self, seconds: float | None) -> None:
+        """Fail a torch group's call (naming.CallNames) that waits for ranks longer than ``seconds``
+        (the group's timeout), naming them. Set on every rank; the coordinator's (rank 0's) acts.
+        Groups over the same ranks share their calls' names: the shortest timeout holds for all."""
+        if self._coordinator is not None and seconds:
+            current = self._coordinator.call_deadline
+            self._coordinator.call_deadline = seconds if current is None else min(current, seconds)
+
     def publish(self, params: Params) -> None:
         """On rank 0: every rank switches to ``params`` after the next round (autotune, benchmarks)."""
         self._to_publish = params

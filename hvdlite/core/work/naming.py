@@ -110,8 +110,10 @@ class CallNames:
     them (a torch process group): ``call.<kind>.<slot>.<signature>``.
 
     The names repeat from step to step, so the response cache answers them (generated names never
-    repeat): ``slot`` counts the calls of ``kind`` modulo :attr:`WINDOW`, and ``signature`` (dtype
-    and shape) makes a name's arguments the same each time it comes back. Before a name is reused,
+    repeat): ``slot`` counts the calls, of every kind, modulo :attr:`WINDOW` (one sequence, as gloo
+    tags every call of a group from one counter: after ranks diverged by one call, each of another
+    kind, their next calls match again), and ``signature`` (dtype and shape) makes a name's
+    arguments the same each time it comes back. Before a name is reused,
     the call that last used it must have finished (:meth:`take` waits for it): a name is never in
     flight twice. A rank that called something else (another shape, or a call skipped) ends up with
     names its peers do not have and the reverse: :func:`diverged_call_names` fails them at once.
@@ -120,13 +122,13 @@ class CallNames:
     WINDOW = 4
 
     def __init__(self) -> None:
-        self._counters: collections.Counter[str] = collections.Counter()
+        self._calls = 0
         self._last: dict[str, Any] = {}  # name -> the handles of the call that last used it
 
     def take(self, kind: str, signature: str) -> str:
         """The next name for a call of ``kind`` with ``signature``, free to use (waits if it is not)."""
-        slot = self._counters[kind] % self.WINDOW
-        self._counters[kind] += 1
+        slot = self._calls % self.WINDOW
+        self._calls += 1
         name = f"call.{kind}.{slot}.{signature}"
         for handle in self._last.pop(name, ()):
             handle.join()  # W calls of this kind ago: finished on every rank but a slow one's

@@ -55,16 +55,19 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupHvdlite:
     base = member.comms[-1] if member.comms else runtime.comm
     names = runtime.adapter_state.setdefault(("torch.distributed call names", process_set.process_set_id),
                                              CallNames())
-    timeout = group_timeout(getattr(options, "_timeout", None), runtime.config.comm_timeout)
+    timeout = getattr(options, "timeout", None)
+    seconds = timeout.total_seconds() if timeout else None
+    communicators.bound_calls(process_set, seconds)  # a call waiting longer for late ranks fails, naming them
     label = f"the hvdlite group of job ranks {ranks}"
-    p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(base.Dup(), timeout, label)
-    return ProcessGroupHvdlite(process_set, ranks, ranks.index(runtime.topology.rank), p2p, names, timeout)
+    p2p = None if isinstance(backend_options, CollectivesOnly) else PointToPoint(
+        base.Dup(), earliest(seconds, runtime.config.comm_timeout), label)
+    return ProcessGroupHvdlite(process_set, ranks, ranks.index(runtime.topology.rank), p2p, names, seconds)
 
 
-def group_timeout(torch_timeout: timedelta | None, comm_timeout: float | None) -> float | None:
-    """A group's deadline in seconds: the earlier of torch's ``timeout`` (of ``init_process_group``
-    or ``new_group``) and ``HVDLITE_COMM_TIMEOUT_SECONDS`` (None: no deadline)."""
-    seconds = [s for s in (torch_timeout.total_seconds() if torch_timeout else None, comm_timeout) if s]
+def earliest(*deadlines: float | None) -> float | None:
+    """The shortest of ``deadlines`` in seconds (None or 0: none), or None. A receive's wait cannot
+    tell a late peer from a stopped one: the group's timeout and HVDLITE_COMM_TIMEOUT_SECONDS both bound it."""
+    seconds = [s for s in deadlines if s]
     return min(seconds) if seconds else None
 
 

@@ -38,12 +38,15 @@ class GatherCalls(GroupCalls):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> HvdliteWork:
+        """``output_lists[r]``: rank r's tensors, one per input (torch's layout)."""
+        self._check("allgather", count_reason("all_gather_coalesced", "output_tensor_lists", output_lists,
+                                              self.size()))
         handle = self._start("allgather", input_list, lambda name: grouped_allgather_async(
             [rows_of(t) for t in input_list], name=name, process_set=self.process_set))
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
-            for outputs, rows in zip(output_lists, results[0], strict=True):
-                copy_rows(outputs, rows)
+            for index, rows in enumerate(results[0]):  # input ``index``'s row from every rank
+                copy_rows([outputs[index] for outputs in output_lists], rows)
             return output_lists
         return HvdliteWork([handle], finish)
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...api import barrier as core_barrier
 from ...core.work.naming import CallNames
 from ...process_sets import ProcessSet
+from ..collectives.async_ops import allreduce_async
 from .gather_calls import GatherCalls
 from .monitored import monitored_barrier
 from .p2p import ANY_SOURCE, PointToPoint
@@ -76,8 +76,12 @@ class ProcessGroupHvdlite(ReductionCalls, GatherCalls, dist.ProcessGroup):
 
     # ---- barrier and point-to-point ------------------------------------------------------------
     def barrier(self, opts: Any = None) -> HvdliteWork:
-        core_barrier(self.process_set)
-        return HvdliteWork.completed()
+        """A call like the others (a one-element sum, named in the group's sequence of calls): a rank
+        that calls another collective instead is named at once, and the group's timeout bounds it."""
+        flag = torch.zeros(1)
+        handle = self._start("barrier", [flag], lambda name: allreduce_async(
+            flag, name=name, process_set=self.process_set))
+        return HvdliteWork([handle], lambda results: None)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
         return self._point_to_point("send").send(tensors, dst_rank, tag)

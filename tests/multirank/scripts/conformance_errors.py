@@ -54,9 +54,11 @@ def add_error_cases(case):  # noqa: C901 - one registration per case
     def _(ctx):
         dist.all_gather_into_tensor(torch.empty(ctx.size * 2 + 1), ctx.data((2,)), group=ctx.group)
 
-    @errors("all_reduce of a float tensor with BAND")
+    @errors("all_reduce of a float tensor with BAND", hvdlite_only=True)
     def _(ctx):
-        dist.all_reduce(ctx.data((2,)), op=dist.ReduceOp.BAND, group=ctx.group)
+        # gloo's error comes from its worker thread, at once or at a later call of the group
+        raises(lambda: dist.all_reduce(ctx.data((2,)), op=dist.ReduceOp.BAND, group=ctx.group),
+               hvd.InvalidArgumentError, "reduces integer and bool tensors, not torch.float32")
 
     @errors("recv into a tensor larger than the message", groups=("world",), hvdlite_only=True)
     def _(ctx):
@@ -112,3 +114,20 @@ def add_error_cases(case):  # noqa: C901 - one registration per case
         raises(lambda: dist.monitored_barrier(ctx.group, timeout=datetime.timedelta(seconds=2),
                                               wait_all_ranks=True), hvd.HvdliteError, f"[{ctx.size - 1}]",
                "did not reach it within 2 s")
+
+    @errors("a call and a recv wait past their group's timeout", groups=("world",), hvdlite_only=True)
+    def _(ctx):
+        # gloo raises on the waiting ranks after the timeout and leaves the late rank to its own:
+        # hvdlite names the late rank on every rank, the late one included when it comes
+        group = dist.new_group(ctx.ranks, timeout=datetime.timedelta(seconds=3))
+        late = ctx.ranks[-1]
+        started = time.monotonic()
+        if ctx.rank == late:
+            time.sleep(8)  # the deadline is seen within two idle cycles (HVDLITE_IDLE_CYCLE_SECONDS) after 3 s
+        raises(lambda: dist.all_reduce(torch.ones(7), group=group), hvd.StallError,
+               "past its group's timeout of 3 s", f"not by rank(s) [{late}]")
+        if ctx.rank != late:
+            assert time.monotonic() - started < 30, time.monotonic() - started
+        if ctx.grank == 0:  # a message that never comes
+            raises(lambda: dist.recv(torch.empty(1), src=ctx.ranks[1], tag=99, group=group), hvd.HvdliteError,
+                   "did not answer within 3 s")
