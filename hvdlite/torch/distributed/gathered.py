@@ -23,11 +23,7 @@ BITWISE: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def bitwise_fold(op: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The fold of a bitwise ``op`` (torch's ``ReduceOp`` or its ``RedOpType``), or None."""
-    kind = getattr(op, "op", op)
-    for torch_op, fold in BITWISE.items():
-        if kind == torch_op:
-            return fold
-    return None
+    return BITWISE.get(getattr(op, "op", op))
 
 
 def bitwise_reason(call: str, op: Any, tensor: torch.Tensor) -> str:
@@ -62,7 +58,8 @@ def compact(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` without its broadcast dimensions (stride 0, as ``expand`` makes): a view of each
     distinct element once, which a reduction can write in place (torch refuses to write an expanded
     tensor; gloo reduces its memory, as this does)."""
-    if all(stride or size <= 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
+    if tensor.is_contiguous() or all(stride or size <= 1 for stride, size in zip(tensor.stride(), tensor.shape,
+                                                                                  strict=True)):
         return tensor
     return tensor[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
                         for stride, size in zip(tensor.stride(), tensor.shape, strict=True))]

@@ -26,13 +26,23 @@ from .work import core_handles
 _ROWS_MAY_DIFFER = ("allgather", "alltoall")  # ranks may bring different numbers of rows
 
 
+_SIGNATURES: dict[tuple, str] = {}  # (kind, dtype, shape, extra) -> signature: the same few, every step
+
+
 def signature(kind: str, tensors: list[torch.Tensor], extra: str = "") -> str:
     """What must be the same on every rank for a call of ``kind`` (dtype[shape] of its tensors, a
     digest for several; ``extra``: the op, root), and so is part of its name."""
     first = 1 if kind in _ROWS_MAY_DIFFER else 0
     if len(tensors) == 1:
         t = tensors[0]
-        return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape[first:])}{extra}".replace(" ", "")
+        key = (first, t.dtype, t.shape, extra)
+        found = _SIGNATURES.get(key)
+        if found is None:
+            if len(_SIGNATURES) > 4096:
+                _SIGNATURES.clear()
+            found = _SIGNATURES[key] = \
+                f"{str(t.dtype).removeprefix('torch.')}{list(t.shape[first:])}{extra}".replace(" ", "")
+        return found
     described = ";".join(f"{t.dtype}{list(t.shape[first:])}" for t in tensors)
     return f"{len(tensors)}x{zlib.crc32(described.encode()):08x}{extra}"
 

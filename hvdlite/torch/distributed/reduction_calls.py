@@ -34,7 +34,7 @@ class ReductionCalls(GroupCalls):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
         op = _op_of(opts)
-        if any(t.is_sparse for t in tensors):
+        if tensors[0].is_sparse:
             return self._sparse_allreduce(tensors, op)
         targets = [compact(t) for t in tensors]  # an expanded tensor: its distinct elements
         if bitwise_fold(op) is not None:

@@ -22,15 +22,15 @@ def core_reduction(op: Any, call: str) -> tuple[ReduceOp, float]:
     """(hvdlite's op, prescale factor) for torch's ``op`` (a ``ReduceOp`` or its ``RedOpType``).
 
     PREMUL_SUM (``dist._make_nccl_premul_sum(factor)``, which FSDP2 uses) is a Sum of inputs
-    multiplied by ``factor``: the core's prescale. Bitwise ops have no hvdlite counterpart and are
-    refused by name, not reduced as something else.
+    multiplied by ``factor``: the core's prescale. Bitwise ops have no core counterpart (the group
+    folds them itself, :mod:`.gathered`); here they are refused by name, not reduced as something else.
     """
     kind = getattr(op, "op", op)
+    core_op = _OPS.get(kind)  # (RedOpType hashes: one lookup on every call's path)
+    if core_op is not None:
+        return core_op, 1.0
     if kind == dist.ReduceOp.PREMUL_SUM:
         factor = op.factor
         return ReduceOp.SUM, float(factor.item() if hasattr(factor, "item") else factor)
-    for torch_op, core_op in _OPS.items():
-        if kind == torch_op:
-            return core_op, 1.0
     raise UnsupportedOperationError(f"{call}: the hvdlite backend does not reduce with {kind} (it has SUM, AVG, MIN, "
-                                    "MAX, PRODUCT and PREMUL_SUM); use gloo for bitwise reductions")
+                                    "MAX, PRODUCT, PREMUL_SUM, and BAND, BOR, BXOR for integers and bool)")
