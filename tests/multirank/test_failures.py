@@ -99,6 +99,10 @@ def test_killed_rank_ends_the_job_and_is_named(np):
 # together, once, for the first of them (they come after the killed-rank test, which counts MPICH's
 # shared-memory files). Each test checks its own job.
 SILENCE_TIMEOUT, LATE_TIMEOUT = 3, 4
+# Nine jobs (25 processes) start together on two cores: their start-up alone took 25-30 s on a slow
+# day (2026-12-01), so a job's seconds bound the failure handling only with this room; a deadline
+# that did not end the job would run into the jobs' 90 s limit.
+TOGETHER_START = 30
 SILENT_CASES = [(2, "1024"), (3, "1024"), (2, str(16 << 20)), (3, str(16 << 20))]
 
 
@@ -127,7 +131,7 @@ def test_stall_warns_then_fails_every_rank(waiting_jobs, case, np):
         caught = [x for x in result.lines(rank) if x.startswith("caught StallError")]
         assert len(caught) == 2, result.output  # the waiting call, then a later call fails at once
         assert f"tensor '{name}'" in caught[0] and f"missing on rank(s) {missing}" in caught[0]
-    assert result.seconds < 30
+    assert result.seconds < TOGETHER_START + 15
 
 
 @pytest.mark.parametrize(("np", "floats"), SILENT_CASES)
@@ -140,8 +144,8 @@ def test_rank_that_stops_answering_ends_the_job_and_is_named(waiting_jobs, np, f
         assert any(f"rank {rank}: " in line and f"made no progress for {timeout} s (HVDLITE_COMM_TIMEOUT_SECONDS="
                    f"{timeout}); rank(s) [1] did not answer a probe" in line and f"rank(s) {reachable} did" in line
                    for line in result.lines(rank)), result.output
-    # deadline + probe window (3 s) + abort grace, with room for a loaded CI machine
-    assert result.seconds < timeout + 3 + 20, result.output
+    # deadline + probe window (3 s) + abort grace, after the jobs' start-up
+    assert result.seconds < TOGETHER_START + timeout + 3 + 10, result.output
 
 
 def test_a_rank_that_came_late_to_the_stuck_step_still_answers_the_probe(waiting_jobs):

@@ -73,30 +73,22 @@ def _async(work, outputs):
 
 
 # ---- all_reduce --------------------------------------------------------------------------------
-def _all_reduce_case(dtype, op_name):
+def _all_reduce_case(dtype, op, low, high):
+    """all_reduce with ``op`` of seeded values in [low, high) (products of 1s and 2s stay exact)."""
     def fn(ctx):
-        t = ctx.data((2, 3), dtype, 1 if op_name == "product" else 0, 3 if op_name == "product" else 5)
-        dist.all_reduce(t, op=OPS[op_name], group=ctx.group)
+        t = ctx.data((2, 3), dtype, low, high)
+        dist.all_reduce(t, op=op, group=ctx.group)
         return t
     return fn
 
 
 for _dtype in DTYPES:
-    for _op in OPS:
-        case(f"all_reduce {_dtype} {_op}", groups=("world", "tail"))(_all_reduce_case(_dtype, _op))
-
-
-def _bitwise_case(dtype, op_name):
-    def fn(ctx):
-        t = ctx.data((5,), dtype, 0, 16)
-        dist.all_reduce(t, op=BITWISE[op_name], group=ctx.group)
-        return t
-    return fn
-
-
+    for _name, _op in OPS.items():
+        case(f"all_reduce {_dtype} {_name}", groups=("world", "tail"))(
+            _all_reduce_case(_dtype, _op, *((1, 3) if _name == "product" else (0, 5))))
 for _dtype in INTEGERS:
-    for _op in BITWISE:
-        case(f"all_reduce {_dtype} {_op}", groups=("world", "tail"))(_bitwise_case(_dtype, _op))
+    for _name, _op in BITWISE.items():
+        case(f"all_reduce {_dtype} {_name}", groups=("world", "tail"))(_all_reduce_case(_dtype, _op, 0, 16))
 
 
 @case("all_reduce async, future")
