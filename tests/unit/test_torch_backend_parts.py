@@ -10,7 +10,8 @@ import torch.distributed as dist
 from hvdlite.core.work.request import GroupHandle, Handle, MappedHandle
 from hvdlite.errors import HvdliteError, UnsupportedOperationError
 from hvdlite.ops import ReduceOp
-from hvdlite.torch.distributed.reductions import core_reduction
+from hvdlite.torch.collectives.tensors import plain_host_view
+from hvdlite.torch.distributed.reductions import core_reduction, plain_reduction
 from hvdlite.torch.distributed.work import HvdliteWork, core_handles
 
 
@@ -65,6 +66,31 @@ def test_work_error_reaches_wait_and_the_future() -> None:
 def test_work_without_operations_is_complete() -> None:
     work = HvdliteWork.completed("value")
     assert work.get_future().wait() == "value" and work.wait()
+    assert work.is_completed() and work.is_success() and work.exception() is None and work.result() == "value"
+    assert work.get_future() is not work.get_future()  # each its own completed future, as gloo's
+
+
+def test_plain_host_view_shares_memory_and_leaves_the_rest_to_to_numpy() -> None:
+    tensor = torch.zeros(3, requires_grad=True)
+    view = plain_host_view(tensor)
+    view[1] = 5.0  # the core writes results through it
+    assert tensor.tolist() == [0.0, 5.0, 0.0]
+
+    class Wrapped(torch.Tensor):  # a subclass may hold its data elsewhere (DTensor): to_numpy decides
+        pass
+    others = [torch.zeros(4)[::2], torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.complex64),
+              torch.zeros(2).to_sparse(), torch.zeros(2).as_subclass(Wrapped), torch.zeros(2, device="meta")]
+    assert [plain_host_view(t) for t in others] == [None] * len(others)
+    assert plain_host_view(torch.nn.Parameter(torch.ones(2))).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("op", [dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
+                                dist.ReduceOp.PRODUCT, dist.ReduceOp.BAND, dist._make_nccl_premul_sum(0.5)])
+def test_plain_reduction_is_the_core_op_where_no_scaling_or_fold_is_needed(op) -> None:
+    kind = getattr(op, "op", op)
+    expected = None if kind in (dist.ReduceOp.BAND, dist.ReduceOp.PREMUL_SUM) else core_reduction(op, "x")[0]
+    assert plain_reduction(op) == expected
+    assert plain_reduction(kind) == expected  # torch passes either form
 
 
 @pytest.mark.parametrize(("op", "expected"), [

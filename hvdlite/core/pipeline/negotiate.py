@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import pickle
 import time
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,10 @@ class Negotiator:
         )
         self._last_round = time.monotonic()
         self._next_stall_check = 0.0  # monotonic time of the next look for requests stalled behind the cache
+        # How long a cached process-group call waits before it goes to the coordinator: there it is
+        # seen diverged, or past its group's timeout (set: bound_calls, on every rank).
+        self._calls_wait = CALL_DIVERGENCE_SECONDS
+        self._calls_bounded = False
         self._to_publish: Params | None = None  # rank 0: settings the next round tells every rank
         # The lone-request vector of each cache bit, and back: it depends only on the bit and the
         # cache's width, which never changes, so entries outlive evictions and flushes.
@@ -77,6 +82,8 @@ class Negotiator:
         """Fail a torch group's call (naming.CallNames) that waits for ranks longer than ``seconds``
         (the group's timeout), naming them. Set on every rank; the coordinator's (rank 0's) acts.
         Groups over the same ranks share their calls' names: the shortest timeout holds for all."""
+        if seconds:  # at the coordinator by half the timeout, so that it can act at the deadline
+            self._calls_wait, self._calls_bounded = min(self._calls_wait, seconds / 2), True
         if self._coordinator is not None and seconds:
             current = self._coordinator.call_deadline
             self._coordinator.call_deadline = seconds if current is None else min(current, seconds)
@@ -203,13 +210,15 @@ class Negotiator:
 
     def _stalled_locally(self, pending: Mapping[str, Request]) -> bool:
         """A request hidden behind the cache for too long goes to the coordinator's stall inspector."""
-        if not self._config.stall_check or (now := time.monotonic()) < self._next_stall_check:
+        checking = self._config.stall_check
+        if not (checking or self._calls_bounded) or (now := time.monotonic()) < self._next_stall_check:
             return False
-        self._next_stall_check = now + min(1.0, self._config.stall_check_seconds / 10)  # a scan per cycle costs
-        limit = now - self._config.stall_check_seconds
-        # Unnamed calls of a process group (naming.CallNames) that diverged wait on different cached
-        # names, which no round would show: they go to the coordinator sooner, where it sees them.
-        calls_limit = now - min(self._config.stall_check_seconds, CALL_DIVERGENCE_SECONDS)
+        # A scan per cycle costs; a group's timeout is seen within a quarter of it past the deadline.
+        self._next_stall_check = now + min(1.0, self._config.stall_check_seconds / 10, self._calls_wait / 2)
+        limit = now - self._config.stall_check_seconds if checking else -math.inf
+        # Unnamed calls of a process group (naming.CallNames) that diverged, or wait past their group's
+        # timeout, wait on cached names, which no round would show: they go to the coordinator sooner.
+        calls_limit = now - (min(self._config.stall_check_seconds, self._calls_wait) if checking else self._calls_wait)
         return any(not r.sent_to_coordinator and r.submitted_at < (calls_limit if r.meta.name.startswith("call.")
                                                                     else limit) for r in pending.values())
 

@@ -18,7 +18,7 @@ from ...core.work.request import GroupHandle, MappedHandle
 from ...gpu.arrays import DeviceArray
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from .tensors import from_numpy, is_aliased, own_device_array, to_numpy
+from .tensors import from_numpy, is_aliased, own_device_array, plain_host_view, to_numpy
 
 Handle = MappedHandle
 
@@ -85,8 +85,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it."""
-    if name is not None and tensor.is_cuda and (array := own_device_array(tensor)) is not None \
-            and api.small_allreduce_in_place(array, average, name, op, prescale_factor, postscale_factor, process_set):
+    if name is not None and (array := own_device_array(tensor) if tensor.is_cuda else plain_host_view(tensor)) \
+            is not None and api.small_allreduce_in_place(array, average, name, op, prescale_factor, postscale_factor,
+                                                         process_set):
         return tensor  # reduced in its own memory by the core's small-op path
     return synchronize(api.blocking(
         lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)))

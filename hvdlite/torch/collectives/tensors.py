@@ -130,6 +130,20 @@ def from_numpy(array: np.ndarray | gpu_arrays.DeviceArray, like: torch.Tensor | 
     return tensor
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not subclasses that hold other data (DTensor)
+_NATIVE = frozenset(dtype for dtype in _TORCH_TO_CORE if dtype is not torch.bfloat16)  # NumPy holds these
+
+
+def plain_host_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """A NumPy view of ``tensor``'s memory when it is a plain, dense, contiguous CPU tensor of a
+    dtype NumPy holds (what :func:`to_numpy` gives it, with a fraction of its questions to torch),
+    else None: then :func:`to_numpy`, which converts or explains. For per-call paths."""
+    if (tensor.__class__ in _PLAIN_TENSORS and tensor.is_cpu and tensor.dtype in _NATIVE
+            and tensor.layout is torch.strided and tensor.is_contiguous()):
+        return tensor.detach().numpy()
+    return None
+
+
 def host_view(tensor: torch.Tensor) -> np.ndarray:
     """A NumPy view of a contiguous CPU tensor's memory, without :func:`to_numpy`'s checks."""
     host = tensor.detach()

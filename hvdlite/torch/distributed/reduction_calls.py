@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ...api import allreduce_async, small_allreduce_in_place
 from ...core.work.request import MappedHandle
 from ...ops import ReduceOp
 from ..collectives.async_ops import (
@@ -16,13 +18,15 @@ from ..collectives.async_ops import (
     grouped_reducescatter_async,
     reducescatter_async,
 )
+from ..collectives.tensors import plain_host_view
 from .checks import count_reason, numel_reason, root_reason
 from .gathered import bitwise_fold, compact, sparse_parts, sparse_sum
-from .group_calls import GroupCalls, copy_flat
-from .reductions import core_reduction
-from .work import HvdliteWork
+from .group_calls import GroupCalls, copy_flat, signature
+from .reductions import core_reduction, plain_reduction
+from .work import CompletedWork, HvdliteWork
 
 _SCATTERED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)  # what the core's reduce-scatter reduces with
+_IN_PLACE_EXTRA = {op: f"{op.name}1.0" for op in ReduceOp}  # as the general path names them: the same calls
 
 
 def _op_of(opts: Any) -> Any:
@@ -32,8 +36,13 @@ def _op_of(opts: Any) -> Any:
 class ReductionCalls(GroupCalls):
     """all_reduce, reduce and reduce_scatter (every form torch calls)."""
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork:
-        op = _op_of(opts)
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork | CompletedWork:
+        op = opts.reduceOp if opts.__class__ is dist.AllreduceOptions else _op_of(opts)
+        if len(tensors) == 1 and (array := plain_host_view(tensors[0])) is not None:
+            core_op = plain_reduction(op)
+            if core_op is not None:
+                blocking = opts.__class__ is dist.AllreduceOptions and not opts.asyncOp  # torch waits at once
+                return self._allreduce_in_place(tensors, array, core_op, blocking)
         if tensors[0].is_sparse:
             return self._sparse_allreduce(tensors, op)
         targets = [compact(t) for t in tensors]  # an expanded tensor: its distinct elements
@@ -50,6 +59,23 @@ class ReductionCalls(GroupCalls):
             t, name=name, op=core_op, prescale_factor=scale, process_set=self.process_set), f"{core_op.name}{scale}")
             for t in targets]
         return HvdliteWork(handles, lambda results: tensors)
+
+    def _allreduce_in_place(self, tensors: list[torch.Tensor], array: np.ndarray, op: ReduceOp,
+                            blocking: bool) -> HvdliteWork | CompletedWork:
+        """The common call (DDP's buckets, a loss, a flag): one contiguous CPU tensor, an op the
+        core has, reduced in the tensor's own memory (``array``, a view of it). The general path's
+        steps, without the ones that cannot apply here: it runs on every small call, whose cost is
+        this Python.
+
+        A blocking call (torch waits on the work at once: ``async_op=False``) runs now, on this
+        thread, through the core's small-op path where it can: the same exchange, and the same
+        result, as the engine's cycle, without a request, a handle or a hand-off."""
+        name = self._names.take("allreduce", signature("allreduce", tensors, _IN_PLACE_EXTRA[op]))
+        if blocking and small_allreduce_in_place(array, None, name, op, 1.0, 1.0, self.process_set):
+            return HvdliteWork.completed(tensors)
+        handle = allreduce_async(array, None, name, op, output=array, process_set=self.process_set)
+        self._names.used(name, (handle,))
+        return HvdliteWork((handle,), lambda results: tensors)
 
     def _sparse_allreduce(self, tensors: list[torch.Tensor], op: Any) -> HvdliteWork:
         """gloo's sparse all_reduce: the sum of every rank's COO tensor, coalesced, in place."""

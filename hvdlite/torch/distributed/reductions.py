@@ -34,3 +34,14 @@ def core_reduction(op: Any, call: str) -> tuple[ReduceOp, float]:
         return ReduceOp.SUM, float(factor.item() if hasattr(factor, "item") else factor)
     raise UnsupportedOperationError(f"{call}: the hvdlite backend does not reduce with {kind} (it has SUM, AVG, MIN, "
                                     "MAX, PRODUCT, PREMUL_SUM, and BAND, BOR, BXOR for integers and bool)")
+
+
+_PLAIN = tuple(_OPS.items())  # compared with ==: hashing torch's op costs several times more
+
+
+def plain_reduction(op: Any) -> ReduceOp | None:
+    """hvdlite's op for torch's ``op`` where it is one of the core's own (no prescale), else None."""
+    for torch_op, core_op in _PLAIN:
+        if op == torch_op:
+            return core_op
+    return None

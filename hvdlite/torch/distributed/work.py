@@ -48,10 +48,10 @@ class HvdliteWork(dist.Work):
         self._future: torch.futures.Future | None = None  # what torch gets: chained on _source
         self._pending = 0
 
-    @classmethod
-    def completed(cls, value: Any = None) -> HvdliteWork:
-        """A work that finished already (a call that had nothing to exchange)."""
-        return cls([], lambda results: value)
+    @staticmethod
+    def completed(value: Any = None) -> CompletedWork:
+        """A work that finished already (a call that ran at once, or had nothing to exchange)."""
+        return CompletedWork(value)
 
     # ---- completion ----------------------------------------------------------------------------
     def _complete(self) -> None:
@@ -124,6 +124,35 @@ class HvdliteWork(dist.Work):
         waiter = _waiter()
         if waiter is not None:
             waiter.put(self)
+        return future
+
+
+class CompletedWork(dist.Work):
+    """The work of a call that finished before it was returned (``value``: its future's). Made on
+    every blocking small call, so it holds nothing an unfinished work needs."""
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__()
+        self._value = value
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def result(self) -> Any:
+        return self._value
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self._value)
         return future
 
 

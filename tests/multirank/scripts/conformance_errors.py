@@ -131,3 +131,19 @@ def add_error_cases(case):  # noqa: C901 - one registration per case
         if ctx.grank == 0:  # a message that never comes
             raises(lambda: dist.recv(torch.empty(1), src=ctx.ranks[1], tag=99, group=group), hvd.HvdliteError,
                    "did not answer within 3 s")
+
+    @errors("a call answered by the cache waits past its group's timeout", groups=("world",), hvdlite_only=True)
+    def _(ctx):
+        # In steady state the response cache answers a group's calls without the coordinator, which
+        # acts on the timeout: a waiting call must reach it in time (by half the timeout).
+        group = dist.new_group(ctx.ranks, timeout=datetime.timedelta(seconds=2))
+        for _ in range(6):
+            dist.all_reduce(torch.ones(5), group=group)
+        late = ctx.ranks[-1]
+        started = time.monotonic()
+        if ctx.rank == late:
+            time.sleep(9)
+        raises(lambda: dist.all_reduce(torch.ones(5), group=group), hvd.StallError,
+               "past its group's timeout of 2 s", f"not by rank(s) [{late}]")
+        if ctx.rank != late:  # before: only once the coordinator looked at cached calls at all, after 5-7 s
+            assert time.monotonic() - started < 6.5, time.monotonic() - started

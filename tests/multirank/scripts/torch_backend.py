@@ -157,6 +157,31 @@ def check_scatters(gloo, rank, size):
     on_both(gloo, alltoall, "all_to_all")
 
 
+def check_paths_mix(rank, size):
+    """One call, each rank by another path, in steady state (the names cached): blocking (the core's
+    small-op path on this thread), async (the engine's cycle), a strided view (the general path).
+    The same for hvdlite's own in-place call, blocking or async, under one name."""
+    for step in range(9):
+        t = torch.full((4,), float(rank + step))
+        path = (rank + step) % 3
+        if path == 0:
+            dist.all_reduce(t)
+        elif path == 1:
+            dist.all_reduce(t, async_op=True).wait()
+        else:
+            strided = torch.zeros(8)[::2]
+            strided.copy_(t)
+            dist.all_reduce(strided)
+            t = strided
+        assert torch.equal(t, torch.full((4,), float(sum(range(size)) + size * step))), (step, t)
+        own = torch.full((2,), float(rank * step))
+        if path == 1:
+            hvd.synchronize(hvd.allreduce_async_(own, name="paths.own", op=hvd.Sum))
+        else:
+            hvd.allreduce_(own, name="paths.own", op=hvd.Sum)
+        assert torch.equal(own, torch.full((2,), float(sum(range(size)) * step))), (step, own)
+
+
 def check_async_and_groups(gloo, rank, size):
     t = torch.ones(1000) * rank
     work = dist.all_reduce(t, async_op=True)
@@ -165,6 +190,7 @@ def check_async_and_groups(gloo, rank, size):
     assert torch.equal(chained.wait(), torch.full((1000,), 2.0 * sum(range(size)))), chained.wait()
     work.wait()
     assert work.is_completed() and work.is_success()
+    check_paths_mix(rank, size)
     pair = dist.new_group([0, size - 1])
     solo = dist.new_group([1])
     if rank in (0, size - 1):
