@@ -17,6 +17,8 @@ def test_names_repeat_per_window_of_calls_of_every_kind_and_carry_the_signature(
     assert len(set(taken)) == CallNames.WINDOW
     assert names.take("allgather", "int64[2]") == "call.allgather.1.int64[2]"  # one count for every kind
     assert call_kind(taken[1]) == "allreduce" and call_kind("allreduce.noname.3") is None
+    kept = CallNames.names_of("allreduce", "float32[3]")  # a per-call path keeps a call's names: the same sequence
+    assert [names.take_of(kept) for _ in range(2)] == ["call.allreduce.2.float32[3]", "call.allreduce.3.float32[3]"]
 
 
 def test_a_name_is_reused_only_once_its_last_call_finished() -> None:

@@ -127,11 +127,19 @@ class CallNames:
 
     def take(self, kind: str, signature: str) -> str:
         """The next name for a call of ``kind`` with ``signature``, free to use (waits if it is not)."""
-        slot = self._calls % self.WINDOW
+        return self.take_of(self.names_of(kind, signature))
+
+    @classmethod
+    def names_of(cls, kind: str, signature: str) -> tuple[str, ...]:
+        """The names of a call of ``kind`` with ``signature``, slot by slot (for :meth:`take_of`)."""
+        return tuple(f"call.{kind}.{slot}.{signature}" for slot in range(cls.WINDOW))
+
+    def take_of(self, names: tuple[str, ...]) -> str:
+        """:meth:`take` for a caller that keeps a call's :meth:`names_of` (a per-call path)."""
+        name = names[self._calls % self.WINDOW]
         self._calls += 1
-        name = f"call.{kind}.{slot}.{signature}"
         for handle in self._last.pop(name, ()):
-            handle.join()  # W calls of this kind ago: finished on every rank but a slow one's
+            handle.join()  # W calls ago: finished on every rank but a slow one's
         return name
 
     def used(self, name: str, handles: Iterable[Any]) -> None:

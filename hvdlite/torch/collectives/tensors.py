@@ -140,7 +140,7 @@ def plain_host_view(tensor: torch.Tensor) -> np.ndarray | None:
     else None: then :func:`to_numpy`, which converts or explains. For per-call paths."""
     if (tensor.__class__ in _PLAIN_TENSORS and tensor.is_cpu and tensor.dtype in _NATIVE
             and tensor.layout is torch.strided and tensor.is_contiguous()):
-        return tensor.detach().numpy()
+        return (tensor.detach() if tensor.requires_grad else tensor).numpy()
     return None
 
 

@@ -42,6 +42,7 @@ class ProcessGroupHvdlite(ReductionCalls, GatherCalls, dist.ProcessGroup):
         self.timeout = timeout
         self._p2p = p2p
         self._names = names
+        self._in_place_names = {}
         self._group_name = ""
         self._monitored = 0  # monitored barriers made: each is numbered
 

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ...api import allreduce_async, small_allreduce_in_place
+from ...core.work.naming import CallNames
 from ...core.work.request import MappedHandle
 from ...ops import ReduceOp
 from ..collectives.async_ops import (
@@ -35,6 +36,8 @@ def _op_of(opts: Any) -> Any:
 
 class ReductionCalls(GroupCalls):
     """all_reduce, reduce and reduce_scatter (every form torch calls)."""
+
+    _in_place_names: dict[tuple, tuple[str, ...]]  # (dtype, shape, op) -> the call's names (CallNames.names_of)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork | CompletedWork:
         op = opts.reduceOp if opts.__class__ is dist.AllreduceOptions else _op_of(opts)
@@ -70,7 +73,14 @@ class ReductionCalls(GroupCalls):
         A blocking call (torch waits on the work at once: ``async_op=False``) runs now, on this
         thread, through the core's small-op path where it can: the same exchange, and the same
         result, as the engine's cycle, without a request, a handle or a hand-off."""
-        name = self._names.take("allreduce", signature("allreduce", tensors, _IN_PLACE_EXTRA[op]))
+        key = (array.dtype, array.shape, op)
+        names = self._in_place_names.get(key)
+        if names is None:
+            if len(self._in_place_names) > 1024:
+                self._in_place_names.clear()
+            names = self._in_place_names[key] = CallNames.names_of(
+                "allreduce", signature("allreduce", tensors, _IN_PLACE_EXTRA[op]))  # the general path's names
+        name = self._names.take_of(names)
         if blocking and small_allreduce_in_place(array, None, name, op, 1.0, 1.0, self.process_set):
             return HvdliteWork.completed(tensors)
         handle = allreduce_async(array, None, name, op, output=array, process_set=self.process_set)
