@@ -39,8 +39,15 @@ class ReductionCalls(GroupCalls):
 
     _in_place_names: dict[tuple, tuple[str, ...]]  # (dtype, shape, op) -> the call's names (CallNames.names_of)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> HvdliteWork | CompletedWork:
-        op = opts.reduceOp if opts.__class__ is dist.AllreduceOptions else _op_of(opts)
+    def allreduce(self, tensors: list[torch.Tensor] | torch.Tensor, opts: Any = None) -> HvdliteWork | CompletedWork:
+        """torch's forms: (tensors, AllreduceOptions), (tensors, op) and (tensor, op), op SUM by
+        default (DDP's join hook calls ``allreduce(tensor)``)."""
+        if opts.__class__ is dist.AllreduceOptions:
+            op = opts.reduceOp
+        else:
+            op = dist.ReduceOp.SUM if opts is None else _op_of(opts)
+            if isinstance(tensors, torch.Tensor):
+                tensors = [tensors]
         if len(tensors) == 1 and (array := plain_host_view(tensors[0])) is not None:
             core_op = plain_reduction(op)
             if core_op is not None:

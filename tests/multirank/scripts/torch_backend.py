@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.distributed.algorithms.join import Join
 
 import hvdlite.torch as hvd
 
@@ -182,6 +183,31 @@ def check_paths_mix(rank, size):
         assert torch.equal(own, torch.full((2,), float(sum(range(size)) * step))), (step, own)
 
 
+def check_process_group_forms(gloo, rank, size):
+    """The process group's own methods in every form torch's binding takes, and DDP's join for
+    uneven inputs, which calls ``process_group.allreduce(tensor)`` (a TypeError before)."""
+    def forms(group):
+        pg = group or dist.group.WORLD
+        t, u = torch.tensor([float(rank + 1)]), torch.tensor([float(rank + 1)])
+        pg.allreduce(t).wait()
+        pg.allreduce([u], dist.ReduceOp.MAX).wait()
+        return [t, u]
+    on_both(gloo, forms, "ProcessGroup.allreduce(tensor) and (tensors, op)")
+
+    def joined(group):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), process_group=group)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(rank)
+        with Join([model]):
+            for _ in range(2 + rank):  # uneven inputs: the ranks that finish early shadow the others' steps
+                optimizer.zero_grad()
+                model(torch.randn(5, 4, generator=generator)).sum().backward()
+                optimizer.step()
+        return [p.detach() for p in model.parameters()]
+    same(joined(None), joined(gloo), "DDP under Join with uneven inputs", exact=size < 3)
+
+
 def check_async_and_groups(gloo, rank, size):
     t = torch.ones(1000) * rank
     work = dist.all_reduce(t, async_op=True)
@@ -228,6 +254,7 @@ def collectives(rank, size):
     check_gathers(gloo, rank, size)
     check_scatters(gloo, rank, size)
     check_async_and_groups(gloo, rank, size)
+    check_process_group_forms(gloo, rank, size)
     print("collectives ok", flush=True)
 
 
