@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 from hvdlite.settings.config import SETTING_FLAGS, Config, ConfigError, environ, load_config
+from hvdlite.utils.bootstrap import with_bootstrap
 
 from .cluster.hosts import HostError, HostSlots, first_slots, parse_hostfile, parse_hosts, total_slots
 from .cluster.slurm import SlurmError, allocation_hosts, describe, in_allocation
@@ -244,6 +245,9 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
         print(f"hvdliterun: warning: --env-forward {item}: no such variable here; nothing forwarded for it",
               file=sys.stderr)
     named = [item.partition("=")[0] for item in args.env]
+    if config.torch_backend:  # torchrun mode: each rank's Python starts it (hvdlite.torch.distributed.torchrun)
+        rank_env = {**rank_env, "PYTHONPATH": with_bootstrap(rank_env.get("PYTHONPATH", ""))}
+        named.append("PYTHONPATH")
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
                       launcher_agent=config.launcher_agent, network_interface=config.network_interface,
                       elastic=elastic, env_forward=forwarded_names(config.env_forward, rank_env, named),

@@ -29,6 +29,7 @@ from .values import (
     pair,
     positive_float,
     positive_int,
+    torch_backend,
 )
 
 MIB = 1024 * 1024
@@ -83,6 +84,7 @@ class Config:
     hierarchical_allreduce: bool = False
     async_completion: bool = True  # NCCL results stream-ordered: no host synchronization per collective
     dynamic_process_sets: bool = False
+    torch_backend: str = ""  # hvdlite: hvdliterun's torchrun mode (hvdlite.torch.distributed.torchrun)
     nccl_multi_rank_gpu: bool = False  # NCCL's own NCCL_MULTI_RANK_GPU_ENABLE, read here so NCCL and hvdlite agree
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)  # HOROVOD_* settings to report (rank 0)
 
@@ -261,6 +263,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_DYNAMIC_PROCESS_SETS", "dynamic_process_sets", flag,
             "1: process sets may be added and removed after init (hvd.add_process_set, remove_process_set), "
             "as with init(process_sets='dynamic')", _switch("--process-sets-dynamic")),
+    Setting("HVDLITE_TORCH_BACKEND", "torch_backend", torch_backend,
+            "hvdlite: run a script written for torchrun unchanged: each rank starts hvdlite before the script's "
+            "first line, gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...), and the "
+            "process groups it asks for (gloo, nccl, or none named) run on hvdlite's backend",
+            Flag(("--torch-backend",))),
 )
 SETTINGS_BY_ENV = {s.env: s for s in SETTINGS}
 # The settings hvdliterun has a flag for: its parser and the ranks' environment are both built from these.
@@ -282,6 +289,12 @@ def set_environ(variables: Mapping[str, str]) -> None:
     """Add ``variables`` to this process's environment (for libraries that read their own, as MPICH
     reads its ``MPIR_CVAR_*`` in ``MPI_Init``)."""
     os.environ.update(variables)
+
+
+def unset_environ(names: list[str]) -> None:
+    """Remove ``names`` from this process's environment (what its children must not inherit)."""
+    for name in names:
+        os.environ.pop(name, None)
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:

@@ -93,6 +93,14 @@ def env_forward(text: str) -> str:
     return ",".join(items)
 
 
+def torch_backend(text: str) -> str:
+    """``hvdlite`` (hvdliterun's torchrun mode), or empty (off)."""
+    name = text.strip().lower()
+    if name not in ("", "hvdlite"):
+        raise ValueError("must be hvdlite (the process groups a torchrun script asks for run on hvdlite's backend)")
+    return name
+
+
 def gpu_operations(text: str) -> str:
     upper = text.strip().upper()
     if upper not in ("NCCL", "MPI"):

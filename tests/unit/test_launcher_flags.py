@@ -15,7 +15,7 @@ SETTING_OPTIONS = {
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--env-forward", "--network-interface",
     "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--reset-limit",
-    "--blacklist-cooldown-range"}
+    "--blacklist-cooldown-range", "--torch-backend"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
 ROUND_TRIPS = [
@@ -46,6 +46,7 @@ ROUND_TRIPS = [
     (["--max-np", "5", "--reset-limit", "3"], {"HVDLITE_ELASTIC_MAX_NP": "5", "HVDLITE_ELASTIC_RESET_LIMIT": "3"}),
     (["--elastic-timeout", "30"], {"HVDLITE_ELASTIC_TIMEOUT": "30.0"}),
     (["--blacklist-cooldown-range", "1", "10"], {"HVDLITE_ELASTIC_COOLDOWN": "1.0 10.0"}),
+    (["--torch-backend", "hvdlite"], {"HVDLITE_TORCH_BACKEND": "hvdlite"}),
     ([], {}),
 ]
 
