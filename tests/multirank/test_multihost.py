@@ -18,9 +18,10 @@ import time
 import uuid
 
 import pytest
+import torch
 
 from .harness import ONE_THREAD, SCRIPTS, hvdliterun, run_job
-from .netns import IFACE, make_two_hosts, unavailable
+from .netns import HOSTS, IFACE, make_two_hosts, unavailable
 from .test_torch import EQUIVALENCE
 
 pytestmark = [pytest.mark.multirank, pytest.mark.netns]
@@ -205,3 +206,25 @@ def test_link_down_mid_allreduce_ends_the_job_within_the_deadline(hosts, tmp_pat
         assert re.search(r"rank\(s\) \[0, 1(, [23])?\] did not answer", error), error
     # hostB's ranks and Hydra proxy end by themselves: the abort order cannot reach them.
     _assert_nothing_left(marker, within=15)
+
+
+def test_a_torchrun_script_runs_unchanged_across_two_hosts(hosts, tmp_path):
+    """``--torch-backend hvdlite`` on two hosts: torchrun's node variables, and training as one process.
+    The namespaces' host names resolve nowhere, so MASTER_ADDR is given, as a user would there."""
+    script = str(SCRIPTS / "torchrun_ddp.py")
+    result = run_job(_launch_args(hosts) + ["--torch-backend", "hvdlite", "-x", f"MASTER_ADDR={HOSTS['hostA']}",
+                                            "python", script, "gloo", str(tmp_path / "two.pt")],
+                     wrap=hosts.command_on("hostA", []), timeout=300)
+    assert result.returncode == 0, result.output
+    for rank in range(4):
+        line = next(x for x in result.lines(rank) if x.startswith("variables "))
+        expected = (f"RANK={rank} LOCAL_RANK={rank % 2} WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 GROUP_RANK={rank // 2} "
+                    f"GROUP_WORLD_SIZE=2 ROLE_RANK={rank} ROLE_NAME=default ROLE_WORLD_SIZE=4 "
+                    f"MASTER_ADDR={HOSTS['hostA']} ")
+        assert line.startswith("variables " + expected), line
+        assert "backend hvdlite sub-group " + ("hvdlite" if rank in (0, 3) else "-") in result.lines(rank)
+    single = subprocess.run([sys.executable, script, "single", str(tmp_path / "one.pt")], env={**os.environ, **ONE_THREAD},
+                            capture_output=True, text=True, timeout=240)
+    assert single.returncode == 0, single.stdout + single.stderr
+    two, one = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
+    assert all(torch.allclose(two[k], one[k], rtol=1e-5, atol=1e-6) for k in one), two
