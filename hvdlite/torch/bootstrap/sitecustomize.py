@@ -23,12 +23,18 @@ def _run_shadowed() -> None:
 
 
 def _start() -> None:
+    """The mode, or the end of this process: Python reports a failing ``sitecustomize`` and goes on,
+    and the script would then run without the mode (each rank alone, or torch's rendezvous error)."""
     try:
         from hvdlite.torch.distributed.torchrun import start
     except ImportError as error:  # torch, or hvdlite itself, is not importable by this Python
         raise SystemExit(f"hvdliterun --torch-backend hvdlite: this rank's Python ({sys.executable}) cannot "
                          f"import hvdlite.torch: {error}") from None
-    start()
+    try:
+        start()
+    except Exception as error:  # noqa: BLE001 - any failure ends the rank, naming the mode
+        raise SystemExit(f"hvdliterun --torch-backend hvdlite: starting hvdlite in this rank failed: "
+                         f"{type(error).__name__}: {error}") from None
 
 
 _run_shadowed()
