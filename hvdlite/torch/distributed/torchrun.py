@@ -1,6 +1,6 @@
-"""hvdliterun's torchrun mode (``hvdliterun --torch-backend hvdlite``): a script written for torchrun,
-or a library that starts torch.distributed itself (Hugging Face, Accelerate, Lightning), runs unchanged
-on hvdlite's backend.
+"""hvdliterun's torchrun mode (``hvdliterun --torch-backend hvdlite``): a script written for torchrun
+(or one whose library starts torch.distributed from torchrun's variables) runs unchanged on
+hvdlite's backend.
 
 What the mode changes in each rank's Python process, before the script's first line (run from
 ``hvdlite/torch/bootstrap/sitecustomize.py``, which the launcher puts first on the ranks' ``PYTHONPATH``):
