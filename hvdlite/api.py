@@ -126,27 +126,39 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
                                                         process_set=process_set)))
 
 
-def small_allreduce_in_place(array: np.ndarray | DeviceArray, average: bool | None, name: str | None,
-                             op: ReduceOp | None, prescale_factor: float, postscale_factor: float,
+def small_allreduce_in_place(array: DeviceArray, average: bool | None, name: str | None, op: ReduceOp | None,
+                             prescale_factor: float, postscale_factor: float,
                              process_set: ProcessSet | None = None) -> bool:
-    """For adapters' blocking in-place calls: reduce ``array`` (a host array, or a device array on
-    its caller's stream with no ready event: the caller waits) in place through the small-op path
+    """For adapters' blocking in-place calls: reduce ``array``, a device array on its caller's stream
+    (no ready event: the caller waits), in place through the small-op path
     (``hvdlite.core.pipeline.lone``) and return True; False, having sent nothing, where the call must
     take the regular path (``allreduce_async`` with ``output=array``)."""
-    host = array.__class__ is np.ndarray
-    if name is None or (not host and (array.ready is not None or array.stream is None)):  # not on its stream
+    if name is None or array.ready is not None or array.stream is None:  # not on its stream: the regular path
         return False
     runtime = runtime_state._runtime or current()  # current() raises the error when not initialized
     engine = (runtime.engine if process_set is None or process_set is global_process_set
               else runtime.communicators.of(process_set, Collective.ALLREDUCE, name).engine)
-    key = (name, array.dtype, array.shape, op, average, prescale_factor, postscale_factor)
-    if host:
-        result = engine.lone_allreduce(array, key)
-        if result is None:
-            return False
-        np.copyto(array, result)  # a host result is a new array
-        return True
-    return engine.lone_allreduce(array, (*key, array.device)) is not None
+    key = (name, array.dtype, array.shape, op, average, prescale_factor, postscale_factor, array.device)
+    return engine.lone_allreduce(array, key) is not None
+
+
+def small_allreduce_host(array: np.ndarray, average: bool | None, name: str | None, op: ReduceOp | None,
+                         prescale_factor: float, postscale_factor: float,
+                         process_set: ProcessSet | None = None) -> bool:
+    """:func:`small_allreduce_in_place` for a host array (a contiguous CPU tensor's own memory): its
+    result, a new array on the small-op path, is copied into ``array``. A function of its own, so
+    that the device path's bytecodes stay as they were."""
+    if name is None:
+        return False
+    runtime = runtime_state._runtime or current()  # current() raises the error when not initialized
+    engine = (runtime.engine if process_set is None or process_set is global_process_set
+              else runtime.communicators.of(process_set, Collective.ALLREDUCE, name).engine)
+    result = engine.lone_allreduce(array, (name, array.dtype, array.shape, op, average, prescale_factor,
+                                           postscale_factor))
+    if result is None:
+        return False
+    np.copyto(array, result)
+    return True
 
 
 def prepare_allreduce(array: np.ndarray, name: str, op: ReduceOp | None = None, prescale_factor: float = 1.0,

@@ -190,6 +190,14 @@ def _elastic_environment(rank_env: dict[str, str], may_span_hosts: bool) -> dict
     return rank_env
 
 
+def _torch_mode(config: Config, rank_env: dict[str, str], named: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The ranks' environment and the variables that must travel, with ``--torch-backend``'s bootstrap
+    leading ``PYTHONPATH`` (each rank's Python starts the mode: hvdlite.torch.distributed.torchrun)."""
+    if not config.torch_backend:
+        return rank_env, named
+    return {**rank_env, "PYTHONPATH": with_bootstrap(rank_env.get("PYTHONPATH", ""))}, [*named, "PYTHONPATH"]
+
+
 def _check_program(command: list[str]) -> None:
     if not command:
         raise LaunchError("no program given; usage: hvdliterun -np N [options] program [args ...]")
@@ -244,10 +252,7 @@ def prepare(argv: list[str], env: dict[str, str]) -> tuple[LaunchSpec, dict[str,
     for item in unmatched(config.env_forward, rank_env):
         print(f"hvdliterun: warning: --env-forward {item}: no such variable here; nothing forwarded for it",
               file=sys.stderr)
-    named = [item.partition("=")[0] for item in args.env]
-    if config.torch_backend:  # torchrun mode: each rank's Python starts it (hvdlite.torch.distributed.torchrun)
-        rank_env = {**rank_env, "PYTHONPATH": with_bootstrap(rank_env.get("PYTHONPATH", ""))}
-        named.append("PYTHONPATH")
+    rank_env, named = _torch_mode(config, rank_env, [item.partition("=")[0] for item in args.env])
     spec = LaunchSpec(args.num_proc, tuple(command), hosts, config.mpi_args, config.output_filename,
                       launcher_agent=config.launcher_agent, network_interface=config.network_interface,
                       elastic=elastic, env_forward=forwarded_names(config.env_forward, rank_env, named),

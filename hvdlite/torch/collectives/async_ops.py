@@ -85,10 +85,14 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it."""
-    if name is not None and (array := own_device_array(tensor) if tensor.is_cuda else plain_host_view(tensor)) \
-            is not None and api.small_allreduce_in_place(array, average, name, op, prescale_factor, postscale_factor,
-                                                         process_set):
-        return tensor  # reduced in its own memory by the core's small-op path
+    if name is not None:  # reduced in its own memory by the core's small-op path, where it can
+        if tensor.is_cuda:
+            if (array := own_device_array(tensor)) is not None and api.small_allreduce_in_place(
+                    array, average, name, op, prescale_factor, postscale_factor, process_set):
+                return tensor
+        elif (array := plain_host_view(tensor)) is not None and api.small_allreduce_host(
+                array, average, name, op, prescale_factor, postscale_factor, process_set):
+            return tensor
     return synchronize(api.blocking(
         lambda: allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)))
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...api import allreduce_async, small_allreduce_in_place
+from ...api import allreduce_async, small_allreduce_host
 from ...core.work.naming import CallNames
 from ...core.work.request import MappedHandle
 from ...ops import ReduceOp
@@ -93,7 +93,7 @@ class ReductionCalls(GroupCalls):
             names = self._in_place_names[key] = CallNames.names_of(
                 "allreduce", signature("allreduce", tensors, _IN_PLACE_EXTRA[op]))  # the general path's names
         name = self._names.take_of(names)
-        if blocking and small_allreduce_in_place(array, None, name, op, 1.0, 1.0, self.process_set):
+        if blocking and small_allreduce_host(array, None, name, op, 1.0, 1.0, self.process_set):
             return _RAN_AT_ONCE
         handle = allreduce_async(array, None, name, op, output=array, process_set=self.process_set)
         self._names.used(name, (handle,))

@@ -25,9 +25,13 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ...core.runtime import current
+from ...lifecycle import init as start_hvdlite
 from ...settings.config import environ, load_config, set_environ, unset_environ
 from ...utils.bootstrap import without_bootstrap
+from . import make_default, register
 from .process_group import BACKEND_NAME
+from .rendezvous import publish
 
 STANDS_FOR = frozenset({"gloo", "nccl", "mpi", "undefined", BACKEND_NAME})  # the backends the mode replaces
 
@@ -81,11 +85,8 @@ def start() -> None:
     if load_config().torch_backend != BACKEND_NAME:
         return
     _leave_children_alone()
-    import hvdlite.torch as hvd
-
-    from ...core.runtime import current
-    from .rendezvous import publish
-
-    hvd.init()
+    start_hvdlite()  # hvd.init(), in its parts: hvdlite.torch's package is above this folder
+    register()
     publish(current(), everything=True)
+    make_default()
     route_backends()
