@@ -1,7 +1,9 @@
 """Blocking calls run the engine's cycle on the waiting thread (Engine.drive), with fake ranks."""
 
 import signal
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +32,25 @@ def _record_cycles(engine) -> list[str]:
     return threads
 
 
+def _wait_until_asleep(engines) -> None:
+    """Wait until every engine thread sleeps on its wake-up event. A thread that starts after the
+    first submit finds the work queued and rightly runs the cycle itself (seen on a loaded machine)."""
+    deadline = time.monotonic() + 60  # a hang guard, not a timing bound
+    for engine in engines:
+        while not _in_sleep(engine._thread.ident):
+            assert time.monotonic() < deadline, "an engine thread never went to sleep"
+            time.sleep(0.001)
+
+
+def _in_sleep(ident: int | None) -> bool:
+    frame = sys._current_frames().get(ident)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return "_sleep_until_work" in names and "_doze" not in names and names[0] == "wait"
+
+
 def _wait_on_threads(handles: list[Handle]) -> list:
     results = [None] * len(handles)
 
@@ -50,6 +71,7 @@ def test_waiting_callers_run_the_cycles_and_the_engine_thread_sleeps(size):
     _, engines = start_engines(size, idle_cycle_seconds=30.0)  # no heartbeat cycles during the test
     try:
         seen = [_record_cycles(e) for e in engines]
+        _wait_until_asleep(engines)
         for step in range(3):
             requests = [_request(r, f"x{step}") for r in range(size)]
             for engine, request in zip(engines, requests, strict=True):
