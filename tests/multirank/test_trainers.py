@@ -87,3 +87,14 @@ def test_lightning_trains_on_hvdlite_as_on_gloo(tmp_path, kind):
     hvdlite = torch.load(out["hvdlite"])
     _same(hvdlite, torch.load(out["gloo"]), exact=True)
     _same(hvdlite, torch.load(out["single"]), exact=False)
+
+
+def test_lightning_strategy_hvdlite_trains_at_an_odd_size_as_one_process(tmp_path):
+    # Trainer(strategy="hvdlite") with devices left alone, under plain hvdliterun: hvdlite starts
+    # itself and gives each host's ranks their processes, as Horovod's strategy did.
+    named, single = str(tmp_path / "named.pt"), str(tmp_path / "single.pt")
+    result = _hvdliterun(3, [LIGHTNING, "named", named], mode=False)
+    for rank in range(3):
+        assert f"lightning named ok backend hvdlite rank {rank}" in result.lines(rank), result.output
+    _python([LIGHTNING, "trainer", single, "single"])
+    _same(torch.load(named), torch.load(single), exact=False)

@@ -26,7 +26,7 @@ from ...core.runtime import current
 from ...core.work.naming import CallNames
 from ...errors import ProcessSetError
 from ...ops import Collective
-from . import accelerate_state
+from . import accelerate_state, lightning_strategy
 from .p2p import PointToPoint
 from .process_group import BACKEND_NAME, ProcessGroupHvdlite
 from .work import HvdliteWork
@@ -97,9 +97,10 @@ def make_default() -> None:
 
 def register() -> None:
     """Make ``"hvdlite"`` a torch.distributed backend name (once per process; for CPU and CUDA), and
-    one Accelerate picks (:mod:`.accelerate_state`)."""
+    one Accelerate picks (:mod:`.accelerate_state`) and Lightning knows (:mod:`.lightning_strategy`)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     accelerate_state.install()  # Accelerate's choice of backend, corrected where hvdlite is in play
+    lightning_strategy.install()  # Lightning's strategy="hvdlite"
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
     dist.monitored_barrier = dist.distributed_c10d.monitored_barrier = _monitored_barrier

@@ -14,9 +14,6 @@ Installed by :func:`hvdlite.torch.distributed.register`, before or after ``accel
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -24,10 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ...core import runtime
-from ...lifecycle import init as start_hvdlite
+from ...utils.on_import import when_imported
 from .process_group import BACKEND_NAME
-from .rendezvous import publish
+from .started import started
 
 _MODULE = "accelerate.state"
 _DATA_PARALLEL = ("NO", "MULTI_CPU", "MULTI_GPU")  # the distributed types hvdlite's backend can stand for
@@ -51,15 +47,6 @@ def _hvdlite_in_play(asked: str | None) -> bool:
     return dist.is_initialized() and dist.get_backend() == BACKEND_NAME
 
 
-def _started() -> int:
-    """Start hvdlite if it is not running (naming ``"hvdlite"`` to Accelerate is asking for it, as
-    ``hvd.init()`` would); the world's size."""
-    if not runtime.is_initialized():
-        start_hvdlite()
-        publish(runtime.current())
-    return runtime.current().topology.size
-
-
 def _corrected(prepare: Any, kinds: Any) -> Any:
     """Accelerate's ``_prepare_backend`` with :func:`choose` applied where hvdlite is in play."""
     if getattr(prepare, "_hvdlite", False):
@@ -70,7 +57,7 @@ def _corrected(prepare: Any, kinds: Any) -> Any:
                         backend: str | None = None) -> tuple[str | None, Any]:
         if sagemaker_dp or not _hvdlite_in_play(backend):
             return prepare(self, cpu, sagemaker_dp, backend)
-        world = _started()  # before Accelerate reads the environment hvd.init() publishes
+        world = started().topology.size  # before Accelerate reads the environment hvd.init() publishes
         chosen = prepare(self, cpu, sagemaker_dp, backend)
         return choose(chosen, backend, cpu, world, torch.cuda.is_available(), kinds)
     prepare_backend._hvdlite = True  # type: ignore[attr-defined]
@@ -82,27 +69,6 @@ def _correct(module: ModuleType) -> None:
     state._prepare_backend = _corrected(state._prepare_backend, module.DistributedType)
 
 
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Corrects ``accelerate.state`` as it is imported (hvdlite may be imported first)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        execute = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            _correct(module)
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def install() -> None:
     """Correct Accelerate's choice in this process: now if it is imported, else when it is."""
-    if _MODULE in sys.modules:
-        _correct(sys.modules[_MODULE])
-    elif not any(isinstance(finder, _OnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _OnImport())
+    when_imported(_MODULE, _correct)

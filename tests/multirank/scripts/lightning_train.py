@@ -1,8 +1,10 @@
 """Lightning scripts with no hvdlite line in them. Usage: lightning_train.py KIND OUT [single]
 
-KIND: ``trainer`` (``Trainer`` with DDP), ``fabric`` (``Fabric`` with DDP) or ``fsdp2``
+KIND: ``trainer`` (``Trainer`` with DDP), ``fabric`` (``Fabric`` with DDP), ``fsdp2``
 (``ModelParallelStrategy``: ``fully_shard`` in ``configure_model``, a distributed checkpoint after
-two steps, and a second ``Trainer`` that resumes from it with ``fit(ckpt_path=...)``). Run under
+two steps, and a second ``Trainer`` that resumes from it with ``fit(ckpt_path=...)``), or ``named``
+(``import hvdlite.torch`` and ``Trainer(strategy="hvdlite")``, devices left to hvdlite; under plain
+``hvdliterun``). Run under
 torchrun (on gloo) or ``hvdliterun --torch-backend hvdlite`` (on hvdlite); ``single``: one process on
 the whole batch. Rank 0 saves the parameters to OUT and every rank prints its backend.
 """
@@ -23,10 +25,10 @@ def dataset():
     return torch.utils.data.TensorDataset(data, torch.randn(GLOBAL_BATCH * STEPS, 3, generator=generator))
 
 
-def loader(world):
+def loader(rank, world):
     """This rank's contiguous share of each global batch (torch's DistributedSampler interleaves
     and Lightning's shuffles), so that one process on the whole batch is the reference."""
-    rank, share = int(os.environ.get("RANK", "0")) if world > 1 else 0, GLOBAL_BATCH // world
+    share = GLOBAL_BATCH // world
     mine = [step * GLOBAL_BATCH + rank * share + i for step in range(STEPS) for i in range(share)]
     return torch.utils.data.DataLoader(dataset(), batch_size=share, sampler=mine)
 
@@ -53,6 +55,9 @@ class Regression(L.LightningModule):
         data, target = batch
         return torch.nn.functional.mse_loss(self.net(data), target)
 
+    def train_dataloader(self):
+        return loader(self.global_rank, self.trainer.world_size)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
@@ -61,13 +66,14 @@ def full_parameters(model):
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
 
 
-def fit(world, steps, out, sharded, ckpt_path=None):
+def fit(world, steps, out, sharded, ckpt_path=None, named=False):
     strategy = "auto" if world == 1 else L.pytorch.strategies.ModelParallelStrategy() if sharded else "ddp"
-    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=steps, logger=False,
+    placement = {"strategy": "hvdlite"} if named else {"devices": world, "strategy": strategy}  # named: as Horovod's users wrote it
+    trainer = L.Trainer(accelerator="cpu", **placement, max_steps=steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)
     model = Regression(sharded and world > 1)  # one process: the same steps, checkpoint and resume, unsharded
-    trainer.fit(model, loader(world), ckpt_path=ckpt_path)
+    trainer.fit(model, ckpt_path=ckpt_path)
     if sharded and ckpt_path is None:
         trainer.save_checkpoint(out + ".ckpt")
     return trainer, full_parameters(model)
@@ -79,7 +85,7 @@ def fabric_fit(world):
     model = network()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, optimizer = fabric.setup(model, optimizer)
-    for data, target in fabric.setup_dataloaders(loader(world), use_distributed_sampler=False):
+    for data, target in fabric.setup_dataloaders(loader(fabric.global_rank, world), use_distributed_sampler=False):
         optimizer.zero_grad()
         fabric.backward(torch.nn.functional.mse_loss(model(data), target))
         optimizer.step()
@@ -88,10 +94,14 @@ def fabric_fit(world):
 
 def main(kind, out, single=None):
     torch.set_num_threads(1)
-    world = 1 if single else int(os.environ["WORLD_SIZE"])
-    if kind == "fabric":
-        rank, parameters = fabric_fit(world)
+    if kind == "named":  # Trainer(strategy="hvdlite") under plain hvdliterun: the one hvdlite line
+        import hvdlite.torch  # noqa: F401
+        trainer, parameters = fit(None, STEPS, out, sharded=False, named=True)
+        rank = trainer.global_rank
+    elif kind == "fabric":
+        rank, parameters = fabric_fit(1 if single else int(os.environ["WORLD_SIZE"]))
     else:
+        world = 1 if single else int(os.environ["WORLD_SIZE"])
         sharded = kind == "fsdp2"
         trainer, parameters = fit(world, STEPS // 2 if sharded else STEPS, out, sharded)
         if sharded:  # a second Trainer resumes from the distributed checkpoint and trains the rest
