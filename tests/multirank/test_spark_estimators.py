@@ -180,3 +180,69 @@ def test_an_unfitted_pipeline_with_either_estimator_saves_and_loads_with_sparks_
     for loaded, given in zip(estimator.getModel().get_weights(), original.getModel().get_weights(), strict=True):
         np.testing.assert_array_equal(loaded, given)
     assert isinstance(estimator.getModel(), keras.Model)
+
+
+def _linear_module():
+    """A LightningModule as Horovod's Lightning estimator takes one: batches are dicts of columns."""
+    import lightning as L  # noqa: N812
+
+    class Linear(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, features):
+            return self.linear(features.float())
+
+        def _loss(self, batch):
+            return torch.nn.functional.mse_loss(self(batch["features"]), batch["y"].float().unsqueeze(1))
+
+        def training_step(self, batch, _):
+            loss = self._loss(batch)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, _):
+            self.log("val_loss", self._loss(batch))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.3)
+
+    torch.manual_seed(0)
+    return Linear()
+
+
+def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+
+    from hvdlite.spark import Store
+    from hvdlite.spark.lightning import TorchEstimator, TorchModel
+
+    frame = VectorAssembler(inputCols=["x1", "x2"], outputCol="features").transform(
+        spark.createDataFrame(example.linear_rows(320), ["x1", "x2", "y", "is_val"]))
+    options = dict(num_proc=2, store=Store.create(str(tmp_path / "store")), model=_linear_module(),
+                   feature_cols=["features"], label_cols=["y"], validation="is_val", batch_size=8,
+                   random_seed=1, run_id="lightning", verbose=0, partitions_per_process=2,
+                   input_shapes=[[-1, 2]], trainer_args={"enable_model_summary": False})
+    fitted = TorchEstimator(epochs=3, **options).fit(frame)
+    assert isinstance(fitted, TorchModel)
+    history = fitted.getHistory()  # one entry per epoch, the logged values averaged over the ranks
+    assert [entry["epoch"] for entry in history] == [0, 1, 2], history
+    assert history[-1]["train_loss"] < 0.05 * history[0]["train_loss"] and history[-1]["val_loss"] < 1e-2, history
+    np.testing.assert_allclose(fitted.getModel().linear.weight.detach().numpy()[0], example.WEIGHTS, atol=0.1)
+
+    predicted = fitted.transform(frame).select("x1", "x2", "y__output").toPandas()
+    by_hand = fitted.getModel()(torch.tensor(predicted[["x1", "x2"]].to_numpy(), dtype=torch.float32))
+    np.testing.assert_allclose(predicted["y__output"], by_hand.detach().numpy()[:, 0], rtol=1e-5, atol=1e-6)
+
+    resumed = TorchEstimator(epochs=5, **options).fit(frame)  # the run's checkpoint: two epochs more
+    assert resumed.getHistory()[:3] == history and len(resumed.getHistory()) == 5, resumed.getHistory()
+    with pytest.raises(ParamsError, match="optimizer cannot be given with a LightningModule"):
+        TorchEstimator(epochs=1, optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+                       **options).fit(frame)
+    # Horovod's "legacy" form: a plain module with an optimizer and a loss trains as the torch estimator's
+    plain = torch.nn.Linear(2, 1)
+    legacy = TorchEstimator(epochs=1, **{**options, "model": plain, "run_id": "legacy", "trainer_args": None},
+                            optimizer=torch.optim.SGD(plain.parameters(), lr=0.1),
+                            loss=torch.nn.functional.mse_loss).fit(frame)
+    assert [entry["epoch"] for entry in legacy.getHistory()] == [0] and "train" in legacy.getHistory()[0]

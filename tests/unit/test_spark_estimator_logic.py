@@ -77,3 +77,17 @@ def test_ranks_train_on_gpus_only_when_asked_and_every_rank_has_its_own():
     with pytest.raises(DeviceError, match=r"rank 2 \(local rank 2, 2 GPUs\) would share a GPU"):
         uses_gpu(True, [RankDevice(0, 2), RankDevice(1, 2), RankDevice(2, 2)])
     assert not uses_gpu(False, [RankDevice(0, 1), RankDevice(0, 0)])  # nothing to agree on without GPUs
+
+
+def test_the_lightning_estimators_parameters_reach_each_ranks_trainer():
+    pytest.importorskip("lightning")
+    from hvdlite.spark.lightning.estimator import TorchEstimator, _trainer_args
+
+    params = {"log_every_n_steps": 5, "logger": None, "profiler": "simple", "terminate_on_nan": True,
+              "trainer_args": {"log_every_n_steps": 7, "gradient_clip_val": 1.0}}
+    assert _trainer_args(params) == {"log_every_n_steps": 7, "profiler": "simple", "detect_anomaly": True,
+                                     "gradient_clip_val": 1.0}
+    estimator = TorchEstimator(num_gpus=0, trainer_args={"max_steps": 3})
+    assert estimator.getNumGpus() == 0 and estimator.getTrainerArgs() == {"max_steps": 3}
+    with pytest.raises(ParamsError, match="no parameter 'data_module'"):
+        TorchEstimator(data_module=object())
