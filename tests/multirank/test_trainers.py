@@ -30,16 +30,28 @@ def _torchrun(np: int, args: list[str]) -> str:
     return _python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(np), *args])
 
 
-def test_accelerate_trains_data_parallel_on_hvdlite_as_on_gloo(tmp_path):
+def _trains_as_gloo_and_one_process(tmp_path, script: str, setups: tuple[str, str, list[str]], ok: str,
+                                    tolerance: dict[str, float] | None = None) -> None:
+    """``script`` with its hvdlite setup under the torchrun mode at np=2, its gloo setup under
+    torchrun, and ``[setup, *args]`` in one process: the first two bit for bit, the last within rounding.
+    ``ok``: what each rank prints, with ``{backend}`` and ``{rank}``."""
+    hvdlite_setup, gloo_setup, single_args = setups
     out = {name: str(tmp_path / f"{name}.pt") for name in ("hvdlite", "gloo", "single")}
-    result = _hvdliterun(2, [ACCELERATE, "plain", out["hvdlite"]])  # Accelerator(), no hvdlite line
+    result = _hvdliterun(2, [script, hvdlite_setup, out["hvdlite"]])
     for rank in range(2):
-        assert f"accelerate ok MULTI_CPU hvdlite rank {rank} of 2" in result.lines(rank), result.output
-    assert "accelerate ok MULTI_CPU gloo" in _torchrun(2, [ACCELERATE, "cpu", out["gloo"]])
-    _python([ACCELERATE, "single", out["single"]])
-    hvdlite = torch.load(out["hvdlite"])
+        assert ok.format(backend="hvdlite", rank=rank) in result.lines(rank), result.output
+    assert ok.format(backend="gloo", rank=0) in _torchrun(2, [script, gloo_setup, out["gloo"]])
+    _python([script, single_args[0], out["single"], *single_args[1:]])
+    hvdlite, single = torch.load(out["hvdlite"]), torch.load(out["single"])
     _same(hvdlite, torch.load(out["gloo"]), exact=True)
-    _same(hvdlite, torch.load(out["single"]), exact=False)
+    for key, value in hvdlite.items():
+        assert torch.allclose(value, single[key], **(tolerance or {"rtol": 1e-5, "atol": 1e-6})), key
+
+
+def test_accelerate_trains_data_parallel_on_hvdlite_as_on_gloo(tmp_path):
+    # Accelerator() with no hvdlite line, against Accelerator(cpu=True) under torchrun
+    _trains_as_gloo_and_one_process(tmp_path, ACCELERATE, ("plain", "cpu", ["single"]),
+                                    "accelerate ok MULTI_CPU {backend} rank {rank} of 2")
 
 
 def test_accelerate_told_hvdlite_never_trains_each_rank_alone(tmp_path):
@@ -54,16 +66,10 @@ def test_accelerate_told_hvdlite_never_trains_each_rank_alone(tmp_path):
 
 
 def test_hugging_face_trainer_trains_a_gpt2_on_hvdlite_as_on_gloo(tmp_path):
-    out = {name: str(tmp_path / f"{name}.pt") for name in ("hvdlite", "gloo", "single")}
-    result = _hvdliterun(2, [HF_TRAINER, "plain", out["hvdlite"]])  # TrainingArguments() as on a GPU machine
-    for rank in range(2):
-        assert f"trainer ok DISTRIBUTED hvdlite rank {rank} of 2" in result.lines(rank), result.output
-    assert "trainer ok DISTRIBUTED gloo" in _torchrun(2, [HF_TRAINER, "cpu", out["gloo"]])
-    _python([HF_TRAINER, "single", out["single"]])
-    hvdlite = torch.load(out["hvdlite"])
-    _same(hvdlite, torch.load(out["gloo"]), exact=True)
-    for key, value in hvdlite.items():  # Adam's steps: rounding differences grow a little
-        assert torch.allclose(value, torch.load(out["single"])[key], rtol=1e-4, atol=1e-5), key
+    # TrainingArguments() as on a GPU machine, against use_cpu=True under torchrun; Adam's steps
+    # make the rounding differences from one process grow a little
+    _trains_as_gloo_and_one_process(tmp_path, HF_TRAINER, ("plain", "cpu", ["single"]),
+                                    "trainer ok DISTRIBUTED {backend} rank {rank} of 2", {"rtol": 1e-4, "atol": 1e-5})
 
 
 def test_a_stopped_rank_in_a_trainer_job_is_named_on_every_other_rank(tmp_path):
@@ -78,15 +84,8 @@ def test_a_stopped_rank_in_a_trainer_job_is_named_on_every_other_rank(tmp_path):
 
 @pytest.mark.parametrize("kind", ["trainer", "fabric", "fsdp2"])
 def test_lightning_trains_on_hvdlite_as_on_gloo(tmp_path, kind):
-    out = {name: str(tmp_path / f"{name}.pt") for name in ("hvdlite", "gloo", "single")}
-    result = _hvdliterun(2, [LIGHTNING, kind, out["hvdlite"]])
-    for rank in range(2):
-        assert f"lightning {kind} ok backend hvdlite rank {rank}" in result.lines(rank), result.output
-    assert f"lightning {kind} ok backend gloo" in _torchrun(2, [LIGHTNING, kind, out["gloo"]])
-    _python([LIGHTNING, kind, out["single"], "single"])
-    hvdlite = torch.load(out["hvdlite"])
-    _same(hvdlite, torch.load(out["gloo"]), exact=True)
-    _same(hvdlite, torch.load(out["single"]), exact=False)
+    _trains_as_gloo_and_one_process(tmp_path, LIGHTNING, (kind, kind, [kind, "single"]),
+                                    f"lightning {kind} ok backend {{backend}} rank {{rank}}")
 
 
 def test_lightning_strategy_hvdlite_trains_at_an_odd_size_as_one_process(tmp_path):
