@@ -212,11 +212,11 @@ def _linear_module():
     return Linear()
 
 
-def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark, tmp_path):
+def _lightning_fit_inputs(spark, tmp_path):
+    """A DataFrame of the linear example with a feature vector, and the Lightning estimator's options."""
     from pyspark.ml.feature import VectorAssembler
 
     from hvdlite.spark import Store
-    from hvdlite.spark.lightning import TorchEstimator, TorchModel
 
     frame = VectorAssembler(inputCols=["x1", "x2"], outputCol="features").transform(
         spark.createDataFrame(example.linear_rows(320), ["x1", "x2", "y", "is_val"]))
@@ -224,6 +224,13 @@ def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark,
                    feature_cols=["features"], label_cols=["y"], validation="is_val", batch_size=8,
                    random_seed=1, run_id="lightning", verbose=0, partitions_per_process=2,
                    input_shapes=[[-1, 2]], trainer_args={"enable_model_summary": False})
+    return frame, options
+
+
+def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark, tmp_path):
+    from hvdlite.spark.lightning import TorchEstimator, TorchModel
+
+    frame, options = _lightning_fit_inputs(spark, tmp_path)
     fitted = TorchEstimator(epochs=3, **options).fit(frame)
     assert isinstance(fitted, TorchModel)
     history = fitted.getHistory()  # one entry per epoch, the logged values averaged over the ranks
@@ -240,9 +247,17 @@ def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark,
     with pytest.raises(ParamsError, match="optimizer cannot be given with a LightningModule"):
         TorchEstimator(epochs=1, optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
                        **options).fit(frame)
-    # Horovod's "legacy" form: a plain module with an optimizer and a loss trains as the torch estimator's
+
+
+def test_lightning_estimator_fits_horovods_legacy_form_as_the_torch_estimator(spark, tmp_path):
+    # A plain module with an optimizer and a loss (Horovod's "legacy" form)
+    from hvdlite.spark.lightning import TorchEstimator
+    from hvdlite.spark.torch import TorchModel as PlainTorchModel
+
+    frame, options = _lightning_fit_inputs(spark, tmp_path)
     plain = torch.nn.Linear(2, 1)
     legacy = TorchEstimator(epochs=1, **{**options, "model": plain, "run_id": "legacy", "trainer_args": None},
                             optimizer=torch.optim.SGD(plain.parameters(), lr=0.1),
                             loss=torch.nn.functional.mse_loss).fit(frame)
+    assert type(legacy) is PlainTorchModel
     assert [entry["epoch"] for entry in legacy.getHistory()] == [0] and "train" in legacy.getHistory()[0]
