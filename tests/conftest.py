@@ -14,7 +14,8 @@ files that use the network-namespace hosts are one group (they use the same name
 other files that check the shared TensorFlow job (the ``tensorflow_job`` fixture) join
 test_tensorflow's, the unit tests are one. Groups go out in the order this file sorts them (longest
 first; xdist would otherwise order them by their number of tests). Measured on 2 cores, fresh clone,
-2026-12-01: 46:10 of tests (51:53 with the install), and 2026-12-02 48:40 (53:05), on days the machine ran 3-4x slower
+2026-12-01: 46:10 of tests (51:53 with the install), and 2026-12-02 48:40 (53:05), then 55:18 (about 61:00) with the
+trainers' tests and the Lightning estimator, on days the machine ran 3-4x slower
 (bench/torch_backend.py's gloo 4 B call: 400-490 us against 163 us on 11-28); a941ddf's own
 timing bounds failed that day too. 2026-11-29: 17:25 and 18:37 of tests (19:25, 20:35 with the install) once test_torch, test_diloco and
 the FSDP2 example shared their torch jobs and three files the TensorFlow job; 20:20 (22:28) an hour
