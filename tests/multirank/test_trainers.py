@@ -54,11 +54,13 @@ def test_accelerate_trains_data_parallel_on_hvdlite_as_on_gloo(tmp_path):
                                     "accelerate ok MULTI_CPU {backend} rank {rank} of 2")
 
 
-def test_accelerate_told_hvdlite_never_trains_each_rank_alone(tmp_path):
-    # PartialState(backend="hvdlite") without cpu=True: Accelerate used to make the group and stay
-    # non-distributed, each rank training alone (exit 0). Now data-parallel, also without the mode.
+@pytest.mark.parametrize("setup", ["named", "initialized"])
+def test_accelerate_with_hvdlite_never_trains_each_rank_alone(tmp_path, setup):
+    # PartialState(backend="hvdlite") without cpu=True, or hvd.init() then Accelerator(), on CPU:
+    # Accelerate used to stay non-distributed, each rank training alone (exit 0). Now
+    # data-parallel, also without the torchrun mode.
     named, single = str(tmp_path / "named.pt"), str(tmp_path / "single.pt")
-    result = _hvdliterun(3, [ACCELERATE, "named", named], mode=False)
+    result = _hvdliterun(3, [ACCELERATE, setup, named], mode=False)
     for rank in range(3):
         assert f"accelerate ok MULTI_CPU hvdlite rank {rank} of 3" in result.lines(rank), result.output
     _python([ACCELERATE, "single", single])

@@ -4,7 +4,8 @@ Accelerate's ``PartialState._prepare_backend`` knows backends by name: on a mach
 trains data-parallel only with ``cpu=True``, and then on ``"gloo"`` (``"hvdlite"`` asked is refused:
 "Your assigned backend hvdlite is not available"). Without ``cpu=True`` it stays non-distributed
 even when a process group exists: every rank trains alone, silently. Where hvdlite is in play (the
-user names ``"hvdlite"``, hvdliterun's torchrun mode is on, or the default group runs on hvdlite),
+user names ``"hvdlite"``, hvdliterun's torchrun mode is on, the default group runs on hvdlite, or
+``hvd.init()`` started several ranks),
 :func:`choose` corrects that choice: a world of several ranks is always distributed, on ``"hvdlite"``
 unless the user named another backend (which the torchrun mode runs on hvdlite anyway).
 
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ...core import runtime
 from ...utils.on_import import when_imported
 from .process_group import BACKEND_NAME
 from .started import started
@@ -42,9 +44,13 @@ def choose(chosen: tuple[str | None, Any], asked: str | None, cpu: bool, world: 
 
 
 def _hvdlite_in_play(asked: str | None) -> bool:
+    """``"hvdlite"`` named, the torchrun mode on, the default group on hvdlite, or hvdlite running on
+    several ranks (``hvd.init()``): Accelerate left alone would train each of them alone."""
     if asked == BACKEND_NAME or getattr(c10d.init_process_group, "_hvdlite_routed", False):
         return True
-    return dist.is_initialized() and dist.get_backend() == BACKEND_NAME
+    if dist.is_initialized() and dist.get_backend() == BACKEND_NAME:
+        return True
+    return runtime.is_initialized() and runtime.current().topology.size > 1
 
 
 def _corrected(prepare: Any, kinds: Any) -> Any:

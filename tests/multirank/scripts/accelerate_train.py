@@ -5,6 +5,7 @@ SETUP picks how the script starts Accelerate:
 - ``cpu``: ``Accelerator(cpu=True)``, no hvdlite line (the reference under torchrun, on gloo);
 - ``named``: ``import hvdlite.torch`` and ``PartialState(backend="hvdlite")``, then ``Accelerator()``:
   before hvdlite corrected Accelerate's choice, each rank trained alone here, silently;
+- ``initialized``: ``hvd.init()`` only, then ``Accelerator()`` (no backend named, no torchrun mode);
 - ``single``: one process on the whole batch.
 
 Trains a small model for a few steps with Accelerate's ``prepare``, ``backward``, ``clip_grad_norm_``
@@ -24,6 +25,9 @@ def start(setup):
 
         import hvdlite.torch  # noqa: F401  (registers the backend; hvdlite starts when Accelerate asks)
         PartialState(backend="hvdlite")
+    if setup == "initialized":
+        import hvdlite.torch as hvd
+        hvd.init()
     from accelerate import Accelerator
     return Accelerator(cpu=setup in ("cpu", "single"))
 
