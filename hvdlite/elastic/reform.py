@@ -50,15 +50,16 @@ def shrink() -> list[str]:
     world = runtime.current()
     config, book = world.config, _book(world)
     ids = list(world.process_ids)
-    dead = _settled(lambda: dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir))
+    exited = set(_settled(lambda: dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)))
     # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
     timed_out = world.engine.fatal
     unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
-    dead = [process_id for rank, process_id in enumerate(ids) if process_id in dead or rank in unreachable]
+    dead = [process_id for rank, process_id in enumerate(ids) if process_id in exited or rank in unreachable]
     dynamic = world.communicators.dynamic
     runtime.stop_without_communicating(world, PeerFailedError(dead))
     survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
-    _check_quorum(survivors, len(ids), world.topology.rank, dead)
+    check_quorum(survivors, [rank for rank, process_id in enumerate(ids) if process_id not in exited],
+                 world.topology.rank, dead)
     now = time.time()
     for rank, process_id in enumerate(ids):
         if process_id in dead:
@@ -88,15 +89,20 @@ def _settled(read_dead: Any) -> list[str]:
     return dead
 
 
-def _check_quorum(survivors: list[int], size: int, rank: int, dead: list[str]) -> None:
-    """Only one side of a split job goes on: more than half of the old world, or half with its rank 0.
+def check_quorum(survivors: list[int], not_exited: list[int], rank: int, dead: list[str]) -> None:
+    """Only one side of a split job goes on: more than half of the old world's ranks not known to have
+    exited (``not_exited``), or half with the lowest of them.
 
-    Both sides of a cut link see the other as dead; without this rule each would train on alone.
+    Both sides of a cut link see the other as dead; without this rule each would train on alone. A
+    rank whose process is known to have exited (in MPI's list of the dead, or its status file) is on
+    no side, so it does not count: a rank that raised leaves the one other rank of a job of two
+    going on, whichever rank raised. Both sides count every live rank, so they cannot both win.
     """
-    if 2 * len(survivors) > size or (2 * len(survivors) == size and 0 in survivors):
+    if 2 * len(survivors) > len(not_exited) or (2 * len(survivors) == len(not_exited) and min(not_exited) in survivors):
         return
-    raise HvdliteError(f"rank {rank} can reach only rank(s) {survivors} of the {size} (rank(s) [{', '.join(dead)}] "
-                       "are dead or unreachable): the job goes on on the other side of the split, without this rank")
+    raise HvdliteError(f"rank {rank} can reach only rank(s) {survivors} of the {len(not_exited)} not known to have "
+                       f"exited (rank(s) [{', '.join(dead)}] are dead or unreachable): the job goes on on the other "
+                       "side of the split, without this rank")
 
 
 def elastic_mode() -> bool:

@@ -16,11 +16,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..runner.remote.elastic import ElasticRegistry, ElasticSizes, run_elastic_job
+from ..runner.remote.elastic import ElasticRegistry, ElasticSizes, RankRaised, run_elastic_job
 from ..runner.remote.job import REPORT_SECONDS, LaunchOptions, interface_flags, pickled_call
 from ..settings.config import environ
 from .engine import CUDA_DEVICES, RayJobError, ray_module
 from .worker import Worker
+
+RAISED_RANK_RETRIES = 3  # a slot whose rank raised starts again this often (Spark's default: a task runs 4 times)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +126,16 @@ class ElasticRayExecutor:
 
 class SlotActors:
     """One actor per slot for one run; an actor that dies is replaced by its slot's next attempt,
-    which Ray starts once it has room."""
+    which Ray starts once it has room. A slot whose rank raised starts its next attempt on the same
+    actor (as Spark runs a failed task again; killing the actor would take the detached MPI proxy of
+    the rank that left, and with it the job), up to :data:`RAISED_RANK_RETRIES` times."""
 
     def __init__(self, ray: Any, resources: Mapping[str, Any], slots: int, serve_args: tuple) -> None:
         self._ray, self._resources, self._serve_args = ray, dict(resources), serve_args
         self._actor = ray.remote(Worker)
-        self._running: dict[Any, tuple[int, int]] = {}  # serve call -> (slot, attempt)
+        self._running: dict[Any, tuple[int, int, Any]] = {}  # serve call -> (slot, attempt, actor)
         self._actors: list[Any] = []  # every actor started, to kill at the end, finished or not
+        self._raised = [0] * slots  # per slot: how many of its attempts' ranks raised
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         for index in range(slots):
@@ -138,11 +143,13 @@ class SlotActors:
         self._watcher = threading.Thread(target=self._watch, name="hvdlite-ray-slots", daemon=True)
         self._watcher.start()
 
-    def _launch(self, index: int, attempt: int) -> None:
-        actor = self._actor.options(**self._resources).remote(index, None)
+    def _launch(self, index: int, attempt: int, actor: Any = None) -> None:
+        """Serve attempt ``attempt`` of slot ``index`` on ``actor``, or on a new actor."""
         with self._lock:
-            self._actors.append(actor)
-            self._running[actor.serve_slot.remote(attempt, *self._serve_args)] = (index, attempt)
+            if actor is None:
+                actor = self._actor.options(**self._resources).remote(index, None)
+                self._actors.append(actor)
+            self._running[actor.serve_slot.remote(attempt, *self._serve_args)] = (index, attempt, actor)
 
     def _watch(self) -> None:
         while not self._stopped.is_set():
@@ -151,14 +158,24 @@ class SlotActors:
             done, _ = self._ray.wait(calls, num_returns=1, timeout=0.5) if calls else ([], [])
             for call in done:
                 with self._lock:
-                    index, attempt = self._running.pop(call)
-                try:
-                    self._ray.get(call)
-                except self._ray.exceptions.RayActorError:
-                    if not self._stopped.is_set():
-                        self._launch(index, attempt + 1)
-                except Exception:  # noqa: BLE001 - a slot that failed otherwise is not started again
-                    continue
+                    index, attempt, actor = self._running.pop(call)
+                again, on = self._next_attempt(call, index, actor)
+                if again and not self._stopped.is_set():
+                    self._launch(index, attempt + 1, on)
+
+    def _next_attempt(self, call: Any, index: int, actor: Any) -> tuple[bool, Any]:
+        """Whether the slot of a finished serve call starts again, and on which actor (None: a new
+        one): its actor died, or its rank raised (retries left)."""
+        try:
+            self._ray.get(call)
+        except self._ray.exceptions.RayActorError:
+            return True, None
+        except RankRaised:  # Ray's error for a raising call is also an instance of the call's error
+            self._raised[index] += 1
+            return self._raised[index] <= RAISED_RANK_RETRIES, actor
+        except Exception:  # noqa: BLE001 - a slot that failed otherwise is not started again
+            return False, None
+        return False, None
 
     def stop(self) -> None:
         """Stop replacing actors and kill them all (the run is over)."""

@@ -45,18 +45,18 @@ def run_elastic(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, A
     (also ``min_num_proc`` / ``max_num_proc``) default to ``num_proc``. ``elastic_timeout``: seconds the
     job waits for ``min_np`` slots after losing ranks (default 600); ``reset_limit``: world changes
     before the job ends. The other arguments are :func:`hvdlite.spark.run`'s. A rank that raises
-    leaves the job like a dead one; the job fails when fewer than ``min_np`` ranks can go on, with
+    leaves the job like a dead one, and its task fails, so that Spark runs it again (up to
+    ``spark.task.maxFailures`` times) and its new rank joins; the job fails when fewer than ``min_np``
+    ranks can go on, or Spark gives the task up, with
     :class:`~hvdlite.runner.remote.job.RemoteJobError` naming why.
     """
-    if prefix_output_with_timestamp:
-        raise SparkJobError("run_elastic(prefix_output_with_timestamp=True) is not supported by hvdlite")
     context = running_context()
     num_proc = checked_num_proc(context, num_proc)
     sizes = _sizes(num_proc, _either("min_np", min_np, min_num_proc), _either("max_np", max_np, max_num_proc),
                    elastic_timeout, reset_limit)
     payload = pickled_call(fn, args, kwargs or {}, "Spark tasks", SparkJobError)
     launch = LaunchOptions(dict(env) if env is not None else environ(), stdout, stderr, verbose,
-                           launcher_args(None, nics))
+                           launcher_args(None, nics), prefix_output_with_timestamp)
     with tempfile.TemporaryDirectory(prefix="hvdlite-spark-elastic-") as run_dir:
         return _run(context, sizes, payload, launch, run_dir, start_timeout or DEFAULT_START_TIMEOUT)
 

@@ -11,6 +11,7 @@ nothing is left running.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import socket
 import threading
@@ -36,6 +37,7 @@ from ..settings.config import environ
 DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
 SLOTS_WAIT_SECONDS = 30.0  # a session just started: how long its first executors may take to register
 SLOTS_SETTLE_SECONDS = 3.0  # ... and how long the slot count must stand still below what is needed
+log = logging.getLogger("hvdlite.spark")
 
 
 class SparkJobError(HvdliteError):
@@ -43,28 +45,41 @@ class SparkJobError(HvdliteError):
 
 
 def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None, num_proc: int | None = None,
-        start_timeout: float | None = None, extra_mpi_args: str | None = None, env: Mapping[str, str] | None = None,
-        stdout: IO[str] | None = None, stderr: IO[str] | None = None, verbose: int = 1, nics: Any = None,
-        executable: str | None = None) -> list[Any]:
+        start_timeout: float | None = None, use_mpi: bool | None = None, use_gloo: bool | None = None,
+        extra_mpi_args: str | None = None, env: Mapping[str, str] | None = None, stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None, verbose: int = 1, nics: Any = None,
+        prefix_output_with_timestamp: bool = False, executable: str | None = None) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` as ``num_proc`` MPI ranks in Spark tasks; its return values by rank.
 
     ``num_proc`` defaults to the cluster's task slots (``defaultParallelism``), one rank per slot;
     more ranks than the cluster can run at once is an error here, before anything starts.
     ``start_timeout`` bounds the wait for every task to start (default 600 s). ``env``: the ranks'
     environment (default: this process's). ``stdout``/``stderr``: where the ranks' tagged output
-    goes (default: this process's). ``extra_mpi_args`` go to mpiexec; ``nics`` names the network
-    interface (one) for the job. A rank that raises makes this raise :class:`RemoteJobError` with
-    its rank and traceback. ``executable`` is not supported (the ranks run this Python).
+    goes (default: this process's), each line tagged as Horovod's, ``[0]<stdout>:...``, after the time
+    if ``prefix_output_with_timestamp``. ``extra_mpi_args`` go to mpiexec; ``nics`` names the
+    network interface (one) for the job. ``use_mpi`` / ``use_gloo`` (Horovod's controller choice)
+    are accepted: hvdlite's ranks always talk over MPI. A rank that raises makes this raise
+    :class:`RemoteJobError` with its rank and traceback. ``executable`` is not supported (the ranks
+    run this Python).
     """
+    warn_controller_choice(use_mpi, use_gloo)
     if executable is not None:
         raise SparkJobError("hvdlite.spark.run(executable=...) is not supported: the ranks run this driver's Python")
     context = running_context()
     num_proc = checked_num_proc(context, num_proc)
     payload = pickled_call(fn, args, kwargs or {}, "Spark tasks", SparkJobError)
     launch = LaunchOptions(dict(env) if env is not None else environ(), stdout, stderr, verbose,
-                           launcher_args(extra_mpi_args, nics))
+                           launcher_args(extra_mpi_args, nics), prefix_output_with_timestamp)
     job = _SparkJob(context, num_proc, payload, start_timeout or DEFAULT_START_TIMEOUT)
     return job.run(launch)
+
+
+def warn_controller_choice(use_mpi: bool | None, use_gloo: bool | None) -> None:
+    """Horovod's ``use_gloo=True`` asked for its Gloo controller; hvdlite has one (MPI), so it only says so."""
+    if use_gloo:
+        log.warning("hvdlite.spark: use_gloo=True is ignored: hvdlite's ranks always talk over MPI")
+    if use_mpi is False and not use_gloo:
+        log.warning("hvdlite.spark: use_mpi=False is ignored: hvdlite's ranks always talk over MPI")
 
 
 def _pyspark() -> Any:

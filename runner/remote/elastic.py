@@ -54,11 +54,23 @@ class ElasticSizes:
 
 
 def serve_task(index: int, attempt: int, payload: bytes, key: bytes, host: str, registry: Address) -> None:
-    """One task attempt of an elastic job: register, serve what the job runs here, report the outcome."""
+    """One task attempt of an elastic job: register, serve what the job runs here, report the outcome.
+
+    A :class:`RankRaised` when the rank here raised, at once: the job goes on without this attempt,
+    and the engine (Spark's task retry, the Ray executor) starts the task again, which joins anew.
+    """
     name = elastic_alias(index, attempt)
     service = TaskService(index, payload, key, host, host_alias=name)
     request(registry, key, ("join", index, attempt, service.address))
-    request(registry, key, ("outcome", name, service.outcome()))
+    outcome = service.outcome()
+    request(registry, key, ("outcome", name, outcome))
+    if outcome.reported and not outcome.ok:
+        raise RankRaised(f"the rank in {name} raised; the elastic job goes on without it, and this task may be "
+                         f"run again to join it:\n{outcome.error}")
+
+
+class RankRaised(RemoteJobError):
+    """The rank of an elastic job's task attempt raised: the attempt fails so that its engine runs it again."""
 
 
 class ElasticRegistry(Registry):

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -50,6 +51,7 @@ class LaunchOptions:
     stderr: IO[str] | None = None
     verbose: int = 1
     launcher_args: tuple[str, ...] = ()  # more hvdliterun flags, e.g. ("--timeout", "60")
+    timestamps: bool = False  # Horovod's prefix_output_with_timestamp: each rank's line starts with the time
 
 
 def pickled_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], where: str,
@@ -130,8 +132,10 @@ def launch(argv: Sequence[str], options: LaunchOptions) -> tuple[int, list[str]]
     process = subprocess.Popen(list(argv), env=dict(options.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                preexec_fn=die_with_parent)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    pumps = [threading.Thread(target=_relay, args=(process.stdout, options.stdout or sys.stdout, tail)),
-             threading.Thread(target=_relay, args=(process.stderr, options.stderr or sys.stderr, tail))]
+    pumps = [threading.Thread(target=_relay, args=(process.stdout, options.stdout or sys.stdout, tail,
+                                                   b"stdout", options.timestamps)),
+             threading.Thread(target=_relay, args=(process.stderr, options.stderr or sys.stderr, tail,
+                                                   b"stderr", options.timestamps))]
     for pump in pumps:
         pump.start()
     code = process.wait()
@@ -140,9 +144,20 @@ def launch(argv: Sequence[str], options: LaunchOptions) -> tuple[int, list[str]]
     return code, list(tail)
 
 
-def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str]) -> None:
+def horovod_tagged(line: bytes, kind: bytes, timestamp: bool = False) -> bytes:
+    """A rank's line as Horovod's Spark and Ray jobs tag it: ``[0]<stdout>:text`` where hvdliterun
+    writes ``[0]: text``, after the local time (``time.asctime()``) if ``timestamp``; other lines as
+    they are."""
+    when = time.asctime().encode() if timestamp else b""
+    return _RANK_TAG.sub(lambda match: b"%s[%s]<%s>:" % (when, match.group(1), kind), line, count=1)
+
+
+_RANK_TAG = re.compile(rb"^\[(\d+)\]: ")
+
+
+def _relay(stream: IO[bytes], sink: IO[str], tail: collections.deque[str], kind: bytes, timestamps: bool) -> None:
     for line in iter(stream.readline, b""):
-        text = line.decode(errors="replace")
+        text = horovod_tagged(line, kind, timestamps).decode(errors="replace")
         tail.append(text.rstrip("\n"))
         sink.write(text)
         sink.flush()

@@ -1,8 +1,9 @@
 """What every rank of a remote job runs (``python -m hvdlite.runner.remote.rank``).
 
 It fetches ``(fn, args, kwargs)`` from the task it runs in, calls ``fn``, and hands the task the
-pickled result; if ``fn`` raises, the task gets the traceback and this process exits with 1, which
-ends the MPI job (Hydra stops the other ranks). It dies with the MPI proxy that started it, and
+pickled result; if ``fn`` raises, the task gets the traceback and this process exits with 1. In a
+static job that ends the MPI job (Hydra stops the other ranks); in an elastic job the rank leaves as
+a dead one does, and the others re-form without it. It dies with the MPI proxy that started it, and
 so with its task.
 """
 
@@ -19,7 +20,7 @@ import cloudpickle
 from hvdlite.settings.config import environ
 
 from ..process import die_with_parent
-from .task import KEY_VARIABLE, TASK_VARIABLE
+from .task import ALIAS_VARIABLE, KEY_VARIABLE, TASK_VARIABLE
 from .wire import connect, parse_address, request
 
 
@@ -37,7 +38,7 @@ def main() -> int:
     except BaseException:  # noqa: B036 - the driver must hear of any failure, then we exit
         request(address, key, ("result", rank, False, traceback.format_exc()))
         traceback.print_exc()
-        _abort()
+        _abort(whole_job=ALIAS_VARIABLE not in env)
     request(address, key, ("result", rank, True, value, _final_rank()))
     return 0
 
@@ -62,13 +63,14 @@ def _final_rank() -> int | None:
     return runtime.last_rank() if runtime is not None else None
 
 
-def _abort() -> None:
-    """End this rank at once, and with MPI started the whole job: peers waiting on this rank in a
-    collective would otherwise wait for their deadline, and MPI_Finalize at exit for ever."""
+def _abort(whole_job: bool) -> None:
+    """End this rank at once, and with MPI started and ``whole_job`` the whole job: peers waiting on
+    this rank in a collective would otherwise wait for their deadline, and MPI_Finalize at exit for
+    ever. An elastic job's rank only exits: its peers see it dead and go on without it."""
     sys.stdout.flush()
     sys.stderr.flush()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    if whole_job and mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)
 

@@ -9,7 +9,8 @@ A :class:`TaskService` lives in a Spark task or a Ray actor for one job. It answ
 - ``("result", rank, ok, data)`` from the rank: its pickled return value, or its traceback;
 - ``("watch",)`` from the rank: never answered; the connection closes when this task dies, and the
   rank then ends itself (an elastic rank runs under a shell that a dead proxy does not take along);
-- ``("finish",)`` from the driver: the job is over; :meth:`TaskService.outcome` returns.
+- ``("finish",)`` from the driver: the job is over; :meth:`TaskService.outcome` returns. In an
+  elastic job it also returns once the rank raised: the job goes on without this task attempt.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class TaskService:
             elif kind == "result":
                 self._outcome = self._checked_result(*message[1:])
                 connection.send("ok")
+                if self.host_alias is not None and not self._outcome.ok:
+                    self._finished.set()  # the rank leaves the elastic job; this attempt is over
             elif kind == "watch":
                 self._finished.wait()
             elif kind == "finish":

@@ -99,7 +99,7 @@ def kill_ancestor(what, is_it):
 def counts_through_a_lost_slot(marker, full, what, is_it):
     """An elastic job that counts its ranks every step; at step 3 or later of a full world (``full``
     ranks), the first rank 1 there kills the engine's process it runs under (``what``, found by
-    ``is_it``). Stops once the world is full again after the loss, or after 600 steps. Returns the
+    ``is_it``), or raises if ``is_it`` is None. Stops once the world is full again after the loss, or after 600 steps. Returns the
     rank, the size, the sizes this process trained at itself, and the job's record of them."""
     import hvdlite as hvd
     from hvdlite.elastic import ObjectState
@@ -115,6 +115,8 @@ def counts_through_a_lost_slot(marker, full, what, is_it):
             seen.append(size)
             if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
                 open(marker, "w").close()
+                if is_it is None:
+                    raise RuntimeError(f"rank 1 raised at step {state.step}")
                 kill_ancestor(what, is_it)
             state.sizes.append(size)
             state.step += 1

@@ -166,6 +166,19 @@ def test_elastic_executor_replaces_a_killed_actor_at_np_3(ray_cluster, tmp_path)
     assert all_cpus_free(ray_cluster)
 
 
+def test_elastic_executor_replaces_an_actor_whose_rank_raised_at_np_3(ray_cluster, tmp_path):
+    from hvdlite.ray import ElasticRayExecutor
+
+    executor = ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=60))
+    executor.start()
+    results = executor.run(counts_through_a_lost_slot, args=(str(tmp_path / "raised"), 3, "", None))
+    assert [(rank, size) for rank, size, _, _ in results] == [(0, 3), (1, 3), (2, 3)], results
+    through = [seen for _, _, seen, _ in results if 2 in seen[seen.index(3):]]
+    assert len(through) == 2 and all(seen[-1] == 3 for seen in through), results
+    assert [set(seen) for _, _, seen, _ in results if 2 not in seen] == [{3}], results
+    assert all_cpus_free(ray_cluster)
+
+
 def test_ray_executor_with_min_and_max_workers_is_elastic(ray_cluster):
     from hvdlite.ray import RayExecutor, RayJobError
 

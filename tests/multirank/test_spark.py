@@ -131,3 +131,17 @@ def test_run_elastic_survives_a_lost_executor_and_grows_back(spark, tmp_path):
     assert set(joined) == {2} and len(joined) < len(survivor), joined  # the task Spark ran again
     assert results[0][3] == results[1][3], results
     assert no_jobs_left(spark)
+
+
+def test_run_elastic_goes_on_without_a_rank_that_raised_and_spark_runs_its_task_again(spark, tmp_path):
+    import hvdlite.spark
+
+    results = hvdlite.spark.run_elastic(counts_through_a_lost_slot, args=(str(tmp_path / "raised"), 2, "", None),
+                                        num_proc=2, min_num_proc=1, max_num_proc=2)
+    assert [(rank, size) for rank, size, _, _ in results] == [(0, 2), (1, 2)], results
+    survivor, joined = results[0][2], results[1][2]
+    # The other rank trained on alone, then with the raising task's new attempt.
+    assert survivor[:4] == [2, 2, 2, 2] and 1 in survivor and survivor[-1] == 2, survivor
+    assert set(joined) == {2} and len(joined) < len(survivor), joined
+    assert results[0][3] == results[1][3], results
+    assert no_jobs_left(spark)
