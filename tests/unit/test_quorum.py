@@ -38,7 +38,7 @@ def test_two_sides_never_both_go_on():
             continue
         for known_a, known_b in itertools.product(subsets(dead), repeat=2):
             winners = sum(goes_on(side, [rank for rank in range(5) if rank not in known])
-                          for side, known in zip(sides, (known_a, known_b)))
+                          for side, known in zip(sides, (known_a, known_b), strict=True))
             assert winners <= 1, (sides, known_a, known_b)
 
 
