@@ -67,8 +67,8 @@ def _group(item: pytest.Item) -> str:
     path = Path(str(item.fspath))
     if path.parent.name == "unit":
         return "unit"
-    if path.stem == "test_spark_estimators":
-        return "test_spark"  # one Spark session (tests/multirank/conftest.py) for both files
+    if path.stem == "test_spark_estimators" or path.stem.startswith("test_horovod_spark"):
+        return "test_spark"  # one Spark session (tests/multirank/conftest.py) for the Spark files
     if "tensorflow_job" in getattr(item, "fixturenames", ()):
         return "test_tensorflow"  # the worker that runs the shared TensorFlow job (tests/multirank/tensorflow_job.py)
     return "netns" if item.get_closest_marker("netns") else path.stem

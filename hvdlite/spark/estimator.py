@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from .common.backend import SparkBackend
 from .common.params import ParamsError, values
 from .common.prepare import Prepared, column_shapes, prepare
+from .common.shapes import batched
 from .common.spec import DataSpec
 
 
@@ -50,12 +52,13 @@ class HorovodEstimator:
         return self._fit_prepared(params, prepared, self._num_proc(params))
 
     def _fit_prepared(self, params: dict[str, Any], prepared: Prepared, num_proc: int) -> Any:
-        from .job import run
-
         outputs = self._output_shapes(params, prepared)
         check_outputs(outputs, prepared, params["label_cols"])
+        check_label_shapes(params["label_shapes"], outputs, prepared, params["label_cols"])
         run_id = params["run_id"] or f"run_{uuid.uuid4().hex[:12]}"
-        results = run(self._trainer(params, prepared, run_id, num_proc, outputs), num_proc=num_proc)
+        backend = params["backend"] or SparkBackend(num_proc)
+        results = backend.run(self._trainer(params, prepared, run_id, num_proc, outputs),
+                              env=dict(params["backend_env"] or {}))
         return self._model(params, prepared, run_id, results[0], outputs)
 
     def _checked_params(self) -> dict[str, Any]:
@@ -71,9 +74,19 @@ class HorovodEstimator:
 
     @staticmethod
     def _num_proc(params: dict[str, Any]) -> int:
+        """The ranks to train on: the backend's, when given (it must agree with num_proc), else num_proc."""
         from .job import checked_num_proc, running_context
 
-        return checked_num_proc(running_context(), params["num_proc"])
+        backend = params["backend"]
+        if backend is None:
+            return checked_num_proc(running_context(), params["num_proc"])
+        if not (callable(getattr(backend, "run", None)) and callable(getattr(backend, "num_processes", None))):
+            raise ParamsError(f"backend must be a Backend (SparkBackend, or any object with run() and "
+                              f"num_processes()), got {backend!r}")
+        ranks = backend.num_processes()
+        if params["num_proc"] is not None and params["num_proc"] != ranks:
+            raise ParamsError(f"num_proc={params['num_proc']} but the backend runs {ranks} processes; give one of them")
+        return ranks
 
     def _output_shapes(self, params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
         """The per-row shape of each of the model's outputs (a ParamsError if it cannot take the features)."""
@@ -105,7 +118,8 @@ def data_spec(params: dict[str, Any], prepared: Prepared, run_id: str, num_proc:
         epochs=params["epochs"],
         steps=steps(prepared.train_rows, num_proc, params["batch_size"], params["train_steps_per_epoch"]),
         val_steps=steps(prepared.val_rows, num_proc, val_batch, params["validation_steps_per_epoch"]),
-        shuffle_buffer_size=min(prepared.train_rows // num_proc, 100_000) if buffer is None else buffer,
+        shuffle_buffer_size=0 if not params["shuffle"] else
+        min(prepared.train_rows // num_proc, 100_000) if buffer is None else buffer,
         seed=params["random_seed"], verbose=params["verbose"], transformation_fn=params["transformation_fn"],
         inmemory_cache_all=params["inmemory_cache_all"])
 
@@ -120,6 +134,24 @@ def check_outputs(output_shapes: list[tuple[int, ...]], prepared: Prepared, labe
         message = label_mismatch(prepared.shapes[name], output, name)
         if message:
             raise ParamsError(message)
+
+
+def check_label_shapes(label_shapes: list[list[int]] | None, output_shapes: list[tuple[int, ...]],
+                       prepared: Prepared, label_cols: list[str]) -> None:
+    """A ParamsError unless each of Horovod's ``label_shapes`` is the shape the ranks give that label
+    (:func:`label_as_output`: the output's shape, or one class index per row): the loss would
+    otherwise see other labels than the script asked for."""
+    if label_shapes is None:
+        return
+    if len(label_shapes) != len(label_cols):
+        raise ParamsError(f"label_shapes has {len(label_shapes)} shapes for {len(label_cols)} label columns")
+    for shape, output, name in zip(batched(label_shapes), output_shapes, label_cols, strict=True):
+        given = tuple(shape[1:])
+        hvdlite_shape = tuple(output) if math.prod(prepared.shapes[name]) == math.prod(output) else ()
+        if given != hvdlite_shape and not math.prod(given) == math.prod(hvdlite_shape) == 1:
+            raise ParamsError(f"label_shapes gives label column {name!r} the per-row shape {given}, but hvdlite "
+                              f"shapes it like the model's output for it, {hvdlite_shape or 'one value per row'}; "
+                              "leave label_shapes out")
 
 
 def label_mismatch(label: tuple[int, ...], output: tuple[int, ...], column: str) -> str | None:

@@ -68,7 +68,7 @@ def test_torch_estimator_in_a_pipeline_learns_predicts_saves_and_resumes(spark, 
     marker = tmp_path / "steps"
     step = functools.partial(_horovod_style_step, str(marker))
     # use_gpu=False, as Horovod scripts for CPU clusters say it: the CPU, as without GPUs (tests/unit has the rules)
-    resumed = example.fit_and_predict(spark, store, epochs=5, train_minibatch_fn=step, use_gpu=False)[0].stages[-1]
+    resumed = example.fit_and_predict(spark, store, epochs=2, train_minibatch_fn=step, use_gpu=False)[0].stages[-1]
     assert marker.read_text().split() == ["8"] * (2 * 2 * 16)  # 2 epochs, 2 ranks, 16 steps of 8 rows
     assert resumed.getHistory()[:3] == history  # the first three epochs were not run again
     assert len(resumed.getHistory()) == 5 and resumed.getHistory()[-1]["train"]["loss"] <= losses[-1]
@@ -89,8 +89,14 @@ def test_bad_input_is_named_before_any_rank_starts(spark, tmp_path):
         example.pipeline(str(blocker / "store"), "c").fit(frame)
     with pytest.raises(Exception, match="num_proc=3 ranks need 3 task slots"):
         example.pipeline(store, "d", num_proc=3).fit(frame)
-    with pytest.raises(ParamsError, match="TorchEstimator has no parameter 'backend'"):
-        example.pipeline(store, "e", backend="spark")
+    with pytest.raises(ParamsError, match="TorchEstimator has no parameter 'backnd'"):
+        example.pipeline(store, "e", backnd="spark")
+    with pytest.raises(ParamsError, match=r"backend must be a Backend .* got 'spark'"):
+        example.pipeline(store, "f", backend="spark").fit(frame)
+    with pytest.raises(ParamsError, match=r"TorchEstimator\(data_module=...\) is not supported: hvdlite reads"):
+        example.pipeline(store, "g", data_module=object)
+    with pytest.raises(ParamsError, match=r"label_shapes gives label column 'y' the per-row shape \(2,\)"):
+        example.pipeline(store, "h", label_shapes=[[2]]).fit(frame)
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 
@@ -122,7 +128,7 @@ def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts
         spark.createDataFrame(keras_example.colour_rows(640), keras_example.COLUMNS)))).toPandas()
     np.testing.assert_allclose(np.stack(again["label__output"]), outputs, rtol=1e-5)
 
-    resumed = keras_example.fit_and_predict(spark, store, epochs=6, use_gpu=False)[0].stages[-1].getHistory()
+    resumed = keras_example.fit_and_predict(spark, store, epochs=2, use_gpu=False)[0].stages[-1].getHistory()
     assert {name: values[:4] for name, values in resumed.items()} == history  # not run again
     # Epoch 5 starts from the saved weights and optimizer: far below where a new model starts.
     assert len(resumed["loss"]) == 6 and resumed["loss"][4] < 0.5 * history["loss"][0], resumed
@@ -242,7 +248,7 @@ def test_lightning_estimator_fits_a_lightning_module_predicts_and_resumes(spark,
     by_hand = fitted.getModel()(torch.tensor(predicted[["x1", "x2"]].to_numpy(), dtype=torch.float32))
     np.testing.assert_allclose(predicted["y__output"], by_hand.detach().numpy()[:, 0], rtol=1e-5, atol=1e-6)
 
-    resumed = TorchEstimator(epochs=5, **options).fit(frame)  # the run's checkpoint: two epochs more
+    resumed = TorchEstimator(epochs=2, **options).fit(frame)  # the run's checkpoint, then two epochs more
     assert resumed.getHistory()[:3] == history and len(resumed.getHistory()) == 5, resumed.getHistory()
     with pytest.raises(ParamsError, match="optimizer cannot be given with a LightningModule"):
         TorchEstimator(epochs=1, optimizer=torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),

@@ -1,8 +1,9 @@
 """What every framework's fitted model does: predict into new columns, save and load.
 
 ``transform(df)`` appends one column per label, ``LABEL__output`` unless ``output_cols`` says
-otherwise: a double where the output is one value per row, else an array of doubles (the row's output
-flattened). The model runs in a pandas UDF on the executors, in batches of Arrow rows; vector
+otherwise, typed as Horovod's: where the output is one value per row, the label column's type (a
+prediction for an integer label rounded to it), or a double where ``df`` has no such label; else a
+Spark ML ``DenseVector`` (``VectorUDT``) of the row's output flattened. The model runs in a pandas UDF on the executors, in batches of Arrow rows; vector
 feature columns are converted to arrays first, as for training.
 
 Saving (``model.write().save(path)``, ``Model.load(path)``) writes the parameters as JSON and the
@@ -20,20 +21,26 @@ from typing import Any
 import numpy as np
 from pyspark.ml.util import MLReader, MLWriter
 
-from .params import values
+from .params import ParamsError, values
 
 PredictFn = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
-def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], output_shapes: list[list[int]],
-                   predict: PredictFn) -> Any:
-    """``df`` with ``output_cols`` appended: ``predict`` applied to its ``feature_cols`` (a double
-    column for an output of one value per row, else an array)."""
+def transform_with(df: Any, feature_cols: list[str], output_cols: list[str] | None,
+                   output_shapes: list[list[int]] | None, predict: PredictFn, label_cols: list[str] | None = None) -> Any:
+    """``df`` with ``output_cols`` appended: ``predict`` applied to its ``feature_cols`` (typed as the
+    module's docstring says, after ``label_cols`` where ``df`` has them). A model built by hand may
+    leave out ``output_cols`` (then ``LABEL__output``) and ``output_shapes`` (then found by
+    predicting ``df``'s first row here)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
+    types = {field.name: field.dataType for field in df.schema.fields}
+    features = [vector_to_array(df[name]) if isinstance(types[name], VectorUDT) else df[name] for name in feature_cols]
+    output_cols = output_cols or default_output_cols(label_cols)
+    output_shapes = output_shapes or _first_row_shapes(df.select(*features), predict)
     scalar_outputs = [math.prod(shape) == 1 for shape in output_shapes]
     schema = StructType([StructField(name, DoubleType() if scalar else ArrayType(DoubleType()))
                          for name, scalar in zip(output_cols, scalar_outputs, strict=True)])
@@ -51,11 +58,47 @@ def transform_with(df: Any, feature_cols: list[str], output_cols: list[str], out
         return pd.DataFrame(data)
 
     udf = pandas_udf(predict_pandas, returnType=schema)
-    types = {field.name: field.dataType for field in df.schema.fields}
-    features = [vector_to_array(df[name]) if isinstance(types[name], VectorUDT) else df[name] for name in feature_cols]
     hidden = "__hvdlite_predictions"
     predicted = df.withColumn(hidden, udf(*features))
-    return predicted.select("*", *[predicted[hidden][name].alias(name) for name in output_cols]).drop(hidden)
+    labels = [types.get(name) for name in label_cols or []] + [None] * len(output_cols)
+    columns = [_typed(predicted[hidden][name], scalar, label).alias(name)
+               for name, scalar, label in zip(output_cols, scalar_outputs, labels, strict=False)]
+    return predicted.select("*", *columns).drop(hidden)
+
+
+def default_output_cols(label_cols: list[str] | None) -> list[str]:
+    """Horovod's prediction columns: ``LABEL__output`` for each label."""
+    if not label_cols:
+        raise ParamsError("the model has neither output_cols nor label_columns: give label_columns=[...], the "
+                          "columns whose predictions transform appends (as LABEL__output)")
+    return [f"{name}__output" for name in label_cols]
+
+
+def _first_row_shapes(features: Any, predict: PredictFn) -> list[list[int]]:
+    """The per-row shape of each output, from the model's prediction for the first row of ``features``."""
+    first = features.limit(1).toPandas()
+    if first.empty:
+        raise ParamsError("the model has no output_shapes, and the DataFrame to transform has no row to find them")
+    inputs = [np.stack(column.to_numpy()) if column.dtype == object else column.to_numpy()
+              for _, column in first.items()]
+    return [list(np.shape(output)[1:]) for output in predict(inputs)]
+
+
+def _typed(column: Any, scalar: bool, label_type: Any) -> Any:
+    """A prediction column as Horovod types it: a vector, or a value of the label's numeric type."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.functions import array
+    from pyspark.sql.functions import round as round_column
+    from pyspark.sql.types import FractionalType, IntegralType
+
+    if not scalar:
+        return array_to_vector(column)
+    if isinstance(label_type, VectorUDT):
+        return array_to_vector(array(column))
+    if isinstance(label_type, IntegralType):
+        return round_column(column).cast(label_type)
+    return column.cast(label_type) if isinstance(label_type, FractionalType) else column
 
 
 class ParamsWriter(MLWriter):

@@ -10,10 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import HvdliteError
+from .horovod_params import ignored_table, refusals, warn_if_ignored
 
 # name: (default, description). Horovod's defaults, where the parameter means the same here.
 COMMON = {
     "num_proc": (None, "number of ranks (default: every task slot of the cluster)"),
+    "backend": (None, "where the training runs (Horovod's SparkBackend, or your own Backend): its run() trains "
+                      "on its num_processes() ranks (default: hvdlite.spark.run on num_proc ranks)"),
+    "backend_env": (None, "environment variables the ranks get besides the driver's"),
     "store": (None, "the Store that holds the intermediate data and the runs"),
     "model": (None, "the model to train (copied, never changed)"),
     "optimizer": (None, "the optimizer (Keras: by default the one the model was compiled with)"),
@@ -31,17 +35,21 @@ COMMON = {
     "epochs": (1, "epochs"),
     "train_steps_per_epoch": (None, "steps per epoch (default: every rank's share of the rows once)"),
     "validation_steps_per_epoch": (None, "validation steps per epoch (default: the validation share once)"),
+    "shuffle": (True, "shuffle each rank's rows every epoch (False: read them in order, as shuffle_buffer_size=0)"),
+    "label_shapes": (None, "Horovod's shape of each label for the loss: accepted where it is the shape hvdlite "
+                           "gives the label (the model's output for it, or one class index per row), else refused"),
     "shuffle_buffer_size": (None, "rows in each rank's shuffle buffer (default: its whole share, up to 100,000 "
                                   "rows; 0 reads in order)"),
     "random_seed": (None, "seed of the model's initial state and of the shuffling"),
     "verbose": (1, "0 silent, 1 or 2 one line per epoch (from rank 0)"),
-    "run_id": (None, "the run's folder in the store; fitting again with the same run_id resumes from its "
+    "run_id": (None, "the run's folder in the store; fitting again with the same run_id trains epochs more from its "
                      "last finished epoch (default: a new id)"),
     "gradient_compression": (None, "hvd.Compression of the gradients"),
     "backward_passes_per_step": (1, "backward passes whose gradients one optimizer step averages"),
     "transformation_fn": (None, "a function applied to every batch (a dict of column -> array) before the step"),
     "inmemory_cache_all": (False, "keep each rank's share in memory after the first epoch"),
     "partitions_per_process": (10, "Parquet partitions Spark writes per rank"),
+    **ignored_table(),
     "use_gpu": (True, "train each rank on its local rank's GPU where every executor has GPUs (else on the CPU); "
                       "False trains on the CPU even where there are GPUs"),
 }
@@ -54,6 +62,8 @@ MODEL_COMMON = {
     "label_shapes": (None, "each label's per-row shape"),
     "output_shapes": (None, "each output's per-row shape"),
     "run_id": (None, "the run's folder in the store"),
+    "_metadata": (None, "Horovod's column metadata; accepted, unused: transform reads the column types from the "
+                        "DataFrame"),
 }
 
 
@@ -80,6 +90,7 @@ def declare(cls: type, table: dict[str, tuple[Any, str]]) -> type:
 
 def _setter(name: str) -> Any:
     def set_value(self: Any, value: Any) -> Any:
+        warn_if_ignored(name, value, type(self).__name__)
         return self._set(**{name: value})
     set_value.__doc__ = f"Set ``{name}``."
     return set_value
@@ -92,17 +103,25 @@ def _getter(name: str) -> Any:
     return get_value
 
 
-def check_known(instance: Any, kwargs: dict[str, Any], kind: str) -> None:
-    """A ParamsError naming each keyword of ``kwargs`` that ``instance`` does not declare."""
+def check_known(instance: Any, kwargs: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``kwargs``, once checked: a ParamsError naming each keyword that ``instance`` does not declare,
+    or that Horovod takes but hvdlite refuses, and why; a warning for each of Horovod's parameters
+    that change nothing here (:mod:`.horovod_params`)."""
+    problems = refusals(kwargs, kind)
+    if problems:
+        raise ParamsError("; ".join(problems))
+    for name, value in kwargs.items():
+        warn_if_ignored(name, value, kind)
     defaults = type(instance)._hvdlite_defaults
     unknown = sorted(set(kwargs) - set(defaults))
     if unknown:
         raise ParamsError(f"{kind} has no parameter {', '.join(map(repr, unknown))}; it takes: {', '.join(defaults)}")
+    return kwargs
 
 
 def apply(instance: Any, kwargs: dict[str, Any], kind: str) -> None:
     """Set the defaults of ``instance``'s declared parameters, then ``kwargs`` (see :func:`check_known`)."""
-    check_known(instance, kwargs, kind)
+    kwargs = check_known(instance, kwargs, kind)
     instance._setDefault(**type(instance)._hvdlite_defaults)
     instance._set(**{name: value for name, value in kwargs.items() if value is not None})
 

@@ -30,6 +30,7 @@ MODEL = {
     "history": ({}, "Keras's history: each metric's value per epoch"),
     "model": (None, "the trained keras.Model"),
     "custom_objects": ({}, "custom Keras objects the model needs"),
+    "_floatx": (None, "Horovod's Keras float type at fit; accepted, unused: the model keeps its own dtypes"),
     **MODEL_COMMON,
 }
 
@@ -43,8 +44,7 @@ class KerasEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
 
     def setParams(self, **kwargs: Any) -> KerasEstimator:  # noqa: N802 - Spark ML's name
         """Set several parameters by keyword."""
-        check_known(self, kwargs, "KerasEstimator")
-        return self._set(**kwargs)
+        return self._set(**check_known(self, kwargs, "KerasEstimator"))
 
     def write(self) -> MLWriter:
         """As Horovod's: the estimator saves (the model scoped with its custom objects, the rest that
@@ -129,8 +129,8 @@ class KerasModel(Model, MLWritable, MLReadable):
             outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
             return [keras.ops.convert_to_numpy(output) for output in outputs]
 
-        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(),
-                              self.getOutputShapes(), predict)
+        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(), self.getOutputShapes(), predict,
+                              self.getLabelColumns())
 
     def write(self) -> MLWriter:
         return _ScopedWriter(self, ("model", "custom_objects"))

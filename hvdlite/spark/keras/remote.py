@@ -5,7 +5,7 @@ by the number of ranks, wraps it in ``hvdlite.tensorflow.keras.DistributedOptimi
 the model and calls ``model.fit`` on its share of the data, with rank 0's weights and optimizer
 state broadcast first and the epoch's metrics averaged over the ranks. Rank 0 saves a checkpoint
 (the weights and the optimizer's variables) and the Keras history into the run folder after every
-epoch; a fit with the same ``run_id`` resumes from there. With ``use_gpu`` TensorFlow sees only the
+epoch; a fit with the same ``run_id`` resumes from there and trains ``epochs`` more (Horovod's). With ``use_gpu`` TensorFlow sees only the
 rank's GPU (its local rank's) where every rank has one, else none (:mod:`hvdlite.spark.common.device`).
 """
 
@@ -60,7 +60,8 @@ def train(spec: KerasSpec) -> dict[str, Any] | None:
         callbacks.append(_Checkpoint(spec, optimizer, history, hvd.size()))
     val_batches = data.val_batches(hvd.rank(), hvd.size())
     model.fit(_for_keras(spec, data.train_batches(hvd.rank(), hvd.size())), steps_per_epoch=data.steps,
-              epochs=data.epochs, initial_epoch=len(history.get("loss", [])), callbacks=callbacks,
+              epochs=len(history.get("loss", [])) + data.epochs, initial_epoch=len(history.get("loss", [])),
+              callbacks=callbacks,
               validation_data=None if val_batches is None else _for_keras(spec, val_batches),
               validation_steps=data.val_steps if val_batches is not None else None,
               shuffle=False, verbose=2 if data.verbose and hvd.rank() == 0 else 0)  # the batches come shuffled

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..common.params import ParamsError, declare
 from ..common.prepare import Prepared
+from ..common.shapes import batched
 from ..estimator import data_spec
 from ..torch.estimator import TorchEstimator as PlainTorchEstimator
 from ..torch.estimator import TorchModel as PlainTorchModel
@@ -51,7 +52,7 @@ class TorchEstimator(PlainTorchEstimator):
         import cloudpickle
 
         spec = LightningSpec(data=data_spec(params, prepared, run_id, num_proc),
-                             model=cloudpickle.dumps(params["model"]), input_shapes=params["input_shapes"],
+                             model=cloudpickle.dumps(params["model"]), input_shapes=batched(params["input_shapes"]),
                              trainer_args=_trainer_args(params), use_gpu=params["use_gpu"] and params["num_gpus"] != 0)
         return functools.partial(train, spec)
 

@@ -6,7 +6,7 @@ hvdlite's backend) and a cluster environment that reports hvdlite's ranks, and f
 (Horovod's form: ``batch["features"]``), feature columns in ``input_shapes`` when given. An epoch is
 ``steps`` batches (``val_steps`` for validation). After every epoch the ranks write a Lightning
 checkpoint, which rank 0 saves into the run folder with the history; a fit with the run's ``run_id``
-resumes from it (``Trainer.fit(ckpt_path=...)``) up to ``epochs``.
+resumes from it (``Trainer.fit(ckpt_path=...)``) and trains ``epochs`` more (Horovod's).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _trainer(spec: LightningSpec, history: Any, hvd: Any, checkpoint: str) -> An
     data = spec.data
     gpu = agreed_uses_gpu(spec.use_gpu, hvd.local_rank(), _gpus(spec.use_gpu))
     options = dict(accelerator="gpu" if gpu else "cpu", strategy="hvdlite", plugins=[_environment(hvd)],
-                   max_epochs=data.epochs, limit_train_batches=data.steps,
+                   max_epochs=len(history.epochs) + data.epochs, limit_train_batches=data.steps,
                    limit_val_batches=data.val_steps if data.val_path else 0, num_sanity_val_steps=0,
                    logger=False, enable_checkpointing=False, enable_progress_bar=False,
                    enable_model_summary=False, use_distributed_sampler=False,

@@ -16,11 +16,13 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from ..common.model import ParamsReader, ParamsWriter, opaque, transform_with
 from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
+from ..common.shapes import batched
 from ..estimator import HorovodEstimator, data_spec
 from .remote import TrainSpec, train
 
 TORCH = {
-    "input_shapes": (None, "the shape of each feature column's input to the model, e.g. [[-1, 2]]"),
+    "input_shapes": (None, "the shape of each feature column's input to the model, e.g. [[-1, 2]], or of one row, "
+                           "[[2]]"),
     "loss_constructors": (None, "functions that build the losses on each rank (instead of loss)"),
     "train_minibatch_fn": (None, "a custom step, Horovod's signature: fn(model, optimizer, transform_outputs, "
                                  "loss_fn, inputs, labels, sample_weights) -> (outputs, loss)"),
@@ -30,6 +32,8 @@ MODEL = {
     "model": (None, "the trained torch.nn.Module"),
     "optimizer": (None, "the optimizer, in its trained state"),
     "input_shapes": (None, "the shape of each feature column's input to the model"),
+    "loss": (None, "the loss(es) it was trained with (Horovod keeps them on the model)"),
+    "loss_constructors": (None, "the functions that built its losses"),
     **MODEL_COMMON,
 }
 
@@ -45,8 +49,7 @@ class TorchEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
 
     def setParams(self, **kwargs: Any) -> TorchEstimator:
         """Set several parameters by keyword."""
-        check_known(self, kwargs, "TorchEstimator")
-        return self._set(**kwargs)
+        return self._set(**check_known(self, kwargs, "TorchEstimator"))
 
     def write(self) -> MLWriter:
         """As Horovod's: the estimator saves (model, optimizer, functions and store pickled), and so
@@ -64,7 +67,7 @@ class TorchEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
         model = copy.deepcopy(params["model"]).eval()
         inputs = [torch.zeros((2, *prepared.shapes[name])) for name in params["feature_cols"]]
         if params["input_shapes"]:
-            inputs = [value.reshape(shape) for value, shape in zip(inputs, params["input_shapes"], strict=True)]
+            inputs = [value.reshape(shape) for value, shape in zip(inputs, batched(params["input_shapes"]), strict=True)]
         with torch.no_grad():
             try:
                 outputs = model(*inputs)
@@ -93,7 +96,7 @@ class TorchEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
             data=data_spec(params, prepared, run_id, num_proc), model=cloudpickle.dumps(params["model"]),
             optimizer_cls=type(optimizer), optimizer_state=optimizer.state_dict(), losses=list(losses),
             loss_weights=params["loss_weights"] or [1 / len(labels)] * len(labels),
-            metrics=list(params["metrics"] or []), input_shapes=params["input_shapes"],
+            metrics=list(params["metrics"] or []), input_shapes=batched(params["input_shapes"]),
             compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"],
             train_minibatch_fn=params["train_minibatch_fn"], use_gpu=params["use_gpu"])
         return functools.partial(train, spec)
@@ -125,7 +128,7 @@ class TorchModel(Model, MLWritable, MLReadable):
     def _transform(self, df: Any) -> Any:
         import torch
 
-        model, shapes = self.getModel(), self.getInputShapes()
+        model, shapes = self.getModel(), batched(self.getInputShapes())
 
         def predict(inputs: list[Any]) -> list[Any]:
             tensors = [torch.as_tensor(value).float() for value in inputs]
@@ -135,11 +138,11 @@ class TorchModel(Model, MLWritable, MLReadable):
                 outputs = model.eval()(*tensors)
             return [output.numpy() for output in (outputs if isinstance(outputs, (tuple, list)) else [outputs])]
 
-        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(),
-                              self.getOutputShapes(), predict)
+        return transform_with(df, self.getFeatureColumns(), self.getOutputCols(), self.getOutputShapes(), predict,
+                              self.getLabelColumns())
 
     def write(self) -> MLWriter:
-        return ParamsWriter(self, ("model", "optimizer"))
+        return ParamsWriter(self, opaque(values(self)))
 
     @classmethod
     def read(cls) -> MLReader:

@@ -62,7 +62,7 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     train_batches = _tensor_batches(spec, data.train_batches(hvd.rank(), hvd.size()), device)
     val_batches = data.val_batches(hvd.rank(), hvd.size())
     val_batches = None if val_batches is None else _tensor_batches(spec, val_batches, device)
-    for epoch in range(len(history), data.epochs):
+    for epoch in range(len(history), len(history) + data.epochs):  # a resumed run: epochs more, as Horovod
         model.train()
         logs = {"epoch": epoch, "train": _epoch(spec, model, optimizer, train_batches, data.steps, "train", hvd)}
         if val_batches is not None:

@@ -1,0 +1,52 @@
+"""Horovod's estimator backends: where an estimator's training function runs.
+
+An estimator given ``backend=`` runs its training through ``backend.run`` on
+``backend.num_processes()`` ranks, as Horovod's do; without one it runs through
+:func:`hvdlite.spark.run` on ``num_proc`` ranks (a :class:`SparkBackend` of its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...settings.config import environ
+
+
+class Backend:
+    """Horovod's interface: run the training function on every rank, report how many ranks."""
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None,
+            env: Mapping[str, str] | None = None) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank; the return values, by rank."""
+        raise NotImplementedError
+
+    def num_processes(self) -> int:
+        """How many ranks :meth:`run` uses."""
+        raise NotImplementedError
+
+
+class SparkBackend(Backend):
+    """Runs the training with :func:`hvdlite.spark.run` on ``num_proc`` ranks (default: the
+    cluster's ``defaultParallelism``); ``env`` is the ranks' environment (default: the driver's),
+    and ``kwargs`` go to :func:`hvdlite.spark.run` (``start_timeout``, ``stdout``, ``verbose``, ...)."""
+
+    def __init__(self, num_proc: int | None = None, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        from ..job import running_context
+
+        self._num_proc = num_proc or running_context().defaultParallelism
+        self._env = dict(env) if env is not None else None
+        self._kwargs = kwargs
+
+    def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None,
+            env: Mapping[str, str] | None = None) -> list[Any]:
+        from ..job import run
+
+        full_env = {**(self._env if self._env is not None else environ()), **(env or {})}
+        return run(fn, args=args, kwargs=kwargs, num_proc=self._num_proc, env=full_env, **self._kwargs)
+
+    def num_processes(self) -> int:
+        return self._num_proc
+
+
+__all__ = ["Backend", "SparkBackend"]
