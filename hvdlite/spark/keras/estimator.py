@@ -20,6 +20,7 @@ from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from ..common.model import ParamsReader, ParamsWriter, opaque, transform_with
 from ..common.params import COMMON, MODEL_COMMON, ParamsError, apply, check_known, declare, values
 from ..common.prepare import Prepared
+from ..common.shapes import keras_input_shapes, reshaped
 from ..estimator import HorovodEstimator, data_spec
 from .remote import KerasSpec, train
 
@@ -68,7 +69,7 @@ class KerasEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
             optimizer=keras.optimizers.serialize(_optimizer(params)), loss=params["loss"],
             loss_weights=params["loss_weights"], metrics=list(params["metrics"] or []),
             callbacks=list(params["callbacks"] or []), custom_objects=dict(params["custom_objects"] or {}),
-            output_shapes=outputs,
+            output_shapes=outputs, input_shapes=keras_input_shapes(params["model"], _row_shapes(params, prepared)),
             compression=params["gradient_compression"], backward_passes_per_step=params["backward_passes_per_step"],
             use_gpu=params["use_gpu"])
         return functools.partial(train, spec)
@@ -93,6 +94,10 @@ class KerasEstimator(HorovodEstimator, Estimator, MLWritable, MLReadable):
 declare(KerasEstimator, {**COMMON, **KERAS})
 
 
+def _row_shapes(params: dict[str, Any], prepared: Prepared) -> list[tuple[int, ...]]:
+    return [prepared.shapes[name] for name in params["feature_cols"]]
+
+
 def _optimizer(params: dict[str, Any]) -> Any:
     """The ``optimizer`` parameter, else the optimizer the model was compiled with (as Horovod's)."""
     optimizer = params["optimizer"] or getattr(params["model"], "optimizer", None)
@@ -104,6 +109,7 @@ def _optimizer(params: dict[str, Any]) -> Any:
 def _output_shapes(model: Any, feature_cols: list[str], prepared: Prepared) -> list[tuple[int, ...]]:
     """The per-row shape of each of ``model``'s outputs on two rows of zeros of the feature columns."""
     inputs = [np.zeros((2, *prepared.shapes[name]), dtype=np.float32) for name in feature_cols]
+    inputs = reshaped(inputs, keras_input_shapes(model, [prepared.shapes[name] for name in feature_cols]))
     try:
         outputs = model(inputs[0] if len(inputs) == 1 else inputs, training=False)
     except Exception as exc:
@@ -125,6 +131,7 @@ class KerasModel(Model, MLWritable, MLReadable):
 
         def predict(inputs: list[Any]) -> list[Any]:
             inputs = [value.astype(np.float32) if value.dtype == np.float64 else value for value in inputs]
+            inputs = reshaped(inputs, keras_input_shapes(shipped.model, [value.shape[1:] for value in inputs]))
             outputs = shipped.model(inputs[0] if len(inputs) == 1 else inputs, training=False)
             outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
             return [keras.ops.convert_to_numpy(output) for output in outputs]

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from ..common.device import agreed_uses_gpu
+from ..common.shapes import reshaped
 from ..common.spec import Batch, DataSpec
 from ..estimator import label_as_output
 
@@ -38,6 +39,7 @@ class KerasSpec:
     callbacks: list[Any]
     custom_objects: dict[str, Any]
     output_shapes: list[tuple[int, ...]]  # each output's per-row shape: the labels are reshaped to it
+    input_shapes: list[list[int]] | None  # each feature column's shape for the model's input, where it differs
     compression: Any
     backward_passes_per_step: int
     use_gpu: bool = True
@@ -107,7 +109,7 @@ def _for_keras(spec: KerasSpec, batches: Iterator[Batch]) -> Iterator[tuple[Any,
     tuple of arrays for several columns, each label in its output's shape (or one value per row: a class index)."""
     data = spec.data
     for batch in batches:
-        inputs = tuple(_float32(batch[name]) for name in data.feature_cols)
+        inputs = tuple(reshaped([_float32(batch[name]) for name in data.feature_cols], spec.input_shapes))
         labels = tuple(label_as_output(_float32(batch[name]), shape)
                        for name, shape in zip(data.label_cols, spec.output_shapes, strict=True))
         item = (inputs[0] if len(inputs) == 1 else inputs, labels[0] if len(labels) == 1 else labels)
