@@ -9,8 +9,11 @@ Needs ``pip install hvdlite[spark]``.
 """
 
 from ..runner.remote.job import RemoteJobError
+from .common.backend import use_spark_run
 from .common.store import Store
 from .elastic import run_elastic
 from .job import SparkJobError, run
+
+use_spark_run(run)
 
 __all__ = ["RemoteJobError", "SparkJobError", "Store", "run", "run_elastic"]

@@ -56,7 +56,7 @@ class HorovodEstimator:
         check_outputs(outputs, prepared, params["label_cols"])
         check_label_shapes(params["label_shapes"], outputs, prepared, params["label_cols"])
         run_id = params["run_id"] or f"run_{uuid.uuid4().hex[:12]}"
-        backend = params["backend"] or SparkBackend(num_proc)
+        backend = params["backend"] or SparkBackend(num_proc)  # hvdlite.spark.run, as Horovod's default
         results = backend.run(self._trainer(params, prepared, run_id, num_proc, outputs),
                               env=dict(params["backend_env"] or {}))
         return self._model(params, prepared, run_id, results[0], outputs)

@@ -28,20 +28,22 @@ def warm_executors(spark):
     spark.sparkContext.parallelize(range(4), 2).map(lambda value: value).collect()
 
 
+def happy_fn():
+    """The function of Horovod's do_test_happy_run and test_happy_run_elastic (test_spark.py)."""
+    import torch
+
+    import hvdlite.torch as hvd
+
+    hvd.init()
+    print(f'running fn {hvd.size()}')
+    print('error line', file=sys.stderr)
+    res = hvd.allgather(torch.tensor([hvd.rank()])).tolist()
+    return res, hvd.rank()
+
+
 def test_happy_run(spark):
-    def fn():
-        import torch
-
-        import hvdlite.torch as hvd
-
-        hvd.init()
-        print(f'running fn {hvd.size()}')
-        print('error line', file=sys.stderr)
-        res = hvd.allgather(torch.tensor([hvd.rank()])).tolist()
-        return res, hvd.rank()
-
     stdout, stderr = io.StringIO(), io.StringIO()
-    res = horovod_spark.run(fn, start_timeout=10, use_mpi=False, use_gloo=True,
+    res = horovod_spark.run(happy_fn, start_timeout=10, use_mpi=False, use_gloo=True,
                             env={'HOROVOD_LOG_LEVEL': 'WARNING'}, stdout=stdout, stderr=stderr, verbose=2)
     assert [([0, 1], 0), ([0, 1], 1)] == res
     assert_regex(stdout.getvalue(), r'\[[01]\]<stdout>:running fn 2\n'
@@ -52,19 +54,8 @@ def test_happy_run(spark):
 
 def test_happy_run_elastic_prints_as_horovod(spark):
     """test_spark.py's test_happy_run_elastic."""
-    def fn():
-        import torch
-
-        import hvdlite.torch as hvd
-
-        hvd.init()
-        print(f'running fn {hvd.size()}')
-        print('error line', file=sys.stderr)
-        res = hvd.allgather(torch.tensor([hvd.rank()])).tolist()
-        return res, hvd.rank()
-
     stdout, stderr = io.StringIO(), io.StringIO()
-    res = horovod_spark.run_elastic(fn, num_proc=2, min_num_proc=2, max_num_proc=2,
+    res = horovod_spark.run_elastic(happy_fn, num_proc=2, min_num_proc=2, max_num_proc=2,
                                     env={'HOROVOD_LOG_LEVEL': 'WARNING'}, stdout=stdout, stderr=stderr,
                                     start_timeout=10, verbose=2)
     assert [([0, 1], 0), ([0, 1], 1)] == res

@@ -42,6 +42,10 @@ def test_run_elastic_sizes_take_horovods_names_and_the_issues_and_refuse_disorde
         elastic._sizes(2, 3, None, None, None)
 
 
-def test_run_elastic_refuses_timestamped_output():
-    with pytest.raises(hvdlite.spark.SparkJobError, match="prefix_output_with_timestamp"):
-        hvdlite.spark.run_elastic(print, prefix_output_with_timestamp=True)
+def test_spark_backend_without_num_proc_or_a_session_says_what_it_needs():
+    from hvdlite.errors import HvdliteError
+    from hvdlite.spark.common.backend import SparkBackend
+
+    assert SparkBackend(num_proc=3).num_processes() == 3
+    with pytest.raises(HvdliteError, match="SparkBackend\\(\\) without num_proc needs a running Spark session"):
+        SparkBackend().num_processes()

@@ -89,5 +89,5 @@ def test_the_lightning_estimators_parameters_reach_each_ranks_trainer():
                                      "gradient_clip_val": 1.0}
     estimator = TorchEstimator(num_gpus=0, trainer_args={"max_steps": 3})
     assert estimator.getNumGpus() == 0 and estimator.getTrainerArgs() == {"max_steps": 3}
-    with pytest.raises(ParamsError, match="no parameter 'data_module'"):
+    with pytest.raises(ParamsError, match=r"TorchEstimator\(data_module=...\) is not supported"):
         TorchEstimator(data_module=object())

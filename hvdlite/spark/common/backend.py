@@ -10,7 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ...errors import HvdliteError
 from ...settings.config import environ
+
+# hvdlite.spark.run, handed over by hvdlite.spark when it is imported (always before this module,
+# its parent package): this folder sits below hvdlite.spark and does not import it.
+_spark_run: list[Callable[..., list[Any]]] = []
+
+
+def use_spark_run(run: Callable[..., list[Any]]) -> None:
+    """Make ``run`` (``hvdlite.spark.run``) what :class:`SparkBackend` runs the training with."""
+    _spark_run[:] = [run]
 
 
 class Backend:
@@ -32,21 +42,26 @@ class SparkBackend(Backend):
     and ``kwargs`` go to :func:`hvdlite.spark.run` (``start_timeout``, ``stdout``, ``verbose``, ...)."""
 
     def __init__(self, num_proc: int | None = None, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-        from ..job import running_context
-
-        self._num_proc = num_proc or running_context().defaultParallelism
+        self._num_proc = num_proc
         self._env = dict(env) if env is not None else None
         self._kwargs = kwargs
 
     def run(self, fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | None = None,
             env: Mapping[str, str] | None = None) -> list[Any]:
-        from ..job import run
-
         full_env = {**(self._env if self._env is not None else environ()), **(env or {})}
-        return run(fn, args=args, kwargs=kwargs, num_proc=self._num_proc, env=full_env, **self._kwargs)
+        return _spark_run[0](fn, args=args, kwargs=kwargs, num_proc=self.num_processes(), env=full_env,
+                             **self._kwargs)
 
     def num_processes(self) -> int:
-        return self._num_proc
+        if self._num_proc is not None:
+            return self._num_proc
+        import pyspark
+
+        context = pyspark.SparkContext._active_spark_context
+        if context is None:
+            raise HvdliteError("SparkBackend() without num_proc needs a running Spark session, whose "
+                               "defaultParallelism is the number of ranks: start one first")
+        return max(context.defaultParallelism, 1)
 
 
-__all__ = ["Backend", "SparkBackend"]
+__all__ = ["Backend", "SparkBackend", "use_spark_run"]
