@@ -116,6 +116,11 @@ class ElasticRegistry(Registry):
                 self._changed.wait(max(0.0, min(0.1, deadline - time.monotonic())))
             return {name: self._results.get(name, TaskOutcome(-1, False, error=LOST, lost=True)) for name in alive}
 
+    def reported(self, names: Sequence[str]) -> dict[str, TaskOutcome]:
+        """The outcomes already reported by those of the attempts ``names`` that did."""
+        with self._changed:
+            return {name: self._results[name] for name in names if name in self._results}
+
     def _record(self, kind: str, *fields: Any) -> None:
         with self._changed:
             if kind == "join":
@@ -170,7 +175,8 @@ def run_elastic_job(registry: ElasticRegistry, run_dir: str, sizes: ElasticSizes
     tasks = registry.live()
     reached = set(finish_tasks(list(tasks.values()), registry.key))
     outcomes = registry.finished([name for index, name in enumerate(tasks) if index in reached], report_seconds)
-    return elastic_results(outcomes, code, tail)
+    # An attempt whose rank raised reported and ended before the finish: what it said names the failure.
+    return elastic_results({**registry.reported(list(tasks)), **outcomes}, code, tail)
 
 
 def elastic_results(outcomes: dict[str, TaskOutcome], code: int, tail: Sequence[str]) -> list[Any]:

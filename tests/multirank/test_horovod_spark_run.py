@@ -163,3 +163,19 @@ def fn(batches_per_commit, batches_per_epoch, epochs, dir=None):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     state = hvd.elastic.TorchState(model, optimizer, batch=0, epoch=0, commits=0, rendezvous=0)
     return train(state, dir)
+
+
+def test_happy_run_elastic_fault_tolerant_fails(spark, tmp_path):
+    """test_spark_torch.py's test_happy_run_elastic_fault_tolerant_fails, which Horovod skips ("elastic
+    horovod does not support shutdown from the spark driver while elastic driver is waiting for hosts
+    to come up"): here the rank in task 1 raises on every attempt, Spark gives the task up after its
+    4 attempts (Horovod's test: as many failures as max_failures), and the job fails naming it."""
+    from hvdlite.runner.remote.job import RemoteJobError
+
+    dir = str(tmp_path)
+    for epoch in range(5):  # more failures than Spark runs the task
+        open(os.path.sep.join([dir, f'rank_1_epoch_{epoch}_batch_0_fail']), 'w').close()
+    with pytest.raises((RemoteJobError, horovod_spark.SparkJobError), match='training failed, restart the task'):
+        horovod_spark.run_elastic(fn, args=(2, 5, 5, dir), num_proc=2, min_num_proc=2, max_num_proc=2,
+                                  start_timeout=5, verbose=2)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
