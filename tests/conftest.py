@@ -55,9 +55,10 @@ LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_rea
 # fully_sharded 251, adasum 227, elastic 189, process_sets 178, docs 175, fully_sharded_torch_apis 131,
 # collectives 129, elastic_frameworks 123, ray 116, elastic_examples 80, shm 72, gpu_scripts_on_cpu 69,
 # the unit tests ~60, failures 41; trainers ~280 and the Lightning estimator's ~100 more in spark, alone
-# on 2026-12-02), so that neither worker is left with a long file while the other has
+# on 2026-12-02; Horovod's own Spark tests ~480 more in spark, alone, later that day, which makes it
+# the longest), so that neither worker is left with a long file while the other has
 # finished (xdist keeps one group queued per worker): the rest follow in file order.
-LONGEST_FIRST = ["test_tensorflow", "test_spark", "test_torch", "test_torch_backend", "test_trainers", "test_diloco", "netns",
+LONGEST_FIRST = ["test_spark", "test_tensorflow", "test_torch", "test_torch_backend", "test_trainers", "test_diloco", "netns",
                  "test_jax", "test_fully_sharded", "test_adasum", "test_elastic", "test_process_sets", "test_docs",
                  "test_fully_sharded_torch_apis", "test_collectives", "test_elastic_frameworks", "test_ray",
                  "test_elastic_examples", "test_shm", "test_gpu_scripts_on_cpu", "unit", "test_failures"]
