@@ -140,6 +140,38 @@ def test_keras_estimator_with_indexed_strings_vectors_and_arrays_learns_predicts
         keras_example.pipeline(store, "bad", feature_cols=["features"]).fit(frame)
 
 
+def test_a_torch_model_built_by_hand_types_its_predictions_as_horovods(spark):
+    """One value per row takes the label's type (rounded for an integer label), a vector output is a
+    DenseVector, and a vector label gets a vector even of one value; shapes and columns found by transform."""
+    from pyspark.ml.linalg import DenseVector, VectorUDT
+    from pyspark.sql.types import DoubleType, FloatType, IntegerType, StructField, StructType
+
+    from hvdlite.spark.torch import TorchModel
+
+    schema = StructType([StructField("x", VectorUDT()), StructField("count", IntegerType()),
+                         StructField("score", FloatType()), StructField("vec", VectorUDT())])
+    frame = spark.createDataFrame([(DenseVector([1.0, 1.3]), 0, 0.0, DenseVector([0.0])),
+                                   (DenseVector([-2.0, 0.4]), 0, 0.0, DenseVector([0.0]))], schema)
+
+    class Outputs(torch.nn.Module):
+        def forward(self, x):
+            total = x.sum(dim=1, keepdim=True)
+            return total, 0.5 * total, torch.cat([x, total], dim=1), total
+
+    model = TorchModel(model=Outputs(), feature_columns=["x"], label_columns=["count", "score", "none", "vec"])
+    out = model.transform(frame).drop("x")
+    assert out.columns[-4:] == ["count__output", "score__output", "none__output", "vec__output"], out.columns
+    types = {field.name: type(field.dataType) for field in out.schema.fields}
+    assert [types[n] for n in out.columns[-4:]] == [IntegerType, FloatType, VectorUDT, VectorUDT], types
+    rows = out.collect()
+    assert [row["count__output"] for row in rows] == [2, -2]  # 2.3 and -1.6, rounded
+    assert [row["score__output"] for row in rows] == pytest.approx([1.15, -0.8])
+    assert rows[0]["none__output"].toArray().tolist() == pytest.approx([1.0, 1.3, 2.3])
+    assert rows[1]["vec__output"].toArray().tolist() == pytest.approx([-1.6])
+    no_label = TorchModel(model=torch.nn.Linear(2, 1), feature_columns=["x"], output_cols=["p"])
+    assert type(no_label.transform(frame).schema["p"].dataType) is DoubleType
+
+
 def test_a_keras_model_with_an_unregistered_custom_layer_predicts_on_the_executors_and_loads_back(spark, tmp_path):
     keras = pytest.importorskip("keras")
     from hvdlite.spark.keras import KerasModel

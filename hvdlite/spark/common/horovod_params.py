@@ -1,8 +1,9 @@
 """Horovod's estimator parameters that hvdlite has no use for: accepted with a warning where their
 effect does not exist here, refused where a script would lose what it asked for without noticing.
 
-The estimators' own parameters are declared in :mod:`.params`; these are taken out of the keywords
-before the rest is checked, so a Horovod estimator script runs with only its imports changed.
+The ignored ones are declared with the estimators' own parameters (:mod:`.params`), so that Horovod's
+getters and setters work too; setting one logs the warning. A Horovod estimator script runs with
+only its imports changed, or stops at once naming a refused parameter and why.
 """
 
 from __future__ import annotations

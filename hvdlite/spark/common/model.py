@@ -3,8 +3,9 @@
 ``transform(df)`` appends one column per label, ``LABEL__output`` unless ``output_cols`` says
 otherwise, typed as Horovod's: where the output is one value per row, the label column's type (a
 prediction for an integer label rounded to it), or a double where ``df`` has no such label; else a
-Spark ML ``DenseVector`` (``VectorUDT``) of the row's output flattened. The model runs in a pandas UDF on the executors, in batches of Arrow rows; vector
-feature columns are converted to arrays first, as for training.
+Spark ML ``DenseVector`` (``VectorUDT``) of the row's output flattened. The model runs in a pandas
+UDF on the executors, in batches of Arrow rows; vector feature columns are converted to arrays
+first, as for training.
 
 Saving (``model.write().save(path)``, ``Model.load(path)``) writes the parameters as JSON and the
 framework's payload (the model itself) with cloudpickle, into the folder ``path`` through fsspec,

@@ -5,8 +5,9 @@ by the number of ranks, wraps it in ``hvdlite.tensorflow.keras.DistributedOptimi
 the model and calls ``model.fit`` on its share of the data, with rank 0's weights and optimizer
 state broadcast first and the epoch's metrics averaged over the ranks. Rank 0 saves a checkpoint
 (the weights and the optimizer's variables) and the Keras history into the run folder after every
-epoch; a fit with the same ``run_id`` resumes from there and trains ``epochs`` more (Horovod's). With ``use_gpu`` TensorFlow sees only the
-rank's GPU (its local rank's) where every rank has one, else none (:mod:`hvdlite.spark.common.device`).
+epoch; a fit with the same ``run_id`` resumes from there and trains ``epochs`` more (Horovod's).
+With ``use_gpu`` TensorFlow sees only the rank's GPU (its local rank's) where every rank has one,
+else none (:mod:`hvdlite.spark.common.device`).
 """
 
 from __future__ import annotations
