@@ -42,10 +42,14 @@ def test_run_elastic_sizes_take_horovods_names_and_the_issues_and_refuse_disorde
         elastic._sizes(2, 3, None, None, None)
 
 
-def test_spark_backend_without_num_proc_or_a_session_says_what_it_needs():
+def test_spark_backend_without_num_proc_or_a_session_says_what_it_needs(monkeypatch):
+    import pyspark
+
     from hvdlite.errors import HvdliteError
     from hvdlite.spark.common.backend import SparkBackend
 
+    # This worker may hold the suite's Spark session (the multirank spark fixture): not this test's.
+    monkeypatch.setattr(pyspark.SparkContext, "_active_spark_context", None)
     assert SparkBackend(num_proc=3).num_processes() == 3
     with pytest.raises(HvdliteError, match="SparkBackend\\(\\) without num_proc needs a running Spark session"):
         SparkBackend().num_processes()
