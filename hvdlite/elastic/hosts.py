@@ -15,6 +15,10 @@ import os
 import random
 
 HOSTS_FILE = "elastic.hosts"  # in the launcher's run directory: {"hosts": {host: slots}, "discovery": bool}
+# No rank is spawned this soon after a rank died: MPICH's spawn right after a death hung (1 in ~7
+# jobs that refilled two slots within milliseconds of their ranks' deaths, 2026-12-02), none with a
+# second between them.
+SPAWN_AFTER_DEATH_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +55,12 @@ class HostBook:
     generation: int = 0  # spawns so far: names the spawned ranks' status files
     resets: int = 0  # world changes so far (failures and host updates)
     ask_launcher_after: float = 0.0  # hvdliterun did not answer: rank 0 asks again only after this time
+    last_failure: float = -math.inf
 
     def record_failure(self, host: str, now: float) -> None:
         """A rank on ``host`` died: the host gets no new rank until its cooldown ends (or ever)."""
         count = self.failures[host] = self.failures.get(host, 0) + 1
+        self.last_failure = max(self.last_failure, now)
         low, high = self.cooldown
         if high <= 0:
             self.blacklisted_until[host] = math.inf
@@ -82,6 +88,8 @@ class HostBook:
             else:
                 remove.append(rank)
         room = math.inf if self.max_np <= 0 else self.max_np - sum(kept.values())
+        if now < self.last_failure + SPAWN_AFTER_DEATH_SECONDS:
+            room = 0
         spawn = []
         for host, slots in self.hosts.items():
             free = min(slots - kept.get(host, 0), room) if self.usable(host, now) else 0
@@ -92,7 +100,8 @@ class HostBook:
 
     def can_grow_later(self, now: float) -> bool:
         """Could a later plan add ranks without a new host list? (a cooldown ends, or discovery runs)"""
-        return self.discovery or any(now < until < math.inf for until in self.blacklisted_until.values())
+        return (self.discovery or now < self.last_failure + SPAWN_AFTER_DEATH_SECONDS
+                or any(now < until < math.inf for until in self.blacklisted_until.values()))
 
 
 def read_hosts_file(path: str) -> tuple[dict[str, int], bool] | None:

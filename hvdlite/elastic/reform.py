@@ -21,12 +21,15 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core import runtime
 from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
 from ..utils.failed_peers import dead_members
+from .agreement import Agreed, agree
 from .channel import ChannelError, request
+from .forming import create_group, watched_start
 from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
 from .wrapper import wrapped
 
@@ -35,50 +38,91 @@ log = logging.getLogger("hvdlite")
 _LAUNCHER_RETRY_SECONDS = 30.0  # after hvdliterun did not answer rank 0's request for the host list
 _CREATE_TAG = 7_301  # MPI_Comm_create_group's tag when the world is re-formed
 _REMOVED_FILE = "elastic.removed"
-# Survivors read the list of the dead until it has not grown for this long (at most _SETTLE_LIMIT s).
+# Without hvdliterun to agree through, survivors read the list of the dead until it has not grown for
+# this long (at most _SETTLE_LIMIT s).
 _SETTLE_QUIET, _SETTLE_LIMIT = 0.5, 5.0
 
 
 def shrink() -> list[str]:
     """Re-form the job without the members that died, keeping this process; returns their process ids.
 
-    Collective over the survivors (``hvd.elastic.run`` calls it on ``HorovodInternalError``). If
-    fewer than ``--min-np`` remain, waits up to ``--elastic-timeout`` for slots to grow back into.
+    Collective over the survivors (``hvd.elastic.run`` calls it on ``HorovodInternalError``). The
+    survivors agree on the new world through hvdliterun (one decision per change, see
+    :mod:`hvdlite.elastic.agreement`); a member that dies while the world forms is left out in a
+    next round. If fewer than ``--min-np`` remain, waits up to ``--elastic-timeout`` for slots.
     """
     from mpi4py import MPI
 
     world = runtime.current()
-    config, book = world.config, _book(world)
+    config, book, rank = world.config, _book(world), world.topology.rank
     ids = list(world.process_ids)
-    exited = set(_settled(lambda: dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, ids, config.run_dir)))
+
+    def read_dead(members: list[str]) -> list[str]:
+        return dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, members, config.run_dir)
+
     # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
     timed_out = world.engine.fatal
-    unreachable = timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else []
-    dead = [process_id for rank, process_id in enumerate(ids) if process_id in exited or rank in unreachable]
+    unreachable = [ids[r] for r in (timed_out.unreachable if isinstance(timed_out, CommTimeoutError) else [])]
     dynamic = world.communicators.dynamic
-    runtime.stop_without_communicating(world, PeerFailedError(dead))
-    survivors = [rank for rank, process_id in enumerate(ids) if process_id not in dead]
-    check_quorum(survivors, [rank for rank, process_id in enumerate(ids) if process_id not in exited],
-                 world.topology.rank, dead)
+    runtime.stop_without_communicating(world, PeerFailedError(read_dead(ids) or unreachable))
+    comm, dead = _form(config, world.comm, ids, rank, book, read_dead, unreachable)
     now = time.time()
-    for rank, process_id in enumerate(ids):
+    for member, process_id in enumerate(ids):
         if process_id in dead:
-            book.record_failure(world.slot_hosts[rank], now)
+            book.record_failure(world.slot_hosts[member], now)
     _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died")
-    comm = world.comm.Create_group(world.comm.Get_group().Incl(survivors), tag=_CREATE_TAG)
-    _restart(comm, book, dynamic)
+    survivors = [process_id for process_id in ids if process_id not in dead]
+    with watched_start(survivors, read_dead):
+        _restart(comm, book, dynamic)
     _record_removed(dead)
     if len(survivors) < config.elastic_min_np:
         _grow_to_min_np(dead)
     return dead
 
 
-def _settled(read_dead: Any) -> list[str]:
+def _form(config: Any, base: Any, ids: list[str], rank: int, book: HostBook,
+          read_dead: Callable[[list[str]], list[str]], unreachable: list[str]) -> tuple[Any, list[str]]:
+    """The survivors' communicator and the dead, agreed in rounds: a member that dies while a round's
+    group forms is left out by the next round (each round: one decision, its own tag)."""
+    members, exited, dead = ids, set(), set()
+    for attempt in range(len(ids)):  # each failed round has one more dead member
+        decided = _decide(config, f"{book.resets}.{attempt}", members, ids[rank], read_dead, unreachable)
+        exited |= set(decided.exited)
+        dead |= set(decided.dead)
+        names = [process_id for process_id in ids if process_id in dead]
+        if ids[rank] in dead:
+            raise HvdliteError(f"the other ranks could not reach rank {rank} (process id {ids[rank]}) and re-formed "
+                               "the job without it; this rank ends")
+        survivors = [r for r, process_id in enumerate(ids) if process_id not in dead]
+        check_quorum(survivors, [r for r, process_id in enumerate(ids) if process_id not in exited], rank, names)
+        members = [ids[r] for r in survivors]
+        comm = create_group(base, survivors, members, read_dead, _CREATE_TAG + attempt, config.comm_timeout)
+        if comm is not None:
+            return comm, names
+        log.warning("a member of the new world %s died while it formed: the survivors agree again", members)
+        unreachable = []
+    raise HvdliteError(f"every member of the job died while the survivors re-formed it ({ids})")
+
+
+def _decide(config: Any, label: str, members: list[str], me: str, read_dead: Callable[[list[str]], list[str]],
+            unreachable: list[str]) -> Agreed:
+    """hvdliterun's one decision for this change; without hvdliterun (or when it cannot be reached),
+    this rank's own view once the list of the dead has stopped growing."""
+    if config.elastic_service:
+        agreed = agree(config.elastic_service, config.elastic_token, label, members, me,
+                       lambda: read_dead(members), unreachable, config.comm_timeout)
+        if agreed is not None:
+            return agreed
+    exited = set(_settled(lambda: read_dead(members)))
+    return Agreed(tuple(m for m in members if m in exited or m in unreachable), tuple(m for m in members if m in exited))
+
+
+def _settled(read_dead: Callable[[], list[str]]) -> list[str]:
     """``read_dead()`` once it has not grown for _SETTLE_QUIET seconds (waiting at most _SETTLE_LIMIT).
 
-    A host's ranks die together but are seen dead one by one, milliseconds apart: survivors that each
-    took the list at another moment would form different worlds, and the group creation hangs (seen
-    with both ranks of a host SIGKILLed at once)."""
+    Only without hvdliterun's decision: a host's ranks die together but are seen dead one by one,
+    milliseconds apart, and survivors that each took the list at another moment would form different
+    worlds. A time window, not an agreement: hvdliterun's decision is the rule."""
     dead, start = read_dead(), time.monotonic()
     quiet_since = start
     while time.monotonic() - quiet_since < _SETTLE_QUIET and time.monotonic() - start < _SETTLE_LIMIT:

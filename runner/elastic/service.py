@@ -27,10 +27,15 @@ from typing import Any
 
 from hvdlite.elastic.hosts import HOSTS_FILE, read_hosts_file
 
+from .membership import Memberships
+
 _PROCESS_ID = re.compile(r"(g\d{1,9}\.)?\d{1,9}")  # a launched rank (N) or one the job spawned (gG.N)
+_CHANGE = re.compile(r"\d{1,9}\.\d{1,9}")  # the job's count of re-forms and the round of this one
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _SIOCGIFADDR = 0x8915
 _LINE_LIMIT = 1 << 16
+# One "agree" request waits this long for the decision, then the rank asks again with what it sees by then.
+_AGREE_WAIT_SECONDS = 0.02
 
 
 class ElasticService:
@@ -70,6 +75,7 @@ class _Bookkeeper:
     def __init__(self, run_dir: str, token: str) -> None:
         self._run_dir, self._token = run_dir, token
         self._lock = threading.Lock()
+        self._memberships = Memberships(self._exited_members)
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:
@@ -82,9 +88,11 @@ class _Bookkeeper:
             return {"error": "wrong or missing token"}
         handler = {"hosts": self._hosts, "started": self._started, "exited": self._exited,
                    "removed": self._removed}.get(message.get("op"))
-        if handler is None:
+        if handler is None and message.get("op") != "agree":
             return {"error": f"unknown op {message.get('op')!r}"}
         try:
+            if handler is None:  # waits for the other survivors: must not hold the lock
+                return self._agree(message)
             with self._lock:
                 return handler(message)
         except (KeyError, TypeError, ValueError) as exc:
@@ -110,6 +118,28 @@ class _Bookkeeper:
         with open(os.path.join(self._run_dir, "elastic.removed"), "a") as handle:
             handle.write("".join(f"{process_id}\n" for process_id in ids))
         return {}
+
+    def _agree(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A survivor's view of a failed world; the agreed decision once there is one (else None)."""
+        members = [_process_id(member) for member in message["members"]]
+        exited = [_process_id(member) for member in message["exited"]]
+        unreachable = [_process_id(member) for member in message["unreachable"]]
+        change = str(message["change"])
+        if not _CHANGE.fullmatch(change):
+            raise ValueError(f"change {change!r} is not N.N")
+        decision, waiting = self._memberships.propose(change, members, _process_id(message["id"]), exited,
+                                                      unreachable, _AGREE_WAIT_SECONDS)
+        if decision is None:
+            return {"dead": None, "waiting_for": waiting}
+        return {"dead": list(decision.dead), "exited": list(decision.exited)}
+
+    def _exited_members(self, members: Any) -> set[str]:
+        """The members with a status file: their wrapper reported (or wrote) their exit."""
+        try:
+            names = set(os.listdir(self._run_dir))
+        except OSError:
+            return set()
+        return {member for member in members if f"rank.{member}.status" in names}
 
     def _write(self, name: str, text: str) -> None:
         path = os.path.join(self._run_dir, name)

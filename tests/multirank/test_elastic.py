@@ -24,6 +24,36 @@ def test_survivors_of_a_dead_rank_re_form_the_job_and_finish_at_np_2(failure):
         assert seconds and seconds[0] < 10.0, result.output
 
 
+_REFILL_AT_ONCE = ["--min-np", "2", "--blacklist-cooldown-range", "0.001", "0.001"]
+
+
+def _agreed_worlds(result, reps: int, size: int) -> None:
+    """Every re-form printed one world, the same on each of its ``size`` ranks; rank 0 replayed the steps."""
+    worlds = re.findall(rf"world ok {size} (\[[^\]]*\])", result.output)  # two ranks' lines may share one
+    assert len(worlds) == reps * size and len(set(worlds)) == reps, result.output
+    assert f"ok elastic agreement {reps} reps" in result.output, result.output
+
+
+def test_two_ranks_killed_1_to_20_ms_apart_leave_one_agreed_world_each_time():
+    # np=4: world ranks 1 and 3 die a few milliseconds apart, six times in one job (the slots are refilled
+    # in between, so later victims are spawned ranks, whose deaths only their status files show).
+    delays = "1,4,8,12,16,20"
+    result = run_job([*_REFILL_AT_ONCE, "python", str(SCRIPTS / "elastic_agreement.py"), "apart", delays],
+                     np=4, timeout=240)
+    assert result.returncode == 0, result.output
+    _agreed_worlds(result, reps=6, size=2)
+
+
+def test_a_rank_that_dies_while_the_others_agree_is_left_out_of_the_same_world():
+    # np=5: world rank 4 sleeps through rank 1's death (as in a long step) and dies 0.15 s, then 0.75 s,
+    # later, while the others wait for it to re-form: with a settle window instead of an agreement the
+    # survivors formed a world with it, and hung.
+    result = run_job([*_REFILL_AT_ONCE, "python", str(SCRIPTS / "elastic_agreement.py"), "during", "0,600"],
+                     np=5, timeout=180)
+    assert result.returncode == 0, result.output
+    _agreed_worlds(result, reps=2, size=3)
+
+
 def test_fewer_survivors_than_min_np_end_the_job_with_the_reason():
     result = run_job(["--min-np", "3", "python", str(SCRIPTS / "elastic_shrink.py"), "kill"], np=3, timeout=180)
     assert result.returncode != 0, result.output

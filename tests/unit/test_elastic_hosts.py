@@ -78,3 +78,10 @@ def test_this_machine_is_published_under_its_host_name():
 
     table = published([HostSlots("localhost", 2), HostSlots("127.0.0.1", 1), HostSlots("b", 1)])
     assert table == {socket.gethostname(): 3, "b": 1}
+
+
+def test_no_rank_is_spawned_within_a_second_of_a_death_even_when_the_cooldown_is_over():
+    book = HostBook(cooldown=(0.001, 0.001), hosts={"a": 3})
+    book.record_failure("a", now=100)
+    assert book.plan(["a", "a"], now=100.5) == Plan() and book.can_grow_later(now=100.5)
+    assert book.plan(["a", "a"], now=101) == Plan(spawn=(("a", 1),))
