@@ -9,6 +9,9 @@ tested. The modules, in the order a failure meets them:
   adapters' framework states (``hvdlite.torch.elastic.TorchState``, ...);
 - :mod:`.run`: Horovod's ``hvd.elastic.run``, the retry loop around the training function;
 - :mod:`.reform`: re-forming the world on MPI (shrink without the dead; spawn, merge and remove);
+- :mod:`.agreement`: the survivors ask hvdliterun for the one decision on the new world
+  (``hvdlite.runner.elastic.membership`` decides), and :mod:`.forming` creates its communicator
+  without hanging on a member that dies meanwhile;
 - :mod:`.hosts`: the job's host book (slots, blacklist, the plan rank 0 decides), pure logic;
 - :mod:`.channel`: the control channel to hvdliterun (``hvdlite.runner.elastic.service`` is its
   other end), and :mod:`.wrapper`, the shell every rank runs under that reports its exit.

@@ -36,6 +36,8 @@ class State:
         self._last_updated_timestamp = 0
         self._reset_callbacks: list[Callable[[], None]] = []
         self.pending_plan: Any = None  # the world change a commit agreed on, for run() to carry out
+        # Commits since the last sync: ranks with the same count (at least one) restore the same commit.
+        self.commits_since_sync = 0
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions to call after the world changed (e.g. to rescale the learning rate to the new size)."""
@@ -57,6 +59,7 @@ class State:
         copy's cost against the steps lost when a rank fails.
         """
         self.save()
+        self.commits_since_sync += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

@@ -105,6 +105,11 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+def _averages_every_step(optimizer: torch.optim.Optimizer) -> bool:
+    reducer = getattr(optimizer, "_hvdlite_reducer", None)
+    return reducer is not None and not getattr(reducer, "local_sgd", None)
+
+
 def _is_fully_sharded(value: Any) -> bool:
     if "hvdlite.torch.fully_sharded" not in sys.modules:  # nothing was sharded
         return False
@@ -179,9 +184,33 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
+        """Rank 0's state on every rank. A replicated model and its optimizer are not broadcast when
+        every rank restored the same commit made since the last sync (after a death, or hosts removed):
+        they are equal there (see :meth:`_replicas_alike`)."""
+        skip = self._replicas_alike()
         for handler in self._handlers.values():
-            handler.sync()
+            if handler not in skip:
+                handler.sync()
         super().sync()
+        self.commits_since_sync = 0
+
+    def _replicas_alike(self) -> list[Any]:
+        """The model and optimizer handlers whose values are the same on every rank now, without a word.
+
+        They are when every rank made the same number (at least one) of commits since the last sync,
+        so each restored the same step's commit (a rank that joined has made none; a death in the
+        middle of a commit leaves the survivors' counts apart), and every optimizer is a
+        ``DistributedOptimizer`` that averages each step (no local SGD) over all of the models'
+        parameters: replicas that were equal at the sync and applied the same averaged updates.
+        """
+        models = [h for h in self._handlers.values() if type(h) is _ModelHandler]
+        optimizers = [h for h in self._handlers.values() if type(h) is _OptimizerHandler]
+        averaged = {id(p) for h in optimizers for group in h.value.param_groups for p in group["params"]}
+        if not optimizers or not all(_averages_every_step(h.value) for h in optimizers) or not all(
+                id(p) in averaged for h in models for p in h.value.parameters()):
+            return []
+        counts = objects.allgather_object(self.commits_since_sync, name="elastic.TorchState.commits")
+        return [*models, *optimizers] if min(counts) == max(counts) >= 1 else []
 
     def on_reset(self) -> None:
         # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.

@@ -86,7 +86,7 @@ class DeathWatch:
     communicator's ranks; processes that died before it was formed without them do not count.
     """
 
-    def __init__(self, world: Any, prefix: str, member_ids: list[str], run_dir: str, every: float = 0.02) -> None:
+    def __init__(self, world: Any, prefix: str, member_ids: list[str], run_dir: str, every: float = 0.005) -> None:
         self._world, self._prefix, self._members, self._run_dir = world, prefix, member_ids, run_dir
         self._every = every
         self._next = 0.0
