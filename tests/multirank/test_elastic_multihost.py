@@ -47,6 +47,17 @@ def test_a_remote_ranks_death_leaves_the_other_hosts_ranks_and_its_host_mate_tra
     assert "the job went on without rank(s) [3] and finished" in output, output
 
 
+def test_both_ranks_of_the_other_host_killed_ms_apart_leave_one_agreed_world(hosts):
+    # np=4 over hostA:2,hostB:2: hostB's two ranks die 5 ms apart; hostA's two form one world (checked
+    # by collectives on it), hostB's slots are refilled, and the weights equal a replay of the commits.
+    done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "--blacklist-cooldown-range", "0.001", "0.001",
+                        "python", str(SCRIPTS / "elastic_agreement.py"), "apart", "5", "2,3"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert output.count("world ok 2 ['0', '1']") == 2 and "ok elastic agreement 1 reps" in output, output
+    assert "started 2 rank(s) on hostB:2" in output, output
+
+
 def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     listed = tmp_path / "hosts.txt"
     listed.write_text("hostA:2\n")

@@ -1,9 +1,9 @@
 """Elastic agreement: two ranks of one host die milliseconds apart, over and over in one job.
 
-Usage: elastic_agreement.py apart|during DELAY_MS[,DELAY_MS...]. Run with ``hvdliterun -np N --min-np 2
+Usage: elastic_agreement.py apart|during DELAY_MS[,DELAY_MS...] [A,B]. Run with ``hvdliterun -np N --min-np 2
 --blacklist-cooldown-range 0.001 0.001`` (N >= 4). For each delay, once the world is back to N ranks:
-rank 0 picks a moment; world rank 1 SIGKILLs itself then, world rank N - 1 that many milliseconds
-later (``apart``), or after 150 ms plus the delay (``during``: it sleeps through the first death as
+rank 0 picks a moment; world rank A (default 1) SIGKILLs itself then, world rank B (default N - 1)
+that many milliseconds later (``apart``), or after 150 ms plus the delay (``during``: it sleeps through the first death as
 a rank in a long step would, so it dies while the others agree on the new world). The survivors
 re-form; each checks by collectives on the new world that every rank holds the same world (its
 process ids); the killed slots come back at a commit (spawned ranks), and the next delay runs. At
@@ -23,6 +23,7 @@ from hvdlite.core import runtime
 
 MODE = sys.argv[1]
 DELAYS_MS = [float(delay) for delay in sys.argv[2].split(",")]
+VICTIMS = [int(rank) for rank in sys.argv[3].split(",")] if len(sys.argv) > 3 else None
 BATCH, LR, STEPS_BETWEEN = 12, 0.1, 3
 
 
@@ -36,7 +37,8 @@ def die_in_turn(state: hvd.elastic.ObjectState, full_size: int) -> None:
     state.rep, state.next_kill = state.rep + 1, state.step + STEPS_BETWEEN
     state.commit()
     moment = hvd.broadcast_object(time.time() + 0.05, root_rank=0, name="kill.moment")
-    victims = {1: moment, full_size - 1: moment + delay + (0.15 if MODE == "during" else 0.0)}
+    first, second = VICTIMS or (1, full_size - 1)
+    victims = {first: moment, second: moment + delay + (0.15 if MODE == "during" else 0.0)}
     if hvd.rank() in victims:
         time.sleep(max(0.0, victims[hvd.rank()] - time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
