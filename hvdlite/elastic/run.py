@@ -38,6 +38,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             if reset:
                 state.on_reset()
             try:
+                state.reformed = reset  # a state may leave out what every survivor restored alike
                 state.sync()  # a peer may die here too: the survivors re-form and sync again
                 return func(state, *args, **kwargs)
             except HorovodInternalError:

@@ -38,6 +38,7 @@ class State:
         self.pending_plan: Any = None  # the world change a commit agreed on, for run() to carry out
         # Commits since the last sync: ranks with the same count (at least one) restore the same commit.
         self.commits_since_sync = 0
+        self.reformed = False  # set by hvd.elastic.run for the sync right after the world changed
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions to call after the world changed (e.g. to rescale the learning rate to the new size)."""

@@ -184,10 +184,12 @@ class TorchState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        """Rank 0's state on every rank. A replicated model and its optimizer are not broadcast when
-        every rank restored the same commit made since the last sync (after a death, or hosts removed):
-        they are equal there (see :meth:`_replicas_alike`)."""
+        """Rank 0's state on every rank. Right after the world changed (``hvd.elastic.run`` sets
+        ``reformed``), a replicated model and its optimizer are not broadcast when every rank holds
+        the same commit made since the last sync: they are equal there (see :meth:`_replicas_alike`).
+        A sync called by the training script always broadcasts."""
         skip = self._replicas_alike()
+        self.reformed = False
         for handler in self._handlers.values():
             if handler not in skip:
                 handler.sync()
@@ -197,9 +199,10 @@ class TorchState(ObjectState):
     def _replicas_alike(self) -> list[Any]:
         """The model and optimizer handlers whose values are the same on every rank now, without a word.
 
-        They are when every rank made the same number (at least one) of commits since the last sync,
-        so each restored the same step's commit (a rank that joined has made none; a death in the
-        middle of a commit leaves the survivors' counts apart), and every optimizer is a
+        Collective (every rank's sync gathers the same). They are when ``hvd.elastic.run`` re-syncs
+        every rank after a world change, every rank made the same number (at least one) of commits
+        since the last sync, so each holds the same step's commit (a rank that joined has made none; a
+        death in the middle of a commit leaves the survivors' counts apart), and every optimizer is a
         ``DistributedOptimizer`` that averages each step (no local SGD) over all of the models'
         parameters: replicas that were equal at the sync and applied the same averaged updates.
         """
@@ -209,8 +212,9 @@ class TorchState(ObjectState):
         if not optimizers or not all(_averages_every_step(h.value) for h in optimizers) or not all(
                 id(p) in averaged for h in models for p in h.value.parameters()):
             return []
-        counts = objects.allgather_object(self.commits_since_sync, name="elastic.TorchState.commits")
-        return [*models, *optimizers] if min(counts) == max(counts) >= 1 else []
+        counts = objects.allgather_object((self.reformed, self.commits_since_sync), name="elastic.TorchState.commits")
+        alike = all(reformed for reformed, _ in counts) and len({count for _, count in counts}) == 1
+        return [*models, *optimizers] if alike and counts[0][1] >= 1 else []
 
     def on_reset(self) -> None:
         # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.
