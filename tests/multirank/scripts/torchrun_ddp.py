@@ -60,16 +60,22 @@ def main(backend, out):
         flag = torch.tensor([rank + 1.0])
         dist.all_reduce(flag, group=pair)
         assert flag.item() == world + 1.0, flag
-    print(f"backend {dist.get_backend()} sub-group {dist.get_backend(pair) if rank in (0, world - 1) else '-'}",
-          flush=True)
-    print("variables " + " ".join(f"{name}={os.environ.get(name, '<unset>')}" for name in TORCHRUN), flush=True)
+    say(f"backend {dist.get_backend()} sub-group {dist.get_backend(pair) if rank in (0, world - 1) else '-'}")
+    say("variables " + " ".join(f"{name}={os.environ.get(name, '<unset>')}" for name in TORCHRUN))
     if rank == 0:
         torch.save(model.state_dict(), out)
         child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
-        print(child.stdout.strip(), flush=True)
+        say(child.stdout.strip())
     dist.barrier()
     dist.destroy_process_group()
-    print("torchrun script ok", flush=True)
+    say("torchrun script ok")
+
+
+def say(line: str) -> None:
+    """One write per line: torchrun's workers share its stdout, and under PYTHONUNBUFFERED print's
+    separate write of the newline let another worker's line run into this one."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
