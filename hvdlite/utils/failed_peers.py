@@ -14,6 +14,7 @@ import ctypes
 import functools
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -59,15 +60,19 @@ def dead_members(world: Any, prefix: str, member_ids: list[str], run_dir: str) -
     return [process_id for process_id in member_ids if process_id in dead]
 
 
-def _failed_statuses(run_dir: str, member_ids: list[str]) -> set[str]:
-    """The members whose status file records a failure: one directory listing, then only the files
-    there are (a rank's file appears once it exited; waits call this every few milliseconds)."""
+def exited_members(run_dir: str, member_ids: Iterable[str]) -> set[str]:
+    """The members with a status file, whatever their status: one directory listing (a rank's file
+    appears once it exited; waits call this every few milliseconds)."""
     try:
         names = set(os.listdir(run_dir)) if run_dir else set()
     except OSError:
         return set()
-    return {process_id for process_id in member_ids
-            if os.path.basename(status_file(run_dir, process_id)) in names and _failed_status(run_dir, process_id)}
+    return {process_id for process_id in member_ids if os.path.basename(status_file(run_dir, process_id)) in names}
+
+
+def _failed_statuses(run_dir: str, member_ids: list[str]) -> set[str]:
+    """The members whose status file records a failure."""
+    return {process_id for process_id in exited_members(run_dir, member_ids) if _failed_status(run_dir, process_id)}
 
 
 def _failed_status(run_dir: str, process_id: str) -> bool:

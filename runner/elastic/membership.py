@@ -18,16 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from hvdlite.elastic.agreement import Agreed
+
 _RECHECK_SECONDS = 0.005  # exits arrive as status files: how often a waiting proposal looks again
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """The members of the old world that do not go on, in its order; ``exited`` of them are known to
-    have exited (the rest were unreachable)."""
-
-    dead: tuple[str, ...]
-    exited: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -36,7 +29,7 @@ class _Change:
     proposed: set[str] = dataclasses.field(default_factory=set)
     exited: set[str] = dataclasses.field(default_factory=set)
     unreachable: set[str] = dataclasses.field(default_factory=set)
-    decision: Decision | None = None
+    decision: Agreed | None = None
 
     def waiting_for(self, known_exited: set[str]) -> list[str]:
         named = self.proposed | self.exited | self.unreachable | known_exited
@@ -55,7 +48,7 @@ class Memberships:
         self._lock = threading.Lock()
 
     def propose(self, change: str, members: Sequence[str], proposer: str, exited: Sequence[str],
-                unreachable: Sequence[str], wait_seconds: float) -> tuple[Decision | None, list[str]]:
+                unreachable: Sequence[str], wait_seconds: float) -> tuple[Agreed | None, list[str]]:
         """Record ``proposer``'s view and wait up to ``wait_seconds`` for the decision.
 
         Returns (the decision or None, the members still waited for). Raises ``ValueError`` for a
@@ -88,6 +81,6 @@ class Memberships:
         if not waiting:
             exited = change.exited | known
             dead = exited | change.unreachable
-            change.decision = Decision(tuple(m for m in change.members if m in dead),
+            change.decision = Agreed(tuple(m for m in change.members if m in dead),
                                        tuple(m for m in change.members if m in exited))
         return waiting

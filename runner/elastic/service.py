@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 from hvdlite.elastic.hosts import HOSTS_FILE, read_hosts_file
+from hvdlite.utils.failed_peers import exited_members
 
 from .membership import Memberships
 
@@ -75,7 +76,7 @@ class _Bookkeeper:
     def __init__(self, run_dir: str, token: str) -> None:
         self._run_dir, self._token = run_dir, token
         self._lock = threading.Lock()
-        self._memberships = Memberships(self._exited_members)
+        self._memberships = Memberships(lambda members: exited_members(run_dir, members))
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:
@@ -132,14 +133,6 @@ class _Bookkeeper:
         if decision is None:
             return {"dead": None, "waiting_for": waiting}
         return {"dead": list(decision.dead), "exited": list(decision.exited)}
-
-    def _exited_members(self, members: Any) -> set[str]:
-        """The members with a status file: their wrapper reported (or wrote) their exit."""
-        try:
-            names = set(os.listdir(self._run_dir))
-        except OSError:
-            return set()
-        return {member for member in members if f"rank.{member}.status" in names}
 
     def _write(self, name: str, text: str) -> None:
         path = os.path.join(self._run_dir, name)

@@ -4,7 +4,7 @@ survivors whose views of the dead differ and arrive in any order."""
 import threading
 
 import pytest
-from hvdlite.runner.elastic.membership import Decision, Memberships
+from hvdlite.runner.elastic.membership import Memberships
 from hvdlite.runner.elastic.service import ElasticService
 
 from hvdlite.elastic.agreement import Agreed, agree
@@ -28,7 +28,7 @@ def test_every_survivor_gets_the_union_of_what_all_saw_whatever_the_order():
     decider.propose("0.0", MEMBERS, "0", ["2"], [], 0.0)  # saw one death
     decider.propose("0.0", MEMBERS, "1", ["g1.1"], [], 0.0)  # saw the other
     decision, waiting = decider.propose("0.0", MEMBERS, "g1.0", [], [], 0.0)  # saw none yet
-    assert waiting == [] and decision == Decision(("2", "g1.1"), ("2", "g1.1"))
+    assert waiting == [] and decision == Agreed(("2", "g1.1"), ("2", "g1.1"))
     # A late view, even one that grew since, gets the same decision: one world per change.
     assert decider.propose("0.0", MEMBERS, "0", ["2", "g1.0"], [], 0.0)[0] == decision
 
@@ -38,7 +38,7 @@ def test_the_launchers_own_knowledge_of_exits_counts_and_unreachable_members_are
     decider.propose("1.0", MEMBERS, "0", [], ["2"], 0.0)
     decider.propose("1.0", MEMBERS, "1", [], [], 0.0)
     decision, _ = decider.propose("1.0", MEMBERS, "g1.0", [], [], 0.0)
-    assert decision == Decision(("2", "g1.1"), ("g1.1",))
+    assert decision == Agreed(("2", "g1.1"), ("g1.1",))
 
 
 def test_a_later_change_of_the_same_members_is_decided_anew():
@@ -64,7 +64,7 @@ def test_survivors_waiting_in_threads_all_return_the_same_decision_once_the_last
         thread.start()
     for thread in threads:
         thread.join()
-    assert decisions == [Decision(("2", "g1.1"), ("2", "g1.1"))] * 3
+    assert decisions == [Agreed(("2", "g1.1"), ("2", "g1.1"))] * 3
 
 
 @pytest.fixture
