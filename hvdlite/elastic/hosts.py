@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Mapping
 
 HOSTS_FILE = "elastic.hosts"  # in the launcher's run directory: {"hosts": {host: slots}, "discovery": bool}
 # No rank is spawned this soon after a rank died: MPICH's spawn right after a death hung (1 in ~7
@@ -23,17 +24,20 @@ SPAWN_AFTER_DEATH_SECONDS = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A change of the world: new ranks per host, and the current ranks (comm ranks) that leave."""
+    """A change of the world: new ranks per host, the current ranks (comm ranks) that leave, and the
+    warm spares rank 0 admits; ``warm``: hosts where rank 0 starts a spare now (not a change)."""
 
     spawn: tuple[tuple[str, int], ...] = ()
     remove: tuple[int, ...] = ()
+    admit: int = 0
+    warm: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.spawn or self.remove)
+        return bool(self.spawn or self.remove or self.admit)
 
     @property
     def new_ranks(self) -> int:
-        return sum(count for _, count in self.spawn)
+        return sum(count for _, count in self.spawn) + self.admit
 
 
 @dataclasses.dataclass
@@ -98,10 +102,42 @@ class HostBook:
                 room -= free
         return Plan(tuple(spawn), tuple(remove))
 
+    def hosts_for_spares(self, missing: int, spares_on: Mapping[str, int], now: float) -> tuple[str, ...]:
+        """Where to start ``missing`` more warm spares: usable hosts of the list, each time the one with
+        the fewest spares (the list's order among equals); none within SPAWN_AFTER_DEATH_SECONDS of a
+        death, as for any spawn."""
+        usable = [host for host in self.hosts if self.usable(host, now)]
+        if missing <= 0 or not usable or now < self.last_failure + SPAWN_AFTER_DEATH_SECONDS:
+            return ()
+        counts = {host: spares_on.get(host, 0) for host in usable}
+        chosen = []
+        for _ in range(missing):
+            host = min(usable, key=lambda name: counts[name])
+            counts[host] += 1
+            chosen.append(host)
+        return tuple(chosen)
+
+
     def can_grow_later(self, now: float) -> bool:
         """Could a later plan add ranks without a new host list? (a cooldown ends, or discovery runs)"""
         return (self.discovery or now < self.last_failure + SPAWN_AFTER_DEATH_SECONDS
                 or any(now < until < math.inf for until in self.blacklisted_until.values()))
+
+
+def served_by_spares(plan: Plan, ready: Mapping[str, int], starting: Mapping[str, int]) -> tuple[Plan, dict[str, int]]:
+    """``plan`` with its new ranks taken from warm spares, and how many to admit per host.
+
+    Ready spares on a host where the plan starts ranks are admitted instead; the plan's other new
+    ranks wait for a later commit (one change either admits or spawns, which keeps both simple).
+    While a spare is still starting, nothing is spawned: on its host it will be ready sooner than a
+    new process, and elsewhere two spawns would run at once, which MPICH was not measured to survive.
+    """
+    admit = {host: min(count, ready.get(host, 0)) for host, count in plan.spawn if ready.get(host, 0)}
+    if admit:
+        return Plan(remove=plan.remove, admit=sum(admit.values())), admit
+    if plan.spawn and any(starting.values()):
+        return Plan(remove=plan.remove), {}
+    return plan, {}
 
 
 def read_hosts_file(path: str) -> tuple[dict[str, int], bool] | None:

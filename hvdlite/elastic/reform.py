@@ -16,6 +16,7 @@ over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -26,11 +27,13 @@ from typing import Any
 
 from ..core import runtime
 from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
+from ..settings.config import load_config
 from ..utils.failed_peers import dead_members
 from .agreement import Agreed, agree
 from .channel import ChannelError, request
 from .forming import create_group, watched_start
-from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file
+from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file, served_by_spares
+from .spares import admit, exited, mine, wait_for_admission
 from .wrapper import wrapped
 
 log = logging.getLogger("hvdlite")
@@ -154,8 +157,11 @@ def elastic_mode() -> bool:
     return runtime.is_initialized() and bool(runtime.current().config.elastic_min_np)
 
 
-def propose() -> Plan:
-    """Rank 0's plan for the current world (empty outside elastic mode); other ranks get it by broadcast."""
+def propose(warm: bool = True) -> Plan:
+    """Rank 0's plan for the current world (empty outside elastic mode); other ranks get it by broadcast.
+
+    With ``--warm-spares``, ready spares replace the plan's new ranks, and with ``warm`` a plan that
+    changes nothing names the hosts to start missing spares on (:func:`start_spares` starts them)."""
     world = runtime.current()
     if not world.config.elastic_min_np or world.topology.rank != 0:
         return Plan()
@@ -170,7 +176,35 @@ def propose() -> Plan:
             book.ask_launcher_after, found = now + _LAUNCHER_RETRY_SECONDS, None
         if found is not None:
             book.hosts, book.discovery = found
-    return book.plan(list(world.slot_hosts), now)
+    plan = book.plan(list(world.slot_hosts), now)
+    return _with_spares(world, plan, now, warm) if world.config.elastic_warm_spares else plan
+
+
+def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> Plan:
+    """``plan`` served by rank 0's ready spares, or with the hosts for missing ones (see :func:`propose`)."""
+    config, spares = world.config, mine()
+    _record_removed(spares.forget_gone(
+        lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids)))
+    if 0 not in plan.remove:  # rank 0 leaving takes its spares with it: cold spawns as before
+        plan, per_host = served_by_spares(plan, spares.count(ready=True), spares.count(ready=False))
+        spares.choose(per_host)
+    if plan or not warm:
+        return plan
+    on_hosts = {host: spares.count(ready=True).get(host, 0) + spares.count(ready=False).get(host, 0)
+                for host in _book(world).hosts}
+    missing = config.elastic_warm_spares - len(spares.waiting)
+    return dataclasses.replace(plan, warm=_book(world).hosts_for_spares(missing, on_hosts, now))
+
+
+def start_spares(plan: Plan) -> None:
+    """Every rank, after a commit's plan: count the spares the plan starts (their ids are numbered like
+    spawned ranks', so every rank's book must count them); rank 0 starts them."""
+    world = runtime.current()
+    book = _book(world)
+    for host in plan.warm:
+        book.generation += 1
+        if world.topology.rank == 0:
+            mine().start(host, f"g{book.generation}.", _spare_command(world.process_ids[0]))
 
 
 def apply(plan: Plan) -> None:
@@ -188,6 +222,8 @@ def apply(plan: Plan) -> None:
         sys.stderr.flush()
         os._exit(0)  # MPI_Finalize would wait for the ranks that go on
     comm = base.Create_group(base.Get_group().Incl(stay), tag=_CREATE_TAG) if plan.remove else base
+    if plan.admit:
+        comm = _admit(comm, plan.admit, book)
     if plan.spawn:
         comm = _spawn(comm, plan.spawn, book)
     _restart(comm, book, dynamic)
@@ -195,14 +231,44 @@ def apply(plan: Plan) -> None:
 
 
 def join_parent() -> tuple[Any, HostBook] | None:
-    """In a rank the job spawned: the merged world and the job's host book; None in any other process."""
+    """In a rank the job spawned: the merged world and the job's host book; None in any other process.
+    A warm spare waits here, outside the world, until rank 0 admits it (:mod:`hvdlite.elastic.spares`)."""
     from mpi4py import MPI
 
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         return None
-    merged = parent.Merge(high=True)  # after the ranks that spawned it, in their order
+    config = load_config()
+    if config.elastic_spare_of:
+        merged = wait_for_admission(parent, lambda: bool(exited(config.run_dir, config.elastic_service,
+                                                                config.elastic_token, [config.elastic_spare_of])))
+    else:
+        merged = parent.Merge(high=True)  # after the ranks that spawned it, in their order
     return merged, merged.bcast(None, root=0)
+
+
+def _admit(comm: Any, count: int, book: HostBook) -> Any:
+    """Admit ``count`` of rank 0's warm spares into ``comm`` (every member calls it) and give them the book."""
+    chosen = mine().take_admitting() if comm.Get_rank() == 0 else None
+    started = time.monotonic()
+    merged = admit(comm, count, chosen)
+    merged.bcast(book, root=0)
+    if chosen is not None:
+        log.warning("admitted %d warm spare(s) on %s in %.3f s", count, ", ".join(spare.host for spare in chosen),
+                    time.monotonic() - started)
+    return merged
+
+
+def _spare_command(spawner: str) -> Callable[[str], tuple[str, list[str]]]:
+    """What a spare runs: this program under the rank wrapper, told its ids' prefix and its spawner."""
+    return lambda prefix: _spawn_command(prefix, f"HVDLITE_ELASTIC_SPARE_OF={spawner}")
+
+
+def _spawn_command(prefix: str, *settings: str) -> tuple[str, list[str]]:
+    """``env`` and its arguments: this program, with this interpreter and arguments, under the rank
+    wrapper, with its status files' prefix and ``settings`` (``NAME=value``)."""
+    command = shutil.which("env") or "/usr/bin/env"
+    return command, [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *settings, *wrapped([sys.executable, *sys.orig_argv[1:]])]
 
 
 def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any:
@@ -210,9 +276,7 @@ def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any
     from mpi4py import MPI
 
     book.generation += 1
-    prefix = f"g{book.generation}."
-    command = shutil.which("env") or "/usr/bin/env"
-    args = [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *wrapped([sys.executable, *sys.orig_argv[1:]])]
+    command, args = _spawn_command(f"g{book.generation}.")
     infos = []
     for host, _ in spawn:
         info = MPI.Info.Create()
@@ -242,7 +306,7 @@ def _grow_to_min_np(dead: list[str]) -> None:
     config = world.config
     deadline = time.monotonic() + config.elastic_timeout_seconds
     while True:
-        plan, can_wait = world.comm.bcast((propose(), _book(world).can_grow_later(time.time())), root=0)
+        plan, can_wait = world.comm.bcast((propose(warm=False), _book(world).can_grow_later(time.time())), root=0)
         if world.topology.size + plan.new_ranks >= config.elastic_min_np:
             apply(plan)
             return

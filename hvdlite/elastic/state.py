@@ -19,7 +19,7 @@ from typing import Any
 from .. import objects
 from ..core import runtime
 from ..errors import HostsUpdatedInterrupt
-from .reform import elastic_mode, propose
+from .reform import elastic_mode, propose, start_spares
 
 
 class State:
@@ -74,9 +74,11 @@ class State:
             latest = max(latest, self._host_messages.get())
         # Rank 0 decides, so all ranks agree.
         self._last_updated_timestamp, plan = self._bcast_object((latest, propose() if elastic_mode() else None))
+        if plan is not None:
+            start_spares(plan)
         if plan:
             self.pending_plan = plan
-            raise HostsUpdatedInterrupt(skip_sync=not plan.spawn)
+            raise HostsUpdatedInterrupt(skip_sync=not plan.new_ranks)
         if self._last_updated_timestamp > previous:
             raise HostsUpdatedInterrupt()
 

@@ -67,6 +67,8 @@ class Config:
     elastic_reset_limit: int = 0  # 0: no limit
     elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
+    elastic_warm_spares: int = 0  # processes rank 0 keeps started ahead, admitted when a slot opens
+    elastic_spare_of: str = ""  # set in a warm spare: the process id of the rank that started it
     elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic/channel.py)
     elastic_token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of logs
     host_alias: str = ""  # the name the launcher's host list gives this rank's host, when not its own
@@ -224,6 +226,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(unset: never again)", Flag(("--blacklist-cooldown-range",), float, to_env=pair, nargs=2)),
     Setting("HVDLITE_ELASTIC_SPAWN_PREFIX", "elastic_spawn_prefix", any_text,
             "elastic: set for ranks the job spawned (by hvdlite itself)"),
+    Setting("HVDLITE_ELASTIC_WARM_SPARES", "elastic_warm_spares", non_negative_int,
+            "elastic: processes kept started ahead (the script run up to hvd.init(), its framework imported), "
+            "admitted at a commit when a slot opens instead of a new process", Flag(("--warm-spares",), int)),
+    Setting("HVDLITE_ELASTIC_SPARE_OF", "elastic_spare_of", any_text,
+            "elastic: set in a warm spare (by hvdlite itself): the process id of the rank that started it"),
     Setting("HVDLITE_ELASTIC_SERVICE", "elastic_service", any_text,
             "elastic: HOST:PORT[,...] of hvdliterun's control channel (set by hvdliterun)"),
     Setting("HVDLITE_ELASTIC_TOKEN", "elastic_token", any_text,

@@ -88,7 +88,7 @@ class _Bookkeeper:
         if not hmac.compare_digest(str(message.get("token", "")), self._token):
             return {"error": "wrong or missing token"}
         handler = {"hosts": self._hosts, "started": self._started, "exited": self._exited,
-                   "removed": self._removed}.get(message.get("op"))
+                   "removed": self._removed, "gone": self._gone}.get(message.get("op"))
         if handler is None and message.get("op") != "agree":
             return {"error": f"unknown op {message.get('op')!r}"}
         try:
@@ -119,6 +119,10 @@ class _Bookkeeper:
         with open(os.path.join(self._run_dir, "elastic.removed"), "a") as handle:
             handle.write("".join(f"{process_id}\n" for process_id in ids))
         return {}
+
+    def _gone(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Which of the given processes have exited (a warm spare asks after the rank that started it)."""
+        return {"exited": sorted(exited_members(self._run_dir, [_process_id(i) for i in message["ids"]]))}
 
     def _agree(self, message: dict[str, Any]) -> dict[str, Any]:
         """A survivor's view of a failed world; the agreed decision once there is one (else None)."""

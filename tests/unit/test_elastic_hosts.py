@@ -8,7 +8,7 @@ import pytest
 from hvdlite.runner.cluster.hosts import DiscoveryError, HostSlots
 from hvdlite.runner.elastic.discovery import discover, published
 
-from hvdlite.elastic.hosts import HostBook, Plan, read_hosts_file, write_hosts_file
+from hvdlite.elastic.hosts import HostBook, Plan, read_hosts_file, served_by_spares, write_hosts_file
 
 
 def test_free_slots_are_filled_in_the_lists_order_up_to_max_np():
@@ -85,3 +85,25 @@ def test_no_rank_is_spawned_within_a_second_of_a_death_even_when_the_cooldown_is
     book.record_failure("a", now=100)
     assert book.plan(["a", "a"], now=100.5) == Plan() and book.can_grow_later(now=100.5)
     assert book.plan(["a", "a"], now=101) == Plan(spawn=(("a", 1),))
+
+
+def test_ready_spares_replace_the_plans_new_ranks_on_their_host_and_other_spawns_wait():
+    plan = Plan(spawn=(("a", 2), ("b", 1)), remove=(3,))
+    served, per_host = served_by_spares(plan, ready={"a": 1, "c": 1}, starting={})
+    assert served == Plan(remove=(3,), admit=1) and per_host == {"a": 1} and served.new_ranks == 1
+    assert served_by_spares(plan, ready={"a": 5}, starting={}) == (Plan(remove=(3,), admit=2), {"a": 2})
+    # No ready spare where ranks are wanted: spawned as before, unless a spare is still starting.
+    assert served_by_spares(plan, ready={"c": 1}, starting={}) == (plan, {})
+    assert served_by_spares(plan, ready={}, starting={"c": 1}) == (Plan(remove=(3,)), {})
+    assert served_by_spares(Plan(), ready={"a": 1}, starting={"a": 1}) == (Plan(), {})
+    assert Plan(admit=1) and not Plan(warm=("a",))  # starting a spare is no world change
+
+
+def test_spares_go_to_the_usable_host_with_the_fewest_and_not_right_after_a_death():
+    book = HostBook(cooldown=(0.001, 0.001), hosts={"a": 2, "b": 1, "c": 1})
+    assert book.hosts_for_spares(3, {"a": 1}, now=0) == ("b", "c", "a")
+    assert book.hosts_for_spares(0, {}, now=0) == () and book.hosts_for_spares(-1, {}, now=0) == ()
+    book.record_failure("b", now=100)
+    assert book.hosts_for_spares(1, {}, now=100.5) == ()
+    assert book.hosts_for_spares(2, {}, now=101) == ("a", "b")  # b's cooldown is over
+    assert HostBook().hosts_for_spares(1, {}, now=0) == ()  # no list published yet

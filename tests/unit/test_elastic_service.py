@@ -38,6 +38,7 @@ def test_reports_become_the_run_directorys_files_the_launcher_reads(service, tmp
     _ask(service, {"op": "removed", "ids": ["3"]})
     _ask(service, {"op": "removed", "ids": ["g1.0"]})
     assert (tmp_path / "elastic.removed").read_text().split() == ["3", "g1.0"]
+    assert _ask(service, {"op": "gone", "ids": ["g1.0", "3", "7"]}) == {"exited": ["3"]}  # a spare asks after rank 0
 
 
 def test_a_request_without_the_jobs_token_changes_nothing(service, tmp_path):

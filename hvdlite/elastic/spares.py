@@ -1,0 +1,217 @@
+"""Warm spares: processes an elastic job starts ahead and admits when a slot opens (``--warm-spares N``).
+
+A join otherwise waits for a new process to start and import its framework (seconds for torch)
+while the whole world stands in ``MPI_Comm_spawn``. A spare is started early instead, by rank 0
+alone (``MPI_Comm_spawn`` over ``COMM_SELF``, on a helper thread, so training goes on): it runs the
+training script up to ``hvd.init()``, tells rank 0 it is ready, and waits outside the world, polling
+every few milliseconds (no busy MPI wait, so it holds memory but hardly any CPU). When rank 0's
+plan at a commit starts ranks on a host where a spare is ready, the world admits the spare
+instead: ``MPI_Intercomm_create`` between the world and the spare (through the pair communicator
+rank 0 shares with it) and ``MPI_Intercomm_merge``, milliseconds.
+
+A spare belongs to the process that started it. If that process dies, the spare sees its status
+(the run directory, or hvdliterun's channel) and exits; the next rank 0 starts new ones. At the end
+of the job rank 0 dismisses its spares (they exit 0). A spare that dies before it is admitted is
+forgotten and listed as a rank the job went on without, so that its status does not fail the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .channel import ChannelError, request
+
+log = logging.getLogger("hvdlite")
+
+READY_TAG, ORDER_TAG, ADMIT_TAG = 7_311, 7_312, 7_313
+POLL_SECONDS = 0.005  # a waiting spare looks for rank 0's word this often
+SPAWNER_LOOK_SECONDS = 0.5  # and whether rank 0 still runs this often
+DISMISS_WAIT_SECONDS = 60.0  # at the end, how long rank 0 waits for a spare still starting
+
+
+@dataclasses.dataclass
+class Spare:
+    """A spare rank 0 started: its host, its process id once admitted, and its communicators."""
+
+    host: str
+    process_id: str
+    thread: threading.Thread | None = None
+    inter: Any = None  # rank 0 <-> spare, from MPI_Comm_spawn
+    pair: Any = None  # the same two processes as an intracommunicator (rank 0 is 0, the spare 1)
+    ready: bool = False
+    failed: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        """Its process runs MPI (the spawn returned), whether or not its script reached ``hvd.init()``."""
+        return self.pair is not None
+
+    def look_ready(self) -> bool:
+        """Whether it has said it is ready (reached ``hvd.init()``); non-blocking."""
+        if not self.ready and self.started and self.pair.Iprobe(source=1, tag=READY_TAG):
+            self.pair.recv(source=1, tag=READY_TAG)
+            self.ready = True
+        return self.ready
+
+
+class Spares:
+    """The spares this process (rank 0) started and has not admitted yet."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Spare] = []
+        self.admitting: list[Spare] = []  # chosen by the last plan, admitted when the world applies it
+        self._dismiss_registered = False
+
+    def start(self, host: str, prefix: str, command: Callable[[str], tuple[str, list[str]]]) -> None:
+        """Start a spare on ``host`` (its ids ``prefix`` + rank) on a helper thread; ``command(prefix)``
+        gives the program and arguments to spawn."""
+        spare = Spare(host, prefix + "0")
+        spare.thread = threading.Thread(target=_spawn, args=(spare, *command(prefix)), name="hvdlite-spare",
+                                        daemon=True)
+        spare.thread.start()
+        self.waiting.append(spare)
+        if not self._dismiss_registered:
+            atexit.register(self.dismiss_all)  # after hvdlite's shutdown, before MPI_Finalize (atexit is LIFO)
+            self._dismiss_registered = True
+
+    def forget_gone(self, exited: Callable[[list[str]], set[str]]) -> list[str]:
+        """Drop the spares whose process exited or whose start failed; their ids."""
+        gone_ids = exited([spare.process_id for spare in self.waiting])
+        gone = [spare for spare in self.waiting if spare.process_id in gone_ids or spare.failed is not None]
+        for spare in gone:
+            log.warning("warm spare %s on %s is gone (%s); another is started", spare.process_id, spare.host,
+                        spare.failed or "its process exited")
+        self.waiting = [spare for spare in self.waiting if spare not in gone]
+        return [spare.process_id for spare in gone]
+
+    def count(self, ready: bool) -> dict[str, int]:
+        """Spares per host that are ready (``ready``) or still starting (not ``ready``)."""
+        counts: dict[str, int] = {}
+        for spare in self.waiting:
+            if spare.look_ready() == ready:
+                counts[spare.host] = counts.get(spare.host, 0) + 1
+        return counts
+
+    def choose(self, per_host: dict[str, int]) -> None:
+        """Set ``per_host[host]`` ready spares on each host aside for the plan's admission (spares set
+        aside by an earlier plan that was never applied wait again first)."""
+        self.waiting += self.admitting
+        self.admitting = []
+        for host, count in per_host.items():
+            self.admitting += [spare for spare in self.waiting if spare.host == host and spare.ready][:count]
+        self.waiting = [spare for spare in self.waiting if spare not in self.admitting]
+
+    def take_admitting(self) -> list[Spare]:
+        chosen, self.admitting = self.admitting, []
+        return chosen
+
+    def dismiss_all(self) -> None:
+        """End every waiting spare (the job is over); waits for those still starting."""
+        for spare in self.waiting + self.admitting:
+            if spare.thread is not None:
+                spare.thread.join(DISMISS_WAIT_SECONDS)
+            if spare.started:
+                spare.pair.send(None, dest=1, tag=ORDER_TAG)
+                spare.pair.Free()
+                spare.inter.Disconnect()  # MPI_Finalize would wait for connected processes
+        self.waiting, self.admitting = [], []
+
+
+_spares: Spares | None = None
+
+
+def mine() -> Spares:
+    """This process's spares (rank 0's; empty elsewhere)."""
+    global _spares
+    if _spares is None:
+        _spares = Spares()
+    return _spares
+
+
+def _spawn(spare: Spare, program: str, args: list[str]) -> None:
+    """Start ``spare``'s process on its host and connect to it (on the helper thread: it returns once
+    the spare's MPI runs, after its script's imports)."""
+    from mpi4py import MPI
+
+    info = MPI.Info.Create()
+    info.Set("host", spare.host)
+    info.Set("wdir", os.getcwd())
+    try:
+        inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
+        spare.pair, spare.inter = inter.Merge(high=False), inter
+    except Exception as error:  # noqa: BLE001 - reported by forget_gone on the training thread
+        spare.failed = error
+    finally:
+        info.Free()
+
+
+def admit(comm: Any, count: int, chosen: list[Spare] | None) -> Any:
+    """The world ``comm`` with ``count`` spares admitted one after the other (every member calls it;
+    ``chosen``: rank 0's spares, None elsewhere). A spare admitted earlier takes part in the later
+    admissions as a member."""
+    from mpi4py import MPI
+
+    for index in range(count):
+        leader = chosen[index] if chosen else None
+        if leader is not None:
+            leader.pair.send(count - index - 1, dest=1, tag=ORDER_TAG)
+        inter = comm.Create_intercomm(0, leader.pair if leader else MPI.COMM_SELF, 1, ADMIT_TAG)
+        comm = inter.Merge(high=False)
+    return comm
+
+
+def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
+    """In a spare: say it is ready, wait outside the world until rank 0 admits it, and return the
+    world it joined (rank 0 dismissed it, or died: the process ends here)."""
+    from mpi4py import MPI
+
+    pair = parent.Merge(high=True)
+    pair.send(None, dest=0, tag=READY_TAG)
+    next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
+    while not pair.Iprobe(source=0, tag=ORDER_TAG):
+        time.sleep(POLL_SECONDS)
+        if time.monotonic() >= next_look:
+            if spawner_gone():
+                log.warning("the rank that started this warm spare has exited: the spare ends")
+                _end_quietly()
+            next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
+    after = pair.recv(source=0, tag=ORDER_TAG)
+    if after is None:  # dismissed: the job is over
+        pair.Free()
+        parent.Disconnect()
+        MPI.Finalize()
+        _end_quietly()
+    comm = MPI.COMM_SELF.Create_intercomm(0, pair, 0, ADMIT_TAG).Merge(high=True)
+    return admit(comm, after, None)
+
+
+def exited(run_dir: str, service: str, token: str, process_ids: list[str]) -> set[str]:
+    """Which of ``process_ids`` have exited: their status file here, or hvdliterun's record of them
+    (a process on another host)."""
+    from ..utils.failed_peers import exited_members
+
+    found = exited_members(run_dir, process_ids)
+    if not service or len(found) == len(process_ids):
+        return found
+    try:
+        return found | set(request(service, token, {"op": "gone", "ids": process_ids}).get("exited", []))
+    except ChannelError:
+        return found  # hvdliterun unreachable: ask again next time
+
+
+def _end_quietly() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "exited", "READY_TAG", "ORDER_TAG",
+           "ADMIT_TAG"]

@@ -1,0 +1,93 @@
+"""Warm spares (``hvdliterun --warm-spares 1``): a spare rank 0 started ahead fills a slot at a commit.
+
+Usage: elastic_spares.py join HOSTS_FILE | refill | orphan. ``join``: np=2 under ``--host-discovery-script
+"cat HOSTS_FILE"``; once rank 0's spare is ready, rank 0 adds a slot (``localhost:3``) and the spare
+fills it. ``refill``: np=3 with a short blacklist cooldown; world rank 2 SIGKILLs itself, the two
+survivors re-form, and after the cooldown the spare fills the freed slot. ``orphan``: as ``refill`` but
+rank 0 dies: its spare ends, and the job grows back to three ranks after the cooldown.
+Every rank checks by collectives that it holds the same world as the others; a process that joined
+as a spare prints ``spare joined``; at the end rank 0 replays the committed steps alone and prints
+``ok elastic spares MODE``.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import hvdlite as hvd
+from hvdlite.core import runtime
+from hvdlite.elastic import spares
+
+MODE = sys.argv[1]
+BATCH, LR, STEPS_AT_FULL_SIZE = 12, 0.1, 6
+SPARE = bool(os.environ.get("HVDLITE_ELASTIC_SPARE_OF"))
+
+
+def batch(step: int) -> np.ndarray:
+    return np.random.default_rng(step).standard_normal((BATCH, 3))
+
+
+def check_world() -> None:
+    ids = list(runtime.current().process_ids)
+    every = hvd.allgather_object(ids, name="world.ids")
+    assert all(other == ids for other in every), every
+    print(f"world ok {hvd.size()} {ids}", flush=True)
+
+
+def change_the_world(state: hvd.elastic.ObjectState, full_size: int) -> None:
+    """Once rank 0's spare is ready (every rank learns it by a broadcast): add a slot or kill a rank."""
+    ready = sum(spares.mine().count(ready=True).values()) if hvd.rank() == 0 else 0
+    if not hvd.broadcast_object(ready, root_rank=0, name="spare.ready"):
+        return
+    state.changed = True
+    state.commit()
+    if MODE == "join":
+        if hvd.rank() == 0:
+            with open(sys.argv[2] + ".tmp", "w") as handle:
+                handle.write("localhost:3\n")
+            os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+        return
+    victim = 0 if MODE == "orphan" else full_size - 1
+    if hvd.rank() == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    hvd.init()
+    if SPARE:
+        print(f"spare joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
+    target = 3
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, w=np.zeros(3), step=0, changed=False,
+                                    full_steps=0)
+    seen = {"size": None}  # this process's: a joined rank runs no reset callback, so the loop checks
+
+    @hvd.elastic.run
+    def train(state):
+        while state.full_steps < STEPS_AT_FULL_SIZE or not state.changed:
+            if seen["size"] != hvd.size():
+                check_world()
+                seen["size"] = hvd.size()
+            if not state.changed and state.step >= 2:
+                change_the_world(state, hvd.size())
+            rows = batch(state.step)[hvd.rank()::hvd.size()]
+            gradient = hvd.allreduce(rows.sum(axis=0), op=hvd.Sum, name="gradient") / BATCH
+            state.w, state.step = state.w - LR * gradient, state.step + 1
+            state.full_steps += int(state.changed and hvd.size() == target)
+            state.commit()
+            time.sleep(0.02)
+
+    train(state)
+    if hvd.rank() == 0:
+        replay = np.zeros(3)
+        for step in range(state.step):
+            replay = replay - LR * batch(step).sum(axis=0) / BATCH
+        np.testing.assert_allclose(state.w, replay, rtol=1e-12, atol=1e-12)
+        print(f"ok elastic spares {MODE} {state.step} steps", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
