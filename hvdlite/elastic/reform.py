@@ -33,7 +33,7 @@ from .agreement import Agreed, agree
 from .channel import ChannelError, request
 from .forming import create_group, watched_start
 from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file, served_by_spares
-from .spares import admit, exited, mine, wait_for_admission
+from .spares import admit, exited, mark, mine, spare_argv, wait_for_admission
 from .wrapper import wrapped
 
 log = logging.getLogger("hvdlite")
@@ -183,8 +183,7 @@ def propose(warm: bool = True) -> Plan:
 def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> Plan:
     """``plan`` served by rank 0's ready spares, or with the hosts for missing ones (see :func:`propose`)."""
     config, spares = world.config, mine()
-    _record_removed(spares.forget_gone(
-        lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids)))
+    spares.forget_gone(lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids))
     if 0 not in plan.remove:  # rank 0 leaving takes its spares with it: cold spawns as before
         plan, per_host = served_by_spares(plan, spares.count(ready=True), spares.count(ready=False))
         spares.choose(per_host)
@@ -192,7 +191,7 @@ def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> 
         return plan
     on_hosts = {host: spares.count(ready=True).get(host, 0) + spares.count(ready=False).get(host, 0)
                 for host in _book(world).hosts}
-    missing = config.elastic_warm_spares - len(spares.waiting)
+    missing = 0 if spares.given_up else config.elastic_warm_spares - len(spares.waiting)
     return dataclasses.replace(plan, warm=_book(world).hosts_for_spares(missing, on_hosts, now))
 
 
@@ -204,6 +203,8 @@ def start_spares(plan: Plan) -> None:
     for host in plan.warm:
         book.generation += 1
         if world.topology.rank == 0:
+            config = world.config
+            mark(config.run_dir, config.elastic_service, config.elastic_token, f"g{book.generation}.0")
             mine().start(host, f"g{book.generation}.", _spare_command(world.process_ids[0]))
 
 
@@ -260,15 +261,20 @@ def _admit(comm: Any, count: int, book: HostBook) -> Any:
 
 
 def _spare_command(spawner: str) -> Callable[[str], tuple[str, list[str]]]:
-    """What a spare runs: this program under the rank wrapper, told its ids' prefix and its spawner."""
-    return lambda prefix: _spawn_command(prefix, f"HVDLITE_ELASTIC_SPARE_OF={spawner}")
+    """What a spare runs: this program through ``spare_start.py`` (MPI first), under the
+    rank wrapper, told its ids' prefix and its spawner."""
+    argv = spare_argv()
+    if argv is None:
+        log.warning("a warm spare of a `python -c` program starts MPI only in hvd.init(): rank 0 waits for it")
+    return lambda prefix: _spawn_command(prefix, argv, f"HVDLITE_ELASTIC_SPARE_OF={spawner}")
 
 
-def _spawn_command(prefix: str, *settings: str) -> tuple[str, list[str]]:
-    """``env`` and its arguments: this program, with this interpreter and arguments, under the rank
-    wrapper, with its status files' prefix and ``settings`` (``NAME=value``)."""
+def _spawn_command(prefix: str, argv: list[str] | None = None, *settings: str) -> tuple[str, list[str]]:
+    """``env`` and its arguments: ``python ARGV`` (default: this program, with this interpreter and
+    arguments) under the rank wrapper, with its status files' prefix and ``settings`` (``NAME=value``)."""
     command = shutil.which("env") or "/usr/bin/env"
-    return command, [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *settings, *wrapped([sys.executable, *sys.orig_argv[1:]])]
+    program = [sys.executable, *(sys.orig_argv[1:] if argv is None else argv)]
+    return command, [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *settings, *wrapped(program)]
 
 
 def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any:

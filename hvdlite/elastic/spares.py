@@ -11,8 +11,10 @@ rank 0 shares with it) and ``MPI_Intercomm_merge``, milliseconds.
 
 A spare belongs to the process that started it. If that process dies, the spare sees its status
 (the run directory, or hvdliterun's channel) and exits; the next rank 0 starts new ones. At the end
-of the job rank 0 dismisses its spares (they exit 0). A spare that dies before it is admitted is
-forgotten and listed as a rank the job went on without, so that its status does not fail the job.
+of the job rank 0 dismisses its spares (they exit 0). Rank 0 marks each spare for hvdliterun
+(``rank.ID.spare``), so that a spare's exit fails nothing until it is admitted. A spare that dies
+while it waits is replaced; one that dies before it reached ``hvd.init()`` (the script failed to
+start) makes rank 0 stop starting spares, so that a broken start is not retried at every commit.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Spares:
     def __init__(self) -> None:
         self.waiting: list[Spare] = []
         self.admitting: list[Spare] = []  # chosen by the last plan, admitted when the world applies it
+        self.given_up = False  # a spare failed to start: no more are started
         self._dismiss_registered = False
 
     def start(self, host: str, prefix: str, command: Callable[[str], tuple[str, list[str]]]) -> None:
@@ -82,15 +85,19 @@ class Spares:
             atexit.register(self.dismiss_all)  # after hvdlite's shutdown, before MPI_Finalize (atexit is LIFO)
             self._dismiss_registered = True
 
-    def forget_gone(self, exited: Callable[[list[str]], set[str]]) -> list[str]:
-        """Drop the spares whose process exited or whose start failed; their ids."""
-        gone_ids = exited([spare.process_id for spare in self.waiting])
-        gone = [spare for spare in self.waiting if spare.process_id in gone_ids or spare.failed is not None]
-        for spare in gone:
-            log.warning("warm spare %s on %s is gone (%s); another is started", spare.process_id, spare.host,
-                        spare.failed or "its process exited")
-        self.waiting = [spare for spare in self.waiting if spare not in gone]
-        return [spare.process_id for spare in gone]
+    def forget_gone(self, exited: Callable[[list[str]], set[str]]) -> None:
+        """Drop the spares whose process exited or whose start failed (see the module's doc)."""
+        gone_ids = exited([spare.process_id for spare in self.waiting]) if self.waiting else set()
+        for spare in [spare for spare in self.waiting if spare.process_id in gone_ids or spare.failed is not None]:
+            self.waiting.remove(spare)
+            if spare.look_ready():
+                log.warning("warm spare %s on %s exited while it waited; another is started", spare.process_id,
+                            spare.host)
+                continue
+            self.given_up = True
+            log.warning("warm spare %s on %s exited before it reached hvd.init() (%s): no more spares are started in "
+                        "this job, new ranks start as new processes", spare.process_id, spare.host,
+                        spare.failed or "see its output")
 
     def count(self, ready: bool) -> dict[str, int]:
         """Spares per host that are ready (``ready``) or still starting (not ``ready``)."""
@@ -207,11 +214,47 @@ def exited(run_dir: str, service: str, token: str, process_ids: list[str]) -> se
         return found  # hvdliterun unreachable: ask again next time
 
 
+def spare_argv() -> list[str] | None:
+    """How a spare of this process runs, from ``python`` on: its Python options, then
+    ``spare_start.py`` (MPI first, see there) with the script or module and its arguments; None when
+    it cannot be told (``python -c``)."""
+    options = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
+    if options and options[-1] == "-m":
+        options = options[:-1]
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name:
+        kind, target = "module", main_spec.name
+    elif sys.argv and os.path.isfile(sys.argv[0]):
+        kind, target = "path", os.path.abspath(sys.argv[0])
+    else:
+        return None
+    return [*options, os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_start.py"), kind, target,
+            *sys.argv[1:]]
+
+
+def spare_marker(process_id: str) -> str:
+    """The run directory's file that says ``process_id`` is a warm spare, no rank of the job until admitted."""
+    return f"rank.{process_id}.spare"
+
+
+def mark(run_dir: str, service: str, token: str, process_id: str) -> None:
+    """Tell hvdliterun that ``process_id`` starts as a warm spare (its channel, else its run directory)."""
+    if service:
+        try:
+            request(service, token, {"op": "spare", "id": process_id})
+            return
+        except ChannelError as exc:
+            log.warning("could not tell hvdliterun that %s is a warm spare: %s", process_id, exc)
+    if run_dir:
+        with open(os.path.join(run_dir, spare_marker(process_id)), "w"):
+            pass
+
+
 def _end_quietly() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "exited", "READY_TAG", "ORDER_TAG",
+__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "exited", "mark", "spare_marker", "spare_argv", "READY_TAG", "ORDER_TAG",
            "ADMIT_TAG"]

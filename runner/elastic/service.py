@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 from hvdlite.elastic.hosts import HOSTS_FILE, read_hosts_file
+from hvdlite.elastic.spares import spare_marker
 from hvdlite.utils.failed_peers import exited_members
 
 from .membership import Memberships
@@ -88,7 +89,8 @@ class _Bookkeeper:
         if not hmac.compare_digest(str(message.get("token", "")), self._token):
             return {"error": "wrong or missing token"}
         handler = {"hosts": self._hosts, "started": self._started, "exited": self._exited,
-                   "removed": self._removed, "gone": self._gone}.get(message.get("op"))
+                   "removed": self._removed, "gone": self._gone,
+                   "spare": self._spare}.get(message.get("op"))
         if handler is None and message.get("op") != "agree":
             return {"error": f"unknown op {message.get('op')!r}"}
         try:
@@ -118,6 +120,11 @@ class _Bookkeeper:
         ids = [_process_id(process_id) for process_id in message["ids"]]
         with open(os.path.join(self._run_dir, "elastic.removed"), "a") as handle:
             handle.write("".join(f"{process_id}\n" for process_id in ids))
+        return {}
+
+    def _spare(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0 starts a warm spare: not a rank of the job until it is admitted (and announces itself)."""
+        self._write(spare_marker(_process_id(message["id"])), "")
         return {}
 
     def _gone(self, message: dict[str, Any]) -> dict[str, Any]:

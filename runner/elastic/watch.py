@@ -2,7 +2,8 @@
 
 The ranks' wrappers (``hvdlite.elastic.wrapper``) write ``rank.ID.status`` into the run directory,
 directly or through the control channel (:mod:`.service`); the new rank 0 lists the ranks the job
-went on without in ``elastic.removed``. From those files the launcher decides when mpiexec only
+went on without in ``elastic.removed``; rank 0 marks the warm spares it starts (``rank.ID.spare``),
+whose exit is no rank's until they are admitted. From those files the launcher decides when mpiexec only
 waits for an unreachable host, when a rank died too early for recovery, and the job's exit code.
 """
 
@@ -61,7 +62,7 @@ def elastic_exit_code(run_dir: str, num_proc: int, code: int) -> int:
     except OSError:
         removed = set()
     statuses = _rank_statuses(run_dir)
-    for process_id in [str(rank) for rank in range(num_proc)] + sorted(statuses):
+    for process_id in [str(rank) for rank in range(num_proc)] + sorted(set(statuses) - waiting_spares(run_dir)):
         if process_id in removed:
             continue
         if process_id not in statuses:
@@ -87,10 +88,18 @@ def elastic_job_finished(run_dir: str, num_proc: int) -> bool:
 
 def died_before_init(run_dir: str) -> str | None:
     """An elastic rank that exited with an error before its ``hvd.init()`` wrote its pid file, if any."""
+    spares = waiting_spares(run_dir)
     for process_id, status in _rank_statuses(run_dir).items():
-        if status != 0 and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid")):
+        if status != 0 and process_id not in spares and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid")):
             return process_id
     return None
+
+
+def waiting_spares(run_dir: str) -> set[str]:
+    """The warm spares never admitted (no pid file): their exit, whatever its status, is not a rank's."""
+    names = set(os.listdir(run_dir))
+    marked = {match.group(1) for name in names if (match := re.fullmatch(r"rank\.(g\d+\.\d+)\.spare", name))}
+    return {process_id for process_id in marked if f"rank.{process_id}.pid" not in names}
 
 
 def _rank_statuses(run_dir: str) -> dict[str, int]:

@@ -49,3 +49,12 @@ def test_a_spare_whose_rank_0_died_ends_and_the_job_goes_on_at_full_size():
     assert "the rank that started this warm spare has exited: the spare ends" in result.output, result.output
     assert "ok elastic spares orphan" in result.output, result.output
     assert "the job went on without rank(s) [0] and finished" in result.output, result.output
+
+
+def test_a_spare_that_fails_before_hvd_init_stops_the_spares_and_fails_nothing(tmp_path):
+    result = run_job(["--min-np", "2", *SPARE, "python", str(SCRIPTS / "elastic_spares.py"), "crash",
+                      str(tmp_path / "crashed")], np=2, timeout=180)
+    assert result.returncode == 0, result.output
+    assert "exited before it reached hvd.init() (see its output): no more spares are started" in result.output, \
+        result.output
+    assert "ok elastic spares crash 100 steps" in result.output, result.output

@@ -1,10 +1,12 @@
 """Warm spares (``hvdliterun --warm-spares 1``): a spare rank 0 started ahead fills a slot at a commit.
 
-Usage: elastic_spares.py join HOSTS_FILE | refill | orphan. ``join``: np=2 under ``--host-discovery-script
+Usage: elastic_spares.py join HOSTS_FILE | refill | orphan | crash FLAG_FILE. ``join``: np=2 under ``--host-discovery-script
 "cat HOSTS_FILE"``; once rank 0's spare is ready, rank 0 adds a slot (``localhost:3``) and the spare
 fills it. ``refill``: np=3 with a short blacklist cooldown; world rank 2 SIGKILLs itself, the two
 survivors re-form, and after the cooldown the spare fills the freed slot. ``orphan``: as ``refill`` but
 rank 0 dies: its spare ends, and the job grows back to three ranks after the cooldown.
+``crash``: np=2, the first spare exits
+with status 3 before ``hvd.init()`` (it creates FLAG_FILE); the job trains on without spares.
 Every rank checks by collectives that it holds the same world as the others; a process that joined
 as a spare prints ``spare joined``; at the end rank 0 replays the committed steps alone and prints
 ``ok elastic spares MODE``.
@@ -56,6 +58,9 @@ def change_the_world(state: hvd.elastic.ObjectState, full_size: int) -> None:
 
 
 def main() -> None:
+    if SPARE and MODE == "crash" and not os.path.exists(sys.argv[2]):
+        open(sys.argv[2], "w").close()
+        sys.exit(3)
     hvd.init()
     if SPARE:
         print(f"spare joined as rank {hvd.rank()} of {hvd.size()}", flush=True)
@@ -66,11 +71,11 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state):
-        while state.full_steps < STEPS_AT_FULL_SIZE or not state.changed:
+        while (state.full_steps < STEPS_AT_FULL_SIZE or not state.changed) and not (MODE == "crash" and state.step >= 100):
             if seen["size"] != hvd.size():
                 check_world()
                 seen["size"] = hvd.size()
-            if not state.changed and state.step >= 2:
+            if not state.changed and state.step >= 2 and MODE != "crash":
                 change_the_world(state, hvd.size())
             rows = batch(state.step)[hvd.rank()::hvd.size()]
             gradient = hvd.allreduce(rows.sum(axis=0), op=hvd.Sum, name="gradient") / BATCH
