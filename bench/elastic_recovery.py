@@ -9,8 +9,10 @@ processes, restore the last commit and go on), and under ``torchrun --nproc-per-
 --max-restarts 1`` with gloo (the same kill; torchrun restarts all three workers, which reload the
 checkpoint rank 0 saved every step). It reports the seconds from the kill to the first step
 completed afterwards, their ratio, and the cost of hvdlite's ``state.commit()`` per MB of state.
-A third job per rep measures a join: np=2 under ``--host-discovery-script``, one slot added
-mid-run, from the host list's change to the first step of the grown world. A fourth stops (SIGSTOP)
+A third and a fourth job per rep measure a join: np=2 under ``--host-discovery-script``, one slot
+added mid-run, from the host list's change (and from hvdliterun's publication of it, after its 1 s
+poll) to the first step of the grown world: filled by a new process, then by a warm spare
+(``--warm-spares 1``, the slot added once the spare is ready). A fifth stops (SIGSTOP)
 the last rank instead of killing it: a silent rank, in no list of the dead, found at the
 communication deadline (SILENT_DEADLINE s) plus the probe window; reported beyond the deadline. Then torch, Keras and
 JAX recover from the same kill in the tests' shrink scripts (a small model). ``--plot PATH`` draws the
@@ -48,10 +50,11 @@ def run_once(mode: str) -> dict[str, float]:
         if mode in ("hvdlite", "silent"):
             deadline = ["--comm-timeout-seconds", str(SILENT_DEADLINE)] if mode == "silent" else []
             command = [hvdliterun, "-np", "3", "--min-np", "2", *deadline, sys.executable, WORKER, mode, results]
-        elif mode == "join":
+        elif mode in ("join", "warm"):
             with open(os.path.join(results, "hosts"), "w") as handle:
                 handle.write("localhost:2\n")
-            command = [hvdliterun, "--min-np", "2", "--host-discovery-script", f"cat {results}/hosts",
+            spare = ["--warm-spares", "1"] if mode == "warm" else []
+            command = [hvdliterun, "--min-np", "2", *spare, "--host-discovery-script", f"cat {results}/hosts",
                        sys.executable, WORKER, mode, results]
         else:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
@@ -60,7 +63,7 @@ def run_once(mode: str) -> dict[str, float]:
         if done.returncode != 0:
             raise SystemExit(f"{mode} job failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return {name: json.load(open(os.path.join(results, name)))
-                for name in ("recovered", "commit_ms_per_mb", "joined") if os.path.exists(os.path.join(results, name))}
+                for name in ("recovered", "commit_ms_per_mb", "joined", "joined_after_publish") if os.path.exists(os.path.join(results, name))}
 
 
 SHRINK_SCRIPTS = {framework: str(ROOT / "tests" / "multirank" / "scripts" / name) for framework, name in
@@ -90,18 +93,36 @@ def plot_recovery(ours: list[float], theirs: list[float], reps: int, out: str) -
                    note=f"Median of {reps} reps (each rep runs both jobs), dots reps.", out=out)
 
 
+def print_joins(joins: dict[str, list[dict[str, float]]]) -> None:
+    """The join table: a new process (cold) against a warm spare, from the discovery file's change and
+    from hvdliterun's publication of the new list (after its 1 s poll), to the first step of 3 ranks."""
+    print("\n| join 2 -> 3 under --host-discovery-script | file written -> first step at 3, s (median) | all reps "
+          "| launcher published -> first step at 3, s (median) | all reps |\n|---|---|---|---|---|")
+    for mode, label in (("join", "a new process (cold: starts, imports torch)"), ("warm", "--warm-spares 1 (ready)")):
+        for_mode = joins[mode]
+        cells = []
+        for key in ("joined", "joined_after_publish"):
+            values = [run[key] for run in for_mode]
+            cells += [f"{statistics.median(values):.3f}", ", ".join(f"{x:.3f}" for x in values)]
+        print(f"| {label} | {' | '.join(cells)} |")
+    warm = statistics.median(run["joined"] for run in joins["warm"])
+    print(f"warm join target: under 1 s from the change -> {'met' if warm < 1 else 'NOT met'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--plot", metavar="PNG", help="draw hvdlite's and torchrun's recovery times into this file")
     args = parser.parse_args()
-    ours, theirs, commits, joins, silent = [], [], [], [], []
+    ours, theirs, commits, silent = [], [], [], []
+    joins: dict[str, list[dict[str, float]]] = {"join": [], "warm": []}
     for _ in range(args.reps):  # interleaved, so both see the same state of the machine
         result = run_once("hvdlite")
         ours.append(result["recovered"])
         commits.append(result["commit_ms_per_mb"])
         theirs.append(run_once("torchrun")["recovered"])
-        joins.append(run_once("join")["joined"])
+        for mode in joins:
+            joins[mode].append(run_once(mode))
         silent.append(run_once("silent")["recovered"] - SILENT_DEADLINE)
     hvd, torchrun = statistics.median(ours), statistics.median(theirs)
     print(f"| np=3 -> 2, MLP 1024x3, Adam | kill to next step, s (median of {args.reps}) | all reps |")
@@ -116,8 +137,7 @@ def main() -> None:
     print("\n| small model, np=3 -> 2 | kill to next step, s (median) | all reps |\n|---|---|---|")
     for name, values in by_framework.items():
         print(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{x:.3f}' for x in values)} |")
-    print(f"join 2 -> 3 (discovery file written -> first step of 3 ranks, incl. the launcher's 1 s poll and "
-          f"the new rank's start-up): median {statistics.median(joins):.2f} s, all {', '.join(f'{x:.2f}' for x in joins)}")
+    print_joins(joins)
     beyond = statistics.median(silent)
     print(f"silent rank (SIGSTOP), stop to next step beyond the {SILENT_DEADLINE:g} s deadline: median {beyond:.2f} s, "
           f"all {', '.join(f'{x:.2f}' for x in silent)}; target: within the deadline + 2 s -> "

@@ -1,6 +1,6 @@
 """One worker of bench/elastic_recovery.py: trains an MLP and, once, loses the last rank mid-run.
 
-Usage: elastic_worker.py hvdlite|silent|torchrun|join RESULTS_DIR. The last rank SIGKILLs itself
+Usage: elastic_worker.py hvdlite|silent|torchrun|join|warm RESULTS_DIR. The last rank SIGKILLs itself
 (``silent``: SIGSTOPs itself, a process that neither dies nor answers) at step KILL_AT after writing the time; the first step a surviving (hvdlite) or restarted (torchrun)
 worker completes afterwards writes the recovery time. hvdlite also times ``state.commit()``.
 """
@@ -78,20 +78,26 @@ def hvdlite_worker(results: str, how: signal.Signals = signal.SIGKILL) -> None:
     hvd.shutdown()
 
 
-def join_worker(results: str) -> None:
-    """np=2 under a discovery script that prints RESULTS/hosts: rank 0 adds a slot at step KILL_AT; the
-    time from that write to the first step the grown world (3 ranks) completes is the join time."""
+def join_worker(results: str, warm: bool = False) -> None:
+    """np=2 under a discovery script that prints RESULTS/hosts: rank 0 adds a slot at step KILL_AT (with
+    ``warm``, once its warm spare is ready too); the time from that write to the first step the grown
+    world (3 ranks) completes is the join time (``joined``), and from hvdliterun's publication of the
+    new list (its 1 s poll saw the change) to that step, ``joined_after_publish``."""
     import hvdlite.torch as hvd
+    from hvdlite.elastic import spares
 
     hvd.init()
     model = mlp()
     optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()), named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, step=0)
+    published = os.path.join(os.environ["HVDLITE_RUN_DIR"], "elastic.hosts")
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         for at in range(state.step, 400):
-            if hvd.size() == 2 and hvd.rank() == 0 and at == KILL_AT:
+            ready = not warm or sum(spares.mine().count(ready=True).values()) > 0
+            if hvd.size() == 2 and hvd.rank() == 0 and at >= KILL_AT and ready and not os.path.exists(
+                    os.path.join(results, "added_at")):
                 record(results, "added_at", time.time())
                 with open(os.path.join(results, "hosts.tmp"), "w") as handle:
                     handle.write("localhost:3\n")
@@ -99,8 +105,10 @@ def join_worker(results: str) -> None:
             step(model, optimizer)
             if hvd.size() == 3:
                 if hvd.rank() == 0 and not os.path.exists(os.path.join(results, "joined")):
+                    now = time.time()
                     with open(os.path.join(results, "added_at")) as handle:
-                        record(results, "joined", time.time() - json.load(handle))
+                        record(results, "joined", now - json.load(handle))
+                    record(results, "joined_after_publish", now - os.path.getmtime(published))
                 if at >= state.step + 2:
                     return
             state.step = at + 1
@@ -142,5 +150,6 @@ def torchrun_worker(results: str) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     workers = {"hvdlite": hvdlite_worker, "torchrun": torchrun_worker, "join": join_worker,
+               "warm": lambda results: join_worker(results, warm=True),
                "silent": lambda results: hvdlite_worker(results, signal.SIGSTOP)}
     workers[sys.argv[1]](sys.argv[2])

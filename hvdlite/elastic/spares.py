@@ -175,12 +175,26 @@ def admit(comm: Any, count: int, chosen: list[Spare] | None) -> Any:
     return comm
 
 
+_WHILE_WAITING: list[Callable[[], None]] = []
+
+
+def before_ready(callback: Callable[[], None]) -> None:
+    """Have a spare call ``callback`` before it says it is ready (an adapter's framework imports modules
+    on first use, which a spare does ahead, not after it joined)."""
+    _WHILE_WAITING.append(callback)
+
+
 def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
     """In a spare: say it is ready, wait outside the world until rank 0 admits it, and return the
     world it joined (rank 0 dismissed it, or died: the process ends here)."""
     from mpi4py import MPI
 
     pair = parent.Merge(high=True)
+    for callback in _WHILE_WAITING:
+        try:
+            callback()
+        except Exception as error:  # noqa: BLE001 - only a head start: the script will meet it itself
+            log.warning("a warm spare's preparation failed: %s", error)
     pair.send(None, dest=0, tag=READY_TAG)
     next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
     while not pair.Iprobe(source=0, tag=ORDER_TAG):
@@ -256,5 +270,5 @@ def _end_quietly() -> None:
     os._exit(0)
 
 
-__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "exited", "mark", "spare_marker", "spare_argv", "READY_TAG", "ORDER_TAG",
+__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "before_ready", "exited", "mark", "spare_marker", "spare_argv", "READY_TAG", "ORDER_TAG",
            "ADMIT_TAG"]

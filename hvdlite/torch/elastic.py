@@ -11,6 +11,7 @@ job re-forms, grows and shrinks.
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import random
 import sys
@@ -20,9 +21,14 @@ import torch
 
 from .. import basics, objects
 from ..elastic import ObjectState, State, run
+from ..elastic.spares import before_ready
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..utils.loaded import is_instance
 from .state import broadcast_optimizer_state, broadcast_parameters
+
+# A warm spare waits for admission inside hvd.init(): what torch imports on first use (every optimizer's
+# constructor imports torch._dynamo, 0.8 s here) it imports while it waits, not after it joined.
+before_ready(lambda: importlib.import_module("torch._dynamo"))
 
 # DiLoCo and fully_shard import DTensor (half a second): looked up only once a script imported them.
 _DILOCO = ("hvdlite.torch.diloco", "DiLoCo")
