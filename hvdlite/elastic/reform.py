@@ -183,14 +183,15 @@ def propose(warm: bool = True) -> Plan:
 def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> Plan:
     """``plan`` served by rank 0's ready spares, or with the hosts for missing ones (see :func:`propose`)."""
     config, spares = world.config, mine()
-    spares.forget_gone(lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids))
+    spares.exited = lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids)
+    spares.forget_gone(now=bool(plan.spawn))
+    ready, starting = spares.count(ready=True), spares.count(ready=False)
     if 0 not in plan.remove:  # rank 0 leaving takes its spares with it: cold spawns as before
-        plan, per_host = served_by_spares(plan, spares.count(ready=True), spares.count(ready=False))
+        plan, per_host = served_by_spares(plan, ready, starting)
         spares.choose(per_host)
     if plan or not warm:
         return plan
-    on_hosts = {host: spares.count(ready=True).get(host, 0) + spares.count(ready=False).get(host, 0)
-                for host in _book(world).hosts}
+    on_hosts = {host: ready.get(host, 0) + starting.get(host, 0) for host in _book(world).hosts}
     missing = 0 if spares.given_up else config.elastic_warm_spares - len(spares.waiting)
     return dataclasses.replace(plan, warm=_book(world).hosts_for_spares(missing, on_hosts, now))
 

@@ -71,6 +71,9 @@ class Spares:
         self.waiting: list[Spare] = []
         self.admitting: list[Spare] = []  # chosen by the last plan, admitted when the world applies it
         self.given_up = False  # a spare failed to start: no more are started
+        # Which of a list of process ids have exited; rank 0 sets it (from its config) before each look.
+        self.exited: Callable[[list[str]], set[str]] = lambda process_ids: set()
+        self._next_look = 0.0
         self._dismiss_registered = False
 
     def start(self, host: str, prefix: str, command: Callable[[str], tuple[str, list[str]]]) -> None:
@@ -85,9 +88,14 @@ class Spares:
             atexit.register(self.dismiss_all)  # after hvdlite's shutdown, before MPI_Finalize (atexit is LIFO)
             self._dismiss_registered = True
 
-    def forget_gone(self, exited: Callable[[list[str]], set[str]]) -> None:
-        """Drop the spares whose process exited or whose start failed (see the module's doc)."""
-        gone_ids = exited([spare.process_id for spare in self.waiting]) if self.waiting else set()
+    def forget_gone(self, now: bool = False) -> None:
+        """Drop the spares whose process exited or whose start failed (see the module's doc): at most
+        every SPAWNER_LOOK_SECONDS (asking hvdliterun at every commit would cost a round trip each),
+        unless ``now`` (a spare is about to be admitted or dismissed: a dead one would hang that)."""
+        if not self.waiting or (not now and time.monotonic() < self._next_look):
+            return
+        self._next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
+        gone_ids = self.exited([spare.process_id for spare in self.waiting])
         for spare in [spare for spare in self.waiting if spare.process_id in gone_ids or spare.failed is not None]:
             self.waiting.remove(spare)
             if spare.look_ready():
@@ -122,9 +130,12 @@ class Spares:
 
     def dismiss_all(self) -> None:
         """End every waiting spare (the job is over); waits for those still starting."""
-        for spare in self.waiting + self.admitting:
+        self.waiting += self.admitting
+        for spare in self.waiting:
             if spare.thread is not None:
                 spare.thread.join(DISMISS_WAIT_SECONDS)
+        self.forget_gone(now=True)
+        for spare in self.waiting:
             if spare.started:
                 spare.pair.send(None, dest=1, tag=ORDER_TAG)
                 spare.pair.Free()

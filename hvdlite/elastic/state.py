@@ -40,6 +40,16 @@ class State:
         self.commits_since_sync = 0
         self.reformed = False  # set by hvd.elastic.run for the sync right after the world changed
 
+    def restored_alike(self) -> bool:
+        """Whether every rank holds the same commit, with nothing to broadcast for replicas that average
+        every step: true in ``hvd.elastic.run``'s re-sync after a world change when every rank made the
+        same number (at least one) of commits since the last sync (a rank that joined has made none; a
+        death in the middle of a commit leaves the survivors' counts apart). Collective: every rank's
+        sync calls it alike. Resets the count and ``reformed`` for the next sync."""
+        counts = objects.allgather_object((self.reformed, self.commits_since_sync), name="elastic.commits")
+        self.reformed, self.commits_since_sync = False, 0
+        return all(reformed for reformed, _ in counts) and len({count for _, count in counts}) == 1 and counts[0][1] >= 1
+
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions to call after the world changed (e.g. to rescale the learning rate to the new size)."""
         self._reset_callbacks.extend(callbacks)

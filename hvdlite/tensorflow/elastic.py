@@ -23,6 +23,7 @@ from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .diloco import DiLoCo
 from .diloco_state import DiLoCoHandler
+from .optimizer import averages_every_step
 from .variables import broadcast_variables
 
 run = translating_run((tf.errors.OpError,))
@@ -101,9 +102,20 @@ class TensorFlowKerasState(_VariablesState):
             self._diloco.restore()
 
     def _sync_values(self) -> None:
-        super()._sync_values()
+        if not self._replicas_alike():
+            super()._sync_values()
+        self.reformed, self.commits_since_sync = False, 0
         if self._diloco is not None:
             self._diloco.sync()
+
+    def _replicas_alike(self) -> bool:
+        """Whether the model's weights and the optimizer's variables are the same on every rank now, as
+        :meth:`hvdlite.torch.elastic.TorchState._replicas_alike` decides: every rank restored the same
+        commit after a world change (collective), and the optimizer averages every step over the job
+        (no DiLoCo, no local SGD). A sync the training script calls always broadcasts."""
+        if self._diloco is not None or self.optimizer is None or not averages_every_step(self.optimizer):
+            return False
+        return self.restored_alike()
 
     def _variables(self) -> list[Any]:
         optimizer_variables = list(self.optimizer.variables) if self.optimizer is not None else []

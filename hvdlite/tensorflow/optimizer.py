@@ -258,6 +258,14 @@ def is_distributed(optimizer: Any) -> bool:
     return hasattr(optimizer, _MARK)
 
 
+def averages_every_step(optimizer: Any) -> bool:
+    """True for a :func:`DistributedOptimizer` whose replicas stay equal: it averages (or Adasums) every
+    step's gradients over the whole job, without local SGD."""
+    averaging = getattr(optimizer, _MARK, None)
+    local_sgd = getattr(getattr(optimizer, "inner_optimizer", optimizer), "_hvdlite_local_sgd", None)
+    return isinstance(averaging, _Averaging) and averaging.process_set is global_process_set and local_sgd is None
+
+
 def average_over(optimizer: Any, process_set: ProcessSet) -> None:
     """Make a :func:`DistributedOptimizer` that averages gradients average them over ``process_set``
     from its next trace on (an elastic job's re-formed sets: DiLoCo's ``regroup``)."""

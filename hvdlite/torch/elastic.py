@@ -23,6 +23,7 @@ from .. import basics, objects
 from ..elastic import ObjectState, State, run
 from ..elastic.spares import before_ready
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..process_sets import global_process_set
 from ..utils.loaded import is_instance
 from .state import broadcast_optimizer_state, broadcast_parameters
 
@@ -112,8 +113,10 @@ class _OptimizerHandler(_Handler):
 
 
 def _averages_every_step(optimizer: torch.optim.Optimizer) -> bool:
+    """A DistributedOptimizer that averages every step over the whole job (not local SGD, not a process set)."""
     reducer = getattr(optimizer, "_hvdlite_reducer", None)
-    return reducer is not None and not getattr(reducer, "local_sgd", None)
+    return (reducer is not None and not getattr(reducer, "local_sgd", None)
+            and getattr(reducer, "process_set", global_process_set) is global_process_set)
 
 
 def _is_fully_sharded(value: Any) -> bool:
@@ -195,22 +198,19 @@ class TorchState(ObjectState):
         the same commit made since the last sync: they are equal there (see :meth:`_replicas_alike`).
         A sync called by the training script always broadcasts."""
         skip = self._replicas_alike()
-        self.reformed = False
+        self.reformed, self.commits_since_sync = False, 0
         for handler in self._handlers.values():
             if handler not in skip:
                 handler.sync()
         super().sync()
-        self.commits_since_sync = 0
 
     def _replicas_alike(self) -> list[Any]:
         """The model and optimizer handlers whose values are the same on every rank now, without a word.
 
-        Collective (every rank's sync gathers the same). They are when ``hvd.elastic.run`` re-syncs
-        every rank after a world change, every rank made the same number (at least one) of commits
-        since the last sync, so each holds the same step's commit (a rank that joined has made none; a
-        death in the middle of a commit leaves the survivors' counts apart), and every optimizer is a
-        ``DistributedOptimizer`` that averages each step (no local SGD) over all of the models'
-        parameters: replicas that were equal at the sync and applied the same averaged updates.
+        They are when every rank restored the same commit (:meth:`State.restored_alike`, collective)
+        and every optimizer is a ``DistributedOptimizer`` that averages each step (no local SGD) over
+        the whole job and all of the models' parameters: replicas that were equal at the sync and
+        applied the same averaged updates.
         """
         models = [h for h in self._handlers.values() if type(h) is _ModelHandler]
         optimizers = [h for h in self._handlers.values() if type(h) is _OptimizerHandler]
@@ -218,9 +218,7 @@ class TorchState(ObjectState):
         if not optimizers or not all(_averages_every_step(h.value) for h in optimizers) or not all(
                 id(p) in averaged for h in models for p in h.value.parameters()):
             return []
-        counts = objects.allgather_object((self.reformed, self.commits_since_sync), name="elastic.TorchState.commits")
-        alike = all(reformed for reformed, _ in counts) and len({count for _, count in counts}) == 1
-        return [*models, *optimizers] if alike and counts[0][1] >= 1 else []
+        return [*models, *optimizers] if self.restored_alike() else []
 
     def on_reset(self) -> None:
         # The job re-formed: a DistributedOptimizer plans its requests afresh, as a joining rank's does.

@@ -77,6 +77,37 @@ def test_keras_sync_takes_rank_0s_variables_and_a_restore_after_it_keeps_them(mo
     assert_equal_values(keras_values(state), root)
 
 
+def _keras_sync_broadcasts(monkeypatch, optimizer, reformed, every_rank):
+    """Whether a KerasState sync broadcast the variables, given what the ranks' counts gather to."""
+    model = make_model()
+    model.compile(optimizer=optimizer, loss="mse")
+    state = hvd_keras.elastic.KerasState(model)
+    state.commit()
+    gathered, broadcast = [], []
+    monkeypatch.setattr(objects, "allgather_object", lambda obj, *args, **kwargs: gathered.append(obj) or every_rank)
+    monkeypatch.setattr(tf_elastic, "broadcast_variables", lambda variables, root_rank: broadcast.append(root_rank))
+    state.reformed = reformed
+    state.sync()
+    assert state.commits_since_sync == 0 and not state.reformed
+    assert gathered in ([], [(reformed, 1)])
+    return bool(broadcast)
+
+
+def test_keras_leaves_out_the_broadcast_only_after_a_re_form_with_an_averaging_optimizer_and_equal_commits(
+        monkeypatch):
+    averaging = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    assert not _keras_sync_broadcasts(monkeypatch, averaging, True, [(True, 1), (True, 1)])
+    assert _keras_sync_broadcasts(monkeypatch, hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1)), True,
+                                  [(True, 1), (True, 2)])  # a death in the middle of a commit
+    assert _keras_sync_broadcasts(monkeypatch, hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1)), True,
+                                  [(True, 1), (False, 0)])  # a rank that joined
+    assert _keras_sync_broadcasts(monkeypatch, hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1)), False,
+                                  [(False, 1), (False, 1)])  # a sync the script calls
+    assert _keras_sync_broadcasts(monkeypatch, keras.optimizers.SGD(0.1), True, [(True, 1), (True, 1)])
+    local = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1), local_sgd_period=4)
+    assert _keras_sync_broadcasts(monkeypatch, local, True, [(True, 1), (True, 1)])
+
+
 def test_tensorflow_state_tracks_plain_variables_and_refuses_graph_sessions():
     variables = [tf.Variable([1.0, 2.0]), tf.Variable(3, dtype=tf.int64)]
     state = hvd_tf.elastic.TensorFlowState(variables, step=0)

@@ -30,3 +30,10 @@ def test_local_sgd_keeps_the_broadcast_its_replicas_differ_between_averages():
 
 def test_a_model_parameter_no_averaging_optimizer_steps_keeps_the_broadcast():
     assert _state(types.SimpleNamespace(local_sgd=None), cover_all=False)._replicas_alike() == []
+
+
+def test_averaging_over_a_process_set_keeps_the_broadcast_the_sets_replicas_differ_from_the_others():
+    from hvdlite.process_sets import ProcessSet
+
+    reducer = types.SimpleNamespace(local_sgd=None, process_set=ProcessSet([0, 1]))
+    assert _state(reducer)._replicas_alike() == []
