@@ -91,7 +91,10 @@ class Spares:
     def forget_gone(self, now: bool = False) -> None:
         """Drop the spares whose process exited or whose start failed (see the module's doc): at most
         every SPAWNER_LOOK_SECONDS (asking hvdliterun at every commit would cost a round trip each),
-        unless ``now`` (a spare is about to be admitted or dismissed: a dead one would hang that)."""
+        unless ``now`` (a spare is about to be admitted or dismissed: a dead one would hang that). Spares
+        set aside by a plan that was never applied (a rank died first) wait again."""
+        self.waiting += self.admitting
+        self.admitting = []
         if not self.waiting or (not now and time.monotonic() < self._next_look):
             return
         self._next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
@@ -116,10 +119,7 @@ class Spares:
         return counts
 
     def choose(self, per_host: dict[str, int]) -> None:
-        """Set ``per_host[host]`` ready spares on each host aside for the plan's admission (spares set
-        aside by an earlier plan that was never applied wait again first)."""
-        self.waiting += self.admitting
-        self.admitting = []
+        """Set ``per_host[host]`` ready spares on each host aside for the plan's admission."""
         for host, count in per_host.items():
             self.admitting += [spare for spare in self.waiting if spare.host == host and spare.ready][:count]
         self.waiting = [spare for spare in self.waiting if spare not in self.admitting]
@@ -130,8 +130,7 @@ class Spares:
 
     def dismiss_all(self) -> None:
         """End every waiting spare (the job is over); waits for those still starting."""
-        self.waiting += self.admitting
-        for spare in self.waiting:
+        for spare in self.waiting + self.admitting:
             if spare.thread is not None:
                 spare.thread.join(DISMISS_WAIT_SECONDS)
         self.forget_gone(now=True)

@@ -5,7 +5,7 @@ import sys
 
 from hvdlite.runner.command import LaunchSpec, build_mpiexec_command
 from hvdlite.runner.elastic.service import ElasticService
-from hvdlite.runner.elastic.watch import elastic_exit_code
+from hvdlite.runner.elastic.watch import died_before_init, elastic_exit_code
 
 from hvdlite.elastic.wrapper import RANK_WRAPPER, wrapped
 
@@ -29,6 +29,19 @@ def test_the_exit_code_is_the_survivors(tmp_path):
     assert elastic_exit_code(str(tmp_path), 3, 137) == 1  # a survivor failed
     (tmp_path / "rank.0.status").unlink()
     assert elastic_exit_code(str(tmp_path), 3, 9) == 9  # unknown: mpiexec's code
+
+
+def test_a_warm_spare_fails_nothing_until_it_is_admitted(tmp_path):
+    for process_id, status in (("0", 0), ("1", 0), ("g1.0", 137), ("g2.0", 3)):
+        (tmp_path / f"rank.{process_id}.status").write_text(f"{status}\n")
+    (tmp_path / "rank.g1.0.spare").write_text("")  # killed while it waited
+    (tmp_path / "rank.g2.0.spare").write_text("")
+    assert died_before_init(str(tmp_path)) is None and elastic_exit_code(str(tmp_path), 2, 0) == 0
+    (tmp_path / "rank.g2.0.pid").write_text("42 node")  # admitted (it announced itself), then failed
+    assert elastic_exit_code(str(tmp_path), 2, 0) == 3
+    (tmp_path / "rank.g2.0.spare").unlink()
+    (tmp_path / "rank.g2.0.pid").unlink()
+    assert died_before_init(str(tmp_path)) == "g2.0"  # a new rank that died before hvd.init() as before
 
 
 def test_the_wrapper_records_each_ranks_status_under_its_process_id(tmp_path):
