@@ -6,8 +6,9 @@ alone (``MPI_Comm_spawn`` over ``COMM_SELF``, on a helper thread, so training go
 training script up to ``hvd.init()``, tells rank 0 it is ready, and waits outside the world, polling
 every few milliseconds (no busy MPI wait, so it holds memory but hardly any CPU). When rank 0's
 plan at a commit starts ranks on a host where a spare is ready, the world admits the spare
-instead: ``MPI_Intercomm_create`` between the world and the spare (through the pair communicator
-rank 0 shares with it) and ``MPI_Intercomm_merge``, milliseconds.
+instead: ``MPI_Intercomm_create`` between the world and the spare (bridged by rank 0 and the spare
+merged into one communicator) and ``MPI_Intercomm_merge``, milliseconds. Until then both sides use
+only non-blocking calls on their link, so that neither waits for ever on the other's death.
 
 A spare belongs to the process that started it. If that process dies, the spare sees its status
 (the run directory, or hvdliterun's channel) and exits; the next rank 0 starts new ones. At the end
@@ -46,20 +47,19 @@ class Spare:
     host: str
     process_id: str
     thread: threading.Thread | None = None
-    inter: Any = None  # rank 0 <-> spare, from MPI_Comm_spawn
-    pair: Any = None  # the same two processes as an intracommunicator (rank 0 is 0, the spare 1)
+    inter: Any = None  # rank 0 <-> spare, from MPI_Comm_spawn (merged only at admission: a blocking call)
     ready: bool = False
     failed: BaseException | None = None
 
     @property
     def started(self) -> bool:
         """Its process runs MPI (the spawn returned), whether or not its script reached ``hvd.init()``."""
-        return self.pair is not None
+        return self.inter is not None
 
     def look_ready(self) -> bool:
         """Whether it has said it is ready (reached ``hvd.init()``); non-blocking."""
-        if not self.ready and self.started and self.pair.Iprobe(source=1, tag=READY_TAG):
-            self.pair.recv(source=1, tag=READY_TAG)
+        if not self.ready and self.started and self.inter.Iprobe(source=0, tag=READY_TAG):
+            self.inter.recv(source=0, tag=READY_TAG)
             self.ready = True
         return self.ready
 
@@ -136,8 +136,7 @@ class Spares:
         self.forget_gone(now=True)
         for spare in self.waiting:
             if spare.started:
-                spare.pair.send(None, dest=1, tag=ORDER_TAG)
-                spare.pair.Free()
+                spare.inter.send(None, dest=0, tag=ORDER_TAG)
                 spare.inter.Disconnect()  # MPI_Finalize would wait for connected processes
         self.waiting, self.admitting = [], []
 
@@ -154,16 +153,15 @@ def mine() -> Spares:
 
 
 def _spawn(spare: Spare, program: str, args: list[str]) -> None:
-    """Start ``spare``'s process on its host and connect to it (on the helper thread: it returns once
-    the spare's MPI runs, after its script's imports)."""
+    """Start ``spare``'s process on its host (on the helper thread: it returns once the spare's MPI
+    runs, which ``spare_start.py`` makes its first act)."""
     from mpi4py import MPI
 
     info = MPI.Info.Create()
     info.Set("host", spare.host)
     info.Set("wdir", os.getcwd())
     try:
-        inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
-        spare.pair, spare.inter = inter.Merge(high=False), inter
+        spare.inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
     except Exception as error:  # noqa: BLE001 - reported by forget_gone on the training thread
         spare.failed = error
     finally:
@@ -177,11 +175,11 @@ def admit(comm: Any, count: int, chosen: list[Spare] | None) -> Any:
     from mpi4py import MPI
 
     for index in range(count):
-        leader = chosen[index] if chosen else None
-        if leader is not None:
-            leader.pair.send(count - index - 1, dest=1, tag=ORDER_TAG)
-        inter = comm.Create_intercomm(0, leader.pair if leader else MPI.COMM_SELF, 1, ADMIT_TAG)
-        comm = inter.Merge(high=False)
+        pair = MPI.COMM_SELF
+        if chosen:  # rank 0 and the spare, as one intracommunicator: the bridge MPI_Intercomm_create needs
+            chosen[index].inter.send(count - index - 1, dest=0, tag=ORDER_TAG)
+            pair = chosen[index].inter.Merge(high=False)
+        comm = comm.Create_intercomm(0, pair, 1, ADMIT_TAG).Merge(high=False)
     return comm
 
 
@@ -199,27 +197,27 @@ def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
     world it joined (rank 0 dismissed it, or died: the process ends here)."""
     from mpi4py import MPI
 
-    pair = parent.Merge(high=True)
     for callback in _WHILE_WAITING:
         try:
             callback()
         except Exception as error:  # noqa: BLE001 - only a head start: the script will meet it itself
             log.warning("a warm spare's preparation failed: %s", error)
-    pair.send(None, dest=0, tag=READY_TAG)
+    # Only non-blocking calls until rank 0 gives its word: a blocking one would wait for ever if it died.
+    parent.send(None, dest=0, tag=READY_TAG)
     next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
-    while not pair.Iprobe(source=0, tag=ORDER_TAG):
+    while not parent.Iprobe(source=0, tag=ORDER_TAG):
         time.sleep(POLL_SECONDS)
         if time.monotonic() >= next_look:
             if spawner_gone():
                 log.warning("the rank that started this warm spare has exited: the spare ends")
                 _end_quietly()
             next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
-    after = pair.recv(source=0, tag=ORDER_TAG)
+    after = parent.recv(source=0, tag=ORDER_TAG)
     if after is None:  # dismissed: the job is over
-        pair.Free()
         parent.Disconnect()
         MPI.Finalize()
         _end_quietly()
+    pair = parent.Merge(high=True)
     comm = MPI.COMM_SELF.Create_intercomm(0, pair, 0, ADMIT_TAG).Merge(high=True)
     return admit(comm, after, None)
 
