@@ -40,6 +40,13 @@ class _Parser(argparse.ArgumentParser):
         raise LaunchError(message)
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The ``hvdliterun`` parser: launcher options written here, one option per flagged setting from the table."""
     p = _Parser(prog="hvdliterun", description="Launch an hvdlite job on MPI.")
@@ -50,6 +57,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="set VAR for every rank (or check that it is set here); repeatable")
     p.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="elastic: a program printing the available 'host:slots' lines; polled every second")
+    p.add_argument("--host-discovery-interval", type=_positive_seconds, default=1.0, metavar="SECONDS",
+                   help="elastic: seconds between two runs of the discovery script (default 1, as Horovod's)")
     p.add_argument("--slots-per-host", type=int, default=1, metavar="N",
                    help="elastic: slots of a discovered host printed without ':slots' (default 1)")
     p.add_argument("--check-build", action="store_true", help="show available frameworks and operations")

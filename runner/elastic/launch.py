@@ -58,7 +58,7 @@ def publish_hosts(run_dir: str, args: argparse.Namespace, hosts: tuple[HostSlots
     path = os.path.join(run_dir, HOSTS_FILE)
     if args.host_discovery_script:
         script, slots = args.host_discovery_script, args.slots_per_host
-        return DiscoveryPoller(lambda: discover(script, slots), path, list(hosts))
+        return DiscoveryPoller(lambda: discover(script, slots), path, list(hosts), args.host_discovery_interval)
     if slurm:
         return DiscoveryPoller(lambda: usable_nodes(hosts), path, list(hosts))
     write_hosts_file(path, published(list(hosts) or [HostSlots("localhost", num_proc)]), discovery=False)

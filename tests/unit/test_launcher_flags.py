@@ -8,14 +8,15 @@ from hvdlite.settings.config import SETTING_FLAGS, SETTINGS_BY_ENV
 
 # horovodrun's flag names are the API: every option hvdliterun has had, written out once more on purpose.
 LAUNCHER_OPTIONS = {"-h", "--help", "-np", "--num-proc", "-H", "--hosts", "--hostfile", "-x", "--env",
-                    "--check-build", "--dry-run", "--host-discovery-script", "--slots-per-host"}
+                    "--check-build", "--dry-run", "--host-discovery-script", "--host-discovery-interval",
+                    "--slots-per-host"}
 SETTING_OPTIONS = {
     "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--autotune", "--autotune-log-file",
     "--hierarchical-allreduce", "--timeline-filename", "--timeline-mark-cycles", "--stall-check-warning-time-seconds",
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--env-forward", "--network-interface",
     "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--reset-limit",
-    "--blacklist-cooldown-range", "--torch-backend"}
+    "--blacklist-cooldown-range", "--warm-spares", "--torch-backend"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
 ROUND_TRIPS = [
@@ -32,6 +33,7 @@ ROUND_TRIPS = [
     (["--stall-check-shutdown-time-seconds", "9.5"], {"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "9.5"}),
     (["--no-stall-check"], {"HVDLITE_STALL_CHECK": "0"}),
     (["--log-level", "debug"], {"HVDLITE_LOG_LEVEL": "debug"}),
+    (["--warm-spares", "2"], {"HVDLITE_ELASTIC_WARM_SPARES": "2"}),
     (["--verbose"], {"HVDLITE_VERBOSE": "1"}),
     (["--mpi-args", "-genv A 'b c'"], {"HVDLITE_MPI_ARGS": "-genv A 'b c'"}),
     (["--output-filename", "out"], {"HVDLITE_OUTPUT_FILENAME": "out"}),
