@@ -184,6 +184,8 @@ def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> 
     """``plan`` served by rank 0's ready spares, or with the hosts for missing ones (see :func:`propose`)."""
     config, spares = world.config, mine()
     spares.exited = lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids)
+    spares.abandon = lambda process_id: mark(config.run_dir, config.elastic_service, config.elastic_token, process_id,
+                                             abandoned=True)
     spares.forget_gone(now=bool(plan.spawn))
     ready, starting = spares.count(ready=True), spares.count(ready=False)
     if 0 not in plan.remove:  # rank 0 leaving takes its spares with it: cold spawns as before
@@ -242,8 +244,9 @@ def join_parent() -> tuple[Any, HostBook] | None:
         return None
     config = load_config()
     if config.elastic_spare_of:
+        me = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())  # abandoned by rank 0: its spawn failed
         merged = wait_for_admission(parent, lambda: bool(exited(config.run_dir, config.elastic_service,
-                                                                config.elastic_token, [config.elastic_spare_of])))
+                                                                config.elastic_token, [config.elastic_spare_of, me])))
     else:
         merged = parent.Merge(high=True)  # after the ranks that spawned it, in their order
     return merged, merged.bcast(None, root=0)

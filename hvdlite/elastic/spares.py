@@ -16,6 +16,10 @@ of the job rank 0 dismisses its spares (they exit 0). Rank 0 marks each spare fo
 (``rank.ID.spare``), so that a spare's exit fails nothing until it is admitted. A spare that dies
 while it waits is replaced; one that dies before it reached ``hvd.init()`` (the script failed to
 start) makes rank 0 stop starting spares, so that a broken start is not retried at every commit.
+``MPI_Comm_spawn`` itself failed now and then under load ("PMI_Spawn_multiple returned -1", 2 of 8
+jobs while the test suite ran, none of 20 on a quiet machine) and still started the process: rank 0
+then marks that process abandoned (``rank.ID.abandoned``; it ends itself at its next look) and tries
+again, up to SPAWN_FAILURES_ALLOWED times in the job.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ READY_TAG, ORDER_TAG, ADMIT_TAG = 7_311, 7_312, 7_313
 POLL_SECONDS = 0.005  # a waiting spare looks for rank 0's word this often
 SPAWNER_LOOK_SECONDS = 0.5  # and whether rank 0 still runs this often
 DISMISS_WAIT_SECONDS = 60.0  # at the end, how long rank 0 waits for a spare still starting
+SPAWN_FAILURES_ALLOWED = 3
 
 
 @dataclasses.dataclass
@@ -71,6 +76,9 @@ class Spares:
         self.waiting: list[Spare] = []
         self.admitting: list[Spare] = []  # chosen by the last plan, admitted when the world applies it
         self.given_up = False  # a spare failed to start: no more are started
+        self.spawn_failures = 0
+        # Tells hvdliterun that a spare's process, if one started, is abandoned; rank 0 sets it with exited.
+        self.abandon: Callable[[str], None] = lambda process_id: None
         # Which of a list of process ids have exited; rank 0 sets it (from its config) before each look.
         self.exited: Callable[[list[str]], set[str]] = lambda process_ids: set()
         self._next_look = 0.0
@@ -101,6 +109,12 @@ class Spares:
         gone_ids = self.exited([spare.process_id for spare in self.waiting])
         for spare in [spare for spare in self.waiting if spare.process_id in gone_ids or spare.failed is not None]:
             self.waiting.remove(spare)
+            if spare.failed is not None and self.spawn_failures < SPAWN_FAILURES_ALLOWED:
+                self.spawn_failures += 1
+                self.abandon(spare.process_id)
+                log.warning("starting warm spare %s on %s failed (%s); another is started", spare.process_id,
+                            spare.host, spare.failed)
+                continue
             if spare.look_ready():
                 log.warning("warm spare %s on %s exited while it waited; another is started", spare.process_id,
                             spare.host)
@@ -223,11 +237,12 @@ def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
 
 
 def exited(run_dir: str, service: str, token: str, process_ids: list[str]) -> set[str]:
-    """Which of ``process_ids`` have exited: their status file here, or hvdliterun's record of them
-    (a process on another host)."""
+    """Which of ``process_ids`` have exited, or were abandoned as spares: their files here, or
+    hvdliterun's record of them (a process on another host)."""
     from ..utils.failed_peers import exited_members
 
-    found = exited_members(run_dir, process_ids)
+    found = exited_members(run_dir, process_ids) | {
+        process_id for process_id in process_ids if run_dir and os.path.exists(os.path.join(run_dir, abandoned_marker(process_id)))}
     if not service or len(found) == len(process_ids):
         return found
     try:
@@ -259,16 +274,22 @@ def spare_marker(process_id: str) -> str:
     return f"rank.{process_id}.spare"
 
 
-def mark(run_dir: str, service: str, token: str, process_id: str) -> None:
-    """Tell hvdliterun that ``process_id`` starts as a warm spare (its channel, else its run directory)."""
+def abandoned_marker(process_id: str) -> str:
+    """The run directory's file that says rank 0 gave up the spare ``process_id`` (its spawn failed)."""
+    return f"rank.{process_id}.abandoned"
+
+
+def mark(run_dir: str, service: str, token: str, process_id: str, abandoned: bool = False) -> None:
+    """Tell hvdliterun that ``process_id`` starts as a warm spare, or with ``abandoned`` that rank 0 gave
+    it up (its channel, else its run directory)."""
     if service:
         try:
-            request(service, token, {"op": "spare", "id": process_id})
+            request(service, token, {"op": "spare", "id": process_id, "abandoned": abandoned})
             return
         except ChannelError as exc:
-            log.warning("could not tell hvdliterun that %s is a warm spare: %s", process_id, exc)
+            log.warning("could not tell hvdliterun about warm spare %s: %s", process_id, exc)
     if run_dir:
-        with open(os.path.join(run_dir, spare_marker(process_id)), "w"):
+        with open(os.path.join(run_dir, (abandoned_marker if abandoned else spare_marker)(process_id)), "w"):
             pass
 
 
@@ -278,5 +299,5 @@ def _end_quietly() -> None:
     os._exit(0)
 
 
-__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "before_ready", "exited", "mark", "spare_marker", "spare_argv", "READY_TAG", "ORDER_TAG",
+__all__ = ["Spare", "Spares", "mine", "admit", "wait_for_admission", "before_ready", "exited", "mark", "spare_marker", "abandoned_marker", "spare_argv", "READY_TAG", "ORDER_TAG",
            "ADMIT_TAG"]

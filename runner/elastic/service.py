@@ -26,7 +26,7 @@ import threading
 from typing import Any
 
 from hvdlite.elastic.hosts import HOSTS_FILE, read_hosts_file
-from hvdlite.elastic.spares import spare_marker
+from hvdlite.elastic.spares import abandoned_marker, exited, spare_marker
 from hvdlite.utils.failed_peers import exited_members
 
 from .membership import Memberships
@@ -123,13 +123,16 @@ class _Bookkeeper:
         return {}
 
     def _spare(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Rank 0 starts a warm spare: not a rank of the job until it is admitted (and announces itself)."""
-        self._write(spare_marker(_process_id(message["id"])), "")
+        """Rank 0 starts a warm spare: not a rank of the job until it is admitted (and announces itself);
+        or gives one up (``abandoned``: its spawn failed, though its process may run)."""
+        process_id = _process_id(message["id"])
+        self._write((abandoned_marker if message.get("abandoned") else spare_marker)(process_id), "")
         return {}
 
     def _gone(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Which of the given processes have exited (a warm spare asks after the rank that started it)."""
-        return {"exited": sorted(exited_members(self._run_dir, [_process_id(i) for i in message["ids"]]))}
+        """Which of the given processes have exited or were abandoned (a warm spare asks after the rank
+        that started it, and after itself)."""
+        return {"exited": sorted(exited(self._run_dir, "", "", [_process_id(i) for i in message["ids"]]))}
 
     def _agree(self, message: dict[str, Any]) -> dict[str, Any]:
         """A survivor's view of a failed world; the agreed decision once there is one (else None)."""

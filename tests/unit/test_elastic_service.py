@@ -39,6 +39,10 @@ def test_reports_become_the_run_directorys_files_the_launcher_reads(service, tmp
     _ask(service, {"op": "removed", "ids": ["g1.0"]})
     assert (tmp_path / "elastic.removed").read_text().split() == ["3", "g1.0"]
     assert _ask(service, {"op": "gone", "ids": ["g1.0", "3", "7"]}) == {"exited": ["3"]}  # a spare asks after rank 0
+    _ask(service, {"op": "spare", "id": "g2.0"})
+    _ask(service, {"op": "spare", "id": "g3.0", "abandoned": True})  # its spawn failed: the spare ends itself
+    assert (tmp_path / "rank.g2.0.spare").exists() and (tmp_path / "rank.g3.0.abandoned").exists()
+    assert _ask(service, {"op": "gone", "ids": ["g2.0", "g3.0"]}) == {"exited": ["g3.0"]}
 
 
 def test_a_request_without_the_jobs_token_changes_nothing(service, tmp_path):

@@ -24,11 +24,14 @@ def test_a_spare_that_exits_while_it_waits_is_replaced_but_one_that_never_got_re
     assert book.waiting == [] and book.given_up
 
 
-def test_a_spare_whose_start_failed_is_dropped_and_stops_the_spares():
-    failed = Spare("a", "g1.0", failed=RuntimeError("spawn failed"))
-    book = _spares(failed)
-    book.forget_gone(now=True)
-    assert book.waiting == [] and book.given_up
+def test_a_failed_spawn_is_abandoned_and_tried_again_three_times_then_the_spares_stop():
+    book, abandoned = _spares(), []
+    book.abandon = abandoned.append
+    for attempt in range(4):
+        book.waiting = [Spare("a", f"g{attempt}.0", failed=RuntimeError("PMI_Spawn_multiple returned -1"))]
+        book.forget_gone(now=True)
+        assert book.waiting == [] and book.given_up == (attempt == 3)
+    assert abandoned == ["g0.0", "g1.0", "g2.0"]  # a process the failed spawn started ends itself
 
 
 def test_spares_set_aside_for_a_plan_that_never_ran_wait_again():
