@@ -206,9 +206,10 @@ def before_ready(callback: Callable[[], None]) -> None:
     _WHILE_WAITING.append(callback)
 
 
-def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
+def wait_for_admission(parent: Any, given_up: Callable[[], bool]) -> Any:
     """In a spare: say it is ready, wait outside the world until rank 0 admits it, and return the
-    world it joined (rank 0 dismissed it, or died: the process ends here)."""
+    world it joined (rank 0 dismissed it, or ``given_up()``: rank 0 exited or abandoned it; the process
+    ends here)."""
     from mpi4py import MPI
 
     for callback in _WHILE_WAITING:
@@ -222,7 +223,7 @@ def wait_for_admission(parent: Any, spawner_gone: Callable[[], bool]) -> Any:
     while not parent.Iprobe(source=0, tag=ORDER_TAG):
         time.sleep(POLL_SECONDS)
         if time.monotonic() >= next_look:
-            if spawner_gone():
+            if given_up():
                 log.warning("the rank that started this warm spare has exited: the spare ends")
                 _end_quietly()
             next_look = time.monotonic() + SPAWNER_LOOK_SECONDS

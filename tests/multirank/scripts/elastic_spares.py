@@ -18,25 +18,14 @@ import sys
 import time
 
 import numpy as np
+from elastic_sgd import assert_replayed, check_world, sgd_step
 
 import hvdlite as hvd
-from hvdlite.core import runtime
 from hvdlite.elastic import spares
 
 MODE = sys.argv[1]
-BATCH, LR, STEPS_AT_FULL_SIZE = 12, 0.1, 6
+STEPS_AT_FULL_SIZE = 6
 SPARE = bool(os.environ.get("HVDLITE_ELASTIC_SPARE_OF"))
-
-
-def batch(step: int) -> np.ndarray:
-    return np.random.default_rng(step).standard_normal((BATCH, 3))
-
-
-def check_world() -> None:
-    ids = list(runtime.current().process_ids)
-    every = hvd.allgather_object(ids, name="world.ids")
-    assert all(other == ids for other in every), every
-    print(f"world ok {hvd.size()} {ids}", flush=True)
 
 
 def change_the_world(state: hvd.elastic.ObjectState, full_size: int) -> None:
@@ -77,19 +66,14 @@ def main() -> None:
                 seen["size"] = hvd.size()
             if not state.changed and state.step >= 2 and MODE != "crash":
                 change_the_world(state, hvd.size())
-            rows = batch(state.step)[hvd.rank()::hvd.size()]
-            gradient = hvd.allreduce(rows.sum(axis=0), op=hvd.Sum, name="gradient") / BATCH
-            state.w, state.step = state.w - LR * gradient, state.step + 1
+            sgd_step(state)
             state.full_steps += int(state.changed and hvd.size() == target)
             state.commit()
             time.sleep(0.02)
 
     train(state)
     if hvd.rank() == 0:
-        replay = np.zeros(3)
-        for step in range(state.step):
-            replay = replay - LR * batch(step).sum(axis=0) / BATCH
-        np.testing.assert_allclose(state.w, replay, rtol=1e-12, atol=1e-12)
+        assert_replayed(state.w, state.step)
         print(f"ok elastic spares {MODE} {state.step} steps", flush=True)
     hvd.shutdown()
 
