@@ -15,7 +15,7 @@ from typing import Any
 
 from .core import runtime
 from .elastic.channel import ChannelError, request
-from .elastic.reform import join_parent
+from .elastic.reform import join_parent, watched_join
 from .errors import ProcessSetError
 from .process_sets import ProcessSet
 from .settings.config import Config
@@ -34,7 +34,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     if runtime.is_initialized():
         _check_sets_of_a_repeated_init(process_sets)
         return
-    runtime.start(comm, process_sets, join=join_parent if comm is None else None)
+    with watched_join():
+        runtime.start(comm, process_sets, join=join_parent if comm is None else None)
     world = runtime.current()
     _announce(world.config, world.process_ids[world.topology.rank])
     if world.topology.rank == 0:  # once per job: a re-formed world starts the runtime, not init

@@ -16,24 +16,27 @@ over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core import runtime
 from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
 from ..settings.config import load_config
 from ..utils.failed_peers import dead_members
+from . import join_watch
 from .agreement import Agreed, agree
 from .channel import ChannelError, request
-from .forming import create_group, watched_start
+from .forming import create_group, ends_if, watched, watched_start
 from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file, served_by_spares
-from .spares import admit, exited, mark, mine, spare_argv, wait_for_admission
+from .spares import SPAWNER_LOOK_SECONDS, admit, exited, mark, mine, spare_argv, wait_for_admission
 from .wrapper import wrapped
 
 log = logging.getLogger("hvdlite")
@@ -54,14 +57,10 @@ def shrink() -> list[str]:
     :mod:`hvdlite.elastic.agreement`); a member that dies while the world forms is left out in a
     next round. If fewer than ``--min-np`` remain, waits up to ``--elastic-timeout`` for slots.
     """
-    from mpi4py import MPI
-
     world = runtime.current()
     config, book, rank = world.config, _book(world), world.topology.rank
     ids = list(world.process_ids)
-
-    def read_dead(members: list[str]) -> list[str]:
-        return dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, members, config.run_dir)
+    read_dead = _dead_reader(config)
 
     # A silent host (its link down) is in no list of the dead: the ranks the deadline's probe did not reach.
     timed_out = world.engine.fatal
@@ -214,10 +213,11 @@ def start_spares(plan: Plan) -> None:
 def apply(plan: Plan) -> None:
     """Carry out ``plan`` (every rank of the job calls it with the same plan): see the module's doc."""
     world = runtime.current()
-    book, base, rank = _book(world), world.comm, world.topology.rank
+    book, base, rank, config = _book(world), world.comm, world.topology.rank, world.config
     stay = [r for r in range(world.topology.size) if r not in plan.remove]
-    _count_reset(book, world.config.elastic_reset_limit, "the hosts changed")
+    _count_reset(book, config.elastic_reset_limit, "the hosts changed")
     leaving = [world.process_ids[r] for r in plan.remove]
+    stayers = {world.process_ids[r]: world.slot_hosts[r] for r in stay}
     dynamic = world.communicators.dynamic
     runtime.shutdown()  # collective: every member is healthy
     if rank in plan.remove:
@@ -226,12 +226,52 @@ def apply(plan: Plan) -> None:
         sys.stderr.flush()
         os._exit(0)  # MPI_Finalize would wait for the ranks that go on
     comm = base.Create_group(base.Get_group().Incl(stay), tag=_CREATE_TAG) if plan.remove else base
-    if plan.admit:
-        comm = _admit(comm, plan.admit, book)
+    members, dead = list(stayers), []
+    if plan.admit or plan.spawn:
+        comm, members, dead = _grow(config, comm, plan, book, stayers)
+    with watched_start(members, _dead_reader(config)):
+        _restart(comm, book, dynamic)
+    _record_removed(leaving + dead)
+    if dead and runtime.current().topology.size < config.elastic_min_np:
+        _grow_to_min_np(dead)
+
+
+def _grow(config: Any, comm: Any, plan: Plan, book: HostBook,
+          stayers: dict[str, str]) -> tuple[Any, list[str], list[str]]:
+    """``comm`` (the ranks that stay: process id -> host) with the plan's spares admitted and new ranks
+    spawned, and no one dead. When a member or newcomer dies meanwhile (MPICH's spawn and merge would
+    wait for it for ever), the stayers left re-form without the dead as after a failure, give the
+    newcomers up (they end themselves) and leave the plan's slots to the next commit. Returns the
+    communicator, its members' process ids, and those the job goes on without."""
+    chosen = mine().take_admitting() if comm.Get_rank() == 0 and plan.admit else None
+    newcomers = comm.bcast([spare.process_id for spare in chosen or []], root=0) if plan.admit else []
+    prefix = ""
     if plan.spawn:
-        comm = _spawn(comm, plan.spawn, book)
-    _restart(comm, book, dynamic)
-    _record_removed(leaving)
+        book.generation += 1
+        prefix = f"g{book.generation}."
+    newcomers += [f"{prefix}{index}" for index in range(sum(count for _, count in plan.spawn))]
+
+    def grow() -> Any:
+        grown = _admit(comm, plan.admit, book, chosen) if plan.admit else comm
+        return _spawn(grown, plan.spawn, book, prefix) if plan.spawn else grown
+
+    read_dead = _dead_reader(config)
+    ids = list(stayers)
+    grown = watched(grow, ids + newcomers, read_dead, None, "the grown world")
+    if grown is not None:
+        return grown, ids + newcomers, []
+    gone = read_dead(ids + newcomers)
+    log.warning("rank(s) [%s] died while the job grew: the others go on without them and without the new "
+                "rank(s) [%s]", ", ".join(gone), ", ".join(newcomers))
+    comm, dead = _form(config, comm, ids, comm.Get_rank(), book, read_dead, [])
+    now = time.time()
+    for process_id in dead:
+        book.record_failure(stayers[process_id], now)
+    _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died while the job grew")
+    if comm.Get_rank() == 0:
+        for process_id in newcomers:  # their spawn or admission will not finish: they end themselves
+            mark(config.run_dir, config.elastic_service, config.elastic_token, process_id, abandoned=True)
+    return comm, [process_id for process_id in ids if process_id not in dead], dead + newcomers
 
 
 def join_parent() -> tuple[Any, HostBook] | None:
@@ -242,19 +282,42 @@ def join_parent() -> tuple[Any, HostBook] | None:
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         return None
-    config = load_config()
-    if config.elastic_spare_of:
-        me = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())  # abandoned by rank 0: its spawn failed
-        merged = wait_for_admission(parent, lambda: bool(exited(config.run_dir, config.elastic_service,
-                                                                config.elastic_token, [config.elastic_spare_of, me])))
-    else:
-        merged = parent.Merge(high=True)  # after the ranks that spawned it, in their order
+    # After the ranks that spawned it, in their order.
+    merged = wait_for_admission(parent) if load_config().elastic_spare_of else parent.Merge(high=True)
     return merged, merged.bcast(None, root=0)
 
 
-def _admit(comm: Any, count: int, book: HostBook) -> Any:
-    """Admit ``count`` of rank 0's warm spares into ``comm`` (every member calls it) and give them the book."""
-    chosen = mine().take_admitting() if comm.Get_rank() == 0 else None
+@contextlib.contextmanager
+def watched_join() -> Iterator[None]:
+    """Around ``hvd.init()``: a process the elastic job spawned ends here when the job gives it up (a
+    rank died while it joined: see :func:`apply`), or, for a warm spare, when the rank that started
+    it exits. From before a new rank's ``MPI_Init``, which connects to the ranks that spawned it and
+    would wait there for ever (:mod:`hvdlite.elastic.join_watch`)."""
+    config = load_config()
+    if not (config.elastic_min_np and config.elastic_spawn_prefix):
+        yield
+        return
+    first = config.elastic_spawn_prefix + "0"  # a spawn's processes are given up together
+    if config.elastic_spare_of:  # MPI runs already (spare_start.py): a thread can watch
+        with ends_if(lambda: bool(exited(config.run_dir, config.elastic_service, config.elastic_token,
+                                         [first, config.elastic_spare_of])),
+                     "the rank that started this warm spare has exited, or gave it up", SPAWNER_LOOK_SECONDS):
+            yield
+        return
+    watcher = subprocess.Popen([sys.executable, join_watch.__file__, str(os.getpid()), config.run_dir,
+                                config.elastic_service, first], stdin=subprocess.PIPE, text=True)
+    watcher.stdin.write(config.elastic_token + "\n")
+    watcher.stdin.flush()
+    try:
+        yield
+    finally:
+        watcher.stdin.close()
+        watcher.wait()
+
+
+def _admit(comm: Any, count: int, book: HostBook, chosen: list[Any] | None) -> Any:
+    """Admit ``count`` of rank 0's warm spares (``chosen``, on rank 0) into ``comm`` (every member calls
+    it) and give them the book."""
     started = time.monotonic()
     merged = admit(comm, count, chosen)
     merged.bcast(book, root=0)
@@ -281,12 +344,12 @@ def _spawn_command(prefix: str, argv: list[str] | None = None, *settings: str) -
     return command, [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *settings, *wrapped(program)]
 
 
-def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook) -> Any:
-    """Start the new ranks (this program, with this interpreter and arguments) and merge with them."""
+def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook, prefix: str) -> Any:
+    """Start the new ranks (this program, with this interpreter and arguments; process ids ``prefix``
+    and their index) and merge with them."""
     from mpi4py import MPI
 
-    book.generation += 1
-    command, args = _spawn_command(f"g{book.generation}.")
+    command, args = _spawn_command(prefix)
     infos = []
     for host, _ in spawn:
         info = MPI.Info.Create()
@@ -352,6 +415,13 @@ def _launcher_hosts(config: Any) -> tuple[dict[str, int], bool] | None:
     if hosts is None:  # not published yet
         return None
     return {str(h): int(n) for h, n in hosts.items()}, bool(reply.get("discovery"))
+
+
+def _dead_reader(config: Any) -> Callable[[list[str]], list[str]]:
+    """Which of the given members died: MPI's list of dead processes and the ranks' status files."""
+    from mpi4py import MPI
+
+    return lambda members: dead_members(MPI.COMM_WORLD, config.elastic_spawn_prefix, members, config.run_dir)
 
 
 def _record_removed(process_ids: list[str]) -> None:

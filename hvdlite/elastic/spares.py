@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .channel import ChannelError, request
+from .join_watch import abandoned_marker
 
 log = logging.getLogger("hvdlite")
 
@@ -206,10 +207,10 @@ def before_ready(callback: Callable[[], None]) -> None:
     _WHILE_WAITING.append(callback)
 
 
-def wait_for_admission(parent: Any, given_up: Callable[[], bool]) -> Any:
+def wait_for_admission(parent: Any) -> Any:
     """In a spare: say it is ready, wait outside the world until rank 0 admits it, and return the
-    world it joined (rank 0 dismissed it, or ``given_up()``: rank 0 exited or abandoned it; the process
-    ends here)."""
+    world it joined (rank 0 dismissed it: the process ends here). The caller ends the process when
+    rank 0 exits or gives the spare up (:func:`hvdlite.elastic.forming.ends_if`)."""
     from mpi4py import MPI
 
     for callback in _WHILE_WAITING:
@@ -217,16 +218,10 @@ def wait_for_admission(parent: Any, given_up: Callable[[], bool]) -> Any:
             callback()
         except Exception as error:  # noqa: BLE001 - only a head start: the script will meet it itself
             log.warning("a warm spare's preparation failed: %s", error)
-    # Only non-blocking calls until rank 0 gives its word: a blocking one would wait for ever if it died.
+    # Only non-blocking calls until rank 0 gives its word: a blocking one would hold MPICH's lock.
     parent.send(None, dest=0, tag=READY_TAG)
-    next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
     while not parent.Iprobe(source=0, tag=ORDER_TAG):
         time.sleep(POLL_SECONDS)
-        if time.monotonic() >= next_look:
-            if given_up():
-                log.warning("the rank that started this warm spare has exited: the spare ends")
-                _end_quietly()
-            next_look = time.monotonic() + SPAWNER_LOOK_SECONDS
     after = parent.recv(source=0, tag=ORDER_TAG)
     if after is None:  # dismissed: the job is over
         parent.Disconnect()
@@ -273,11 +268,6 @@ def spare_argv() -> list[str] | None:
 def spare_marker(process_id: str) -> str:
     """The run directory's file that says ``process_id`` is a warm spare, no rank of the job until admitted."""
     return f"rank.{process_id}.spare"
-
-
-def abandoned_marker(process_id: str) -> str:
-    """The run directory's file that says rank 0 gave up the spare ``process_id`` (its spawn failed)."""
-    return f"rank.{process_id}.abandoned"
 
 
 def mark(run_dir: str, service: str, token: str, process_id: str, abandoned: bool = False) -> None:

@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from hvdlite.elastic.join_watch import abandoned_marker
+
 from ..cluster.pid_files import read_pid_files
 
 
@@ -90,7 +92,8 @@ def died_before_init(run_dir: str) -> str | None:
     """An elastic rank that exited with an error before its ``hvd.init()`` wrote its pid file, if any."""
     spares = waiting_spares(run_dir)
     for process_id, status in _rank_statuses(run_dir).items():
-        if status != 0 and process_id not in spares and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid")):
+        if (status != 0 and process_id not in spares and not os.path.exists(os.path.join(run_dir, f"rank.{process_id}.pid"))
+                and not os.path.exists(os.path.join(run_dir, abandoned_marker(process_id)))):  # given up while it joined
             return process_id
     return None
 

@@ -54,6 +54,31 @@ def test_a_rank_that_dies_while_the_others_agree_is_left_out_of_the_same_world()
     _agreed_worlds(result, reps=2, size=3)
 
 
+def _went_on_through_a_failed_join(result) -> None:
+    assert result.returncode == 0, result.output
+    assert "rank(s) [1] died while the job grew" in result.output, result.output
+    # Rank 3's death leaves three, rank 1's inside the join two: each world printed alike by its ranks.
+    for size, world in ((3, "['0', '1', '2']"), (2, "['0', '2']")):
+        assert result.output.count(f"world ok {size} {world}") == size, result.output
+    assert "ok elastic join death at size 4" in result.output, result.output
+
+
+def test_a_rank_that_dies_while_new_ranks_start_leaves_the_others_and_the_job_fills_its_slots_again():
+    # np=4: rank 3 dies; at the commit that refills its slot, rank 1 dies 0.3 s into MPI_Comm_spawn (MPICH
+    # waited for it there for ever): the two left re-form, the new process ends itself, the slots fill again.
+    result = run_job([*_REFILL_AT_ONCE, "python", str(SCRIPTS / "elastic_join_death.py"), "spawn"], np=4, timeout=240)
+    _went_on_through_a_failed_join(result)
+    assert "the job gave new rank g1.0 up" in result.output, result.output
+
+
+def test_a_rank_that_dies_while_a_warm_spare_is_admitted_leaves_the_others_and_the_spare_ends():
+    result = run_job([*_REFILL_AT_ONCE, "--warm-spares", "1", "python", str(SCRIPTS / "elastic_join_death.py"),
+                      "admit"], np=4, timeout=240)
+    _went_on_through_a_failed_join(result)
+    assert "the rank that started this warm spare has exited, or gave it up: this process ends" in result.output, \
+        result.output
+
+
 def test_fewer_survivors_than_min_np_end_the_job_with_the_reason():
     result = run_job(["--min-np", "3", "python", str(SCRIPTS / "elastic_shrink.py"), "kill"], np=3, timeout=180)
     assert result.returncode != 0, result.output

@@ -42,6 +42,8 @@ def test_a_warm_spare_fails_nothing_until_it_is_admitted(tmp_path):
     (tmp_path / "rank.g2.0.spare").unlink()
     (tmp_path / "rank.g2.0.pid").unlink()
     assert died_before_init(str(tmp_path)) == "g2.0"  # a new rank that died before hvd.init() as before
+    (tmp_path / "rank.g2.0.abandoned").write_text("")  # given up while it joined: its end fails nothing
+    assert died_before_init(str(tmp_path)) is None
 
 
 def test_the_wrapper_records_each_ranks_status_under_its_process_id(tmp_path):

@@ -1,0 +1,78 @@
+"""A rank dies while new ranks join: the others go on without it and without the newcomers.
+
+Usage: elastic_join_death.py spawn|admit. Run with ``hvdliterun -np 4 --min-np 2
+--blacklist-cooldown-range 0.001 0.001`` (``admit``: and ``--warm-spares 1``). World rank 3 SIGKILLs
+itself at a commit (``admit``: once rank 0's warm spare is ready); when the survivors fill its slot
+at a later commit, world rank 1 dies inside that join: 0.3 s into ``MPI_Comm_spawn`` (the new
+process is still starting), or as the spare's admission begins. The two left re-form, check by
+collectives that they hold the same world (``world ok 2 ...``), and fill the free slots again; the job
+ends at four ranks and rank 0 replays the committed steps alone (``ok elastic join death``).
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from elastic_sgd import assert_replayed, check_world, sgd_step
+
+import hvdlite as hvd
+from hvdlite.elastic import reform, spares
+
+MODE = sys.argv[1]
+VICTIM, JOIN_VICTIM, STEPS = 3, 1, 120
+
+
+def die_inside(join):
+    """``join`` (reform's spawn or admission), inside which this rank dies: 0.3 s into the spawn, as
+    the admission begins (while the others are in it; it takes milliseconds)."""
+    def dying(*args, **kwargs):
+        if MODE == "admit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        return join(*args, **kwargs)
+    return dying
+
+
+def kill_first_victim(state: hvd.elastic.ObjectState) -> None:
+    """At a commit (``admit``: once rank 0's spare is ready): rank 3 dies, rank 1 dies in the next join."""
+    if MODE == "admit":
+        ready = sum(spares.mine().count(ready=True).values()) if hvd.rank() == 0 else 0
+        if not hvd.broadcast_object(ready, root_rank=0, name="spare.ready"):
+            return
+    state.killed = True
+    state.commit()
+    if hvd.rank() == JOIN_VICTIM:
+        name = "_spawn" if MODE == "spawn" else "_admit"
+        setattr(reform, name, die_inside(getattr(reform, name)))
+    if hvd.rank() == VICTIM:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    hvd.init()
+    full_size = hvd.size()
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, w=np.zeros(3), step=0, killed=False)
+    # After a death only: a joined rank runs no reset callback.
+    state.register_reset_callbacks([lambda: check_world() if hvd.size() < full_size else None])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < STEPS or hvd.size() < full_size:
+            if not state.killed and state.step >= 3:
+                kill_first_victim(state)
+            sgd_step(state)
+            state.commit()
+            time.sleep(0.02)
+
+    train(state)
+    if hvd.rank() == 0:
+        assert_replayed(state.w, state.step)
+        print(f"ok elastic join death at size {hvd.size()}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
