@@ -1,7 +1,7 @@
 """Starting hvdlite and registering process sets: the public ``init`` and ``add_process_set``.
 
 These sit above :mod:`hvdlite.core.runtime` and :mod:`hvdlite.elastic`, which they combine: a rank that
-an elastic job spawned joins the job's world (:func:`hvdlite.elastic.reform.join_parent`), and
+an elastic job spawned joins the job's world (:func:`hvdlite.elastic.joining.join_parent`), and
 every process tells hvdliterun that it runs. Lower layers never import this module.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from .core import runtime
 from .elastic.channel import ChannelError, request
-from .elastic.reform import join_parent, watched_join
+from .elastic.joining import join_parent, watched_join
 from .errors import ProcessSetError
 from .process_sets import ProcessSet
 from .settings.config import Config

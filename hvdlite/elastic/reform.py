@@ -11,33 +11,29 @@ over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 - :func:`apply`: a :class:`~hvdlite.elastic.hosts.Plan` decided at a commit (hosts added or
   removed, a blacklisted host's cooldown over): the old world shuts down normally, leaving ranks
   exit, and ``MPI_Comm_spawn_multiple`` starts new ranks (``host`` info key) that the stayers
-  ``MPI_Intercomm_merge`` with; the new ranks join from :func:`join_parent` inside their ``init()``.
+  ``MPI_Intercomm_merge`` with (:mod:`hvdlite.elastic.joining`); a death meanwhile leaves the
+  others to re-form without the dead and the newcomers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..core import runtime
 from ..errors import CommTimeoutError, HvdliteError, PeerFailedError
-from ..settings.config import load_config
 from ..utils.failed_peers import dead_members
-from . import join_watch
+from . import joining
 from .agreement import Agreed, agree
 from .channel import ChannelError, request
-from .forming import create_group, ends_if, watched, watched_start
+from .forming import create_group, watched, watched_start
 from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file, served_by_spares
-from .spares import SPAWNER_LOOK_SECONDS, admit, exited, mark, mine, spare_argv, wait_for_admission
-from .wrapper import wrapped
+from .spares import exited, mark, mine
 
 log = logging.getLogger("hvdlite")
 
@@ -207,7 +203,7 @@ def start_spares(plan: Plan) -> None:
         if world.topology.rank == 0:
             config = world.config
             mark(config.run_dir, config.elastic_service, config.elastic_token, f"g{book.generation}.0")
-            mine().start(host, f"g{book.generation}.", _spare_command(world.process_ids[0]))
+            mine().start(host, f"g{book.generation}.", joining.spare_command(world.process_ids[0]))
 
 
 def apply(plan: Plan) -> None:
@@ -252,12 +248,12 @@ def _grow(config: Any, comm: Any, plan: Plan, book: HostBook,
     newcomers += [f"{prefix}{index}" for index in range(sum(count for _, count in plan.spawn))]
 
     def grow() -> Any:
-        grown = _admit(comm, plan.admit, book, chosen) if plan.admit else comm
-        return _spawn(grown, plan.spawn, book, prefix) if plan.spawn else grown
+        grown = joining.admit_spares(comm, plan.admit, book, chosen) if plan.admit else comm
+        return joining.spawn_ranks(grown, plan.spawn, book, prefix) if plan.spawn else grown
 
-    read_dead = _dead_reader(config)
     ids = list(stayers)
-    grown = watched(grow, ids + newcomers, read_dead, None, "the grown world")
+    grown = watched(grow, ids + newcomers, joining.dead_reader_beside_a_spawn(config), None, "the grown world")
+    read_dead = _dead_reader(config)
     if grown is not None:
         return grown, ids + newcomers, []
     gone = read_dead(ids + newcomers)
@@ -272,99 +268,6 @@ def _grow(config: Any, comm: Any, plan: Plan, book: HostBook,
         for process_id in newcomers:  # their spawn or admission will not finish: they end themselves
             mark(config.run_dir, config.elastic_service, config.elastic_token, process_id, abandoned=True)
     return comm, [process_id for process_id in ids if process_id not in dead], dead + newcomers
-
-
-def join_parent() -> tuple[Any, HostBook] | None:
-    """In a rank the job spawned: the merged world and the job's host book; None in any other process.
-    A warm spare waits here, outside the world, until rank 0 admits it (:mod:`hvdlite.elastic.spares`)."""
-    from mpi4py import MPI
-
-    parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL:
-        return None
-    # After the ranks that spawned it, in their order.
-    merged = wait_for_admission(parent) if load_config().elastic_spare_of else parent.Merge(high=True)
-    return merged, merged.bcast(None, root=0)
-
-
-@contextlib.contextmanager
-def watched_join() -> Iterator[None]:
-    """Around ``hvd.init()``: a process the elastic job spawned ends here when the job gives it up (a
-    rank died while it joined: see :func:`apply`), or, for a warm spare, when the rank that started
-    it exits. From before a new rank's ``MPI_Init``, which connects to the ranks that spawned it and
-    would wait there for ever (:mod:`hvdlite.elastic.join_watch`)."""
-    config = load_config()
-    if not (config.elastic_min_np and config.elastic_spawn_prefix):
-        yield
-        return
-    first = config.elastic_spawn_prefix + "0"  # a spawn's processes are given up together
-    if config.elastic_spare_of:  # MPI runs already (spare_start.py): a thread can watch
-        with ends_if(lambda: bool(exited(config.run_dir, config.elastic_service, config.elastic_token,
-                                         [first, config.elastic_spare_of])),
-                     "the rank that started this warm spare has exited, or gave it up", SPAWNER_LOOK_SECONDS):
-            yield
-        return
-    watcher = subprocess.Popen([sys.executable, join_watch.__file__, str(os.getpid()), config.run_dir,
-                                config.elastic_service, first], stdin=subprocess.PIPE, text=True)
-    watcher.stdin.write(config.elastic_token + "\n")
-    watcher.stdin.flush()
-    try:
-        yield
-    finally:
-        watcher.stdin.close()
-        watcher.wait()
-
-
-def _admit(comm: Any, count: int, book: HostBook, chosen: list[Any] | None) -> Any:
-    """Admit ``count`` of rank 0's warm spares (``chosen``, on rank 0) into ``comm`` (every member calls
-    it) and give them the book."""
-    started = time.monotonic()
-    merged = admit(comm, count, chosen)
-    merged.bcast(book, root=0)
-    if chosen is not None:
-        log.warning("admitted %d warm spare(s) on %s in %.3f s", count, ", ".join(spare.host for spare in chosen),
-                    time.monotonic() - started)
-    return merged
-
-
-def _spare_command(spawner: str) -> Callable[[str], tuple[str, list[str]]]:
-    """What a spare runs: this program through ``spare_start.py`` (MPI first), under the
-    rank wrapper, told its ids' prefix and its spawner."""
-    argv = spare_argv()
-    if argv is None:
-        log.warning("a warm spare of a `python -c` program starts MPI only in hvd.init(): rank 0 waits for it")
-    return lambda prefix: _spawn_command(prefix, argv, f"HVDLITE_ELASTIC_SPARE_OF={spawner}")
-
-
-def _spawn_command(prefix: str, argv: list[str] | None = None, *settings: str) -> tuple[str, list[str]]:
-    """``env`` and its arguments: ``python ARGV`` (default: this program, with this interpreter and
-    arguments) under the rank wrapper, with its status files' prefix and ``settings`` (``NAME=value``)."""
-    command = shutil.which("env") or "/usr/bin/env"
-    program = [sys.executable, *(sys.orig_argv[1:] if argv is None else argv)]
-    return command, [f"HVDLITE_ELASTIC_SPAWN_PREFIX={prefix}", *settings, *wrapped(program)]
-
-
-def _spawn(comm: Any, spawn: tuple[tuple[str, int], ...], book: HostBook, prefix: str) -> Any:
-    """Start the new ranks (this program, with this interpreter and arguments; process ids ``prefix``
-    and their index) and merge with them."""
-    from mpi4py import MPI
-
-    command, args = _spawn_command(prefix)
-    infos = []
-    for host, _ in spawn:
-        info = MPI.Info.Create()
-        info.Set("host", host)
-        info.Set("wdir", os.getcwd())
-        infos.append(info)
-    started = time.monotonic()
-    inter = comm.Spawn_multiple([command] * len(spawn), [args] * len(spawn), [count for _, count in spawn],
-                                infos, root=0)
-    merged = inter.Merge(high=False)
-    merged.bcast(book, root=0)
-    if comm.Get_rank() == 0:
-        log.warning("started %d rank(s) on %s in %.2f s", sum(c for _, c in spawn),
-                    ", ".join(f"{h}:{c}" for h, c in spawn), time.monotonic() - started)
-    return merged
 
 
 def _restart(comm: Any, book: HostBook, dynamic: bool) -> None:

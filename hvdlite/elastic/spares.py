@@ -17,9 +17,11 @@ of the job rank 0 dismisses its spares (they exit 0). Rank 0 marks each spare fo
 while it waits is replaced; one that dies before it reached ``hvd.init()`` (the script failed to
 start) makes rank 0 stop starting spares, so that a broken start is not retried at every commit.
 ``MPI_Comm_spawn`` itself failed now and then under load ("PMI_Spawn_multiple returned -1", 2 of 8
-jobs while the test suite ran, none of 20 on a quiet machine) and still started the process: rank 0
-then marks that process abandoned (``rank.ID.abandoned``; it ends itself at its next look) and tries
-again, up to SPAWN_FAILURES_ALLOWED times in the job.
+jobs while the test suite ran, none of 20 on a quiet machine) and still started the process. The
+likely cause, found later: the engine read MPI's list of the dead through MPICH's PMI client while
+the spawn used it (it no longer does during a spawn: :func:`hvdlite.utils.failed_peers.spawning`).
+Should a spawn fail still, rank 0 marks that process abandoned (``rank.ID.abandoned``; it ends
+itself at its next look) and tries again, up to SPAWN_FAILURES_ALLOWED times in the job.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..utils.failed_peers import spawning
 from .channel import ChannelError, request
 from .join_watch import abandoned_marker
 
@@ -176,7 +179,8 @@ def _spawn(spare: Spare, program: str, args: list[str]) -> None:
     info.Set("host", spare.host)
     info.Set("wdir", os.getcwd())
     try:
-        spare.inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
+        with spawning():
+            spare.inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
     except Exception as error:  # noqa: BLE001 - reported by forget_gone on the training thread
         spare.failed = error
     finally:

@@ -10,11 +10,13 @@ ctypes, from the libmpi that mpi4py loaded. It knows the processes of the origin
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 
@@ -28,8 +30,37 @@ def _libmpi() -> ctypes.CDLL:
     raise RuntimeError("libmpi is not loaded: import mpi4py's MPI first")
 
 
+_spawns = {"in_flight": 0, "last": []}  # see spawning()
+_spawns_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def spawning() -> Iterator[None]:
+    """Around an ``MPI_Comm_spawn`` in this process: meanwhile :func:`failed_world_ranks` answers with
+    the last list it read instead of asking MPI. MPICH reads its list of the dead through its PMI
+    client, which the spawn uses too, and the two calls from two threads mixed up: the spawn failed
+    ("PMI_Spawn_multiple returned -1") or the list named a live rank 0 (seen in elastic jobs that
+    spawned ranks or warm spares while the engine looked for dead peers every 5 ms)."""
+    with _spawns_lock:
+        _spawns["in_flight"] += 1
+    try:
+        yield
+    finally:
+        with _spawns_lock:
+            _spawns["in_flight"] -= 1
+
+
 def failed_world_ranks(world: Any) -> list[int]:
-    """The ranks of ``world`` (mpi4py's ``COMM_WORLD``) whose processes have died, sorted."""
+    """The ranks of ``world`` (mpi4py's ``COMM_WORLD``) whose processes have died, sorted (the last
+    list read while a spawn runs: see :func:`spawning`)."""
+    with _spawns_lock:
+        if _spawns["in_flight"]:
+            return list(_spawns["last"])
+        _spawns["last"] = _read_failed_world_ranks(world)
+        return list(_spawns["last"])
+
+
+def _read_failed_world_ranks(world: Any) -> list[int]:
     from mpi4py import MPI
 
     handle_type = ctypes.c_uint if world.handle < 2**32 else ctypes.c_void_p
@@ -56,7 +87,7 @@ def dead_members(world: Any, prefix: str, member_ids: list[str], run_dir: str) -
     MPI's list is fast and crosses hosts but covers only this process's ``COMM_WORLD``; spawned
     processes are in another one, and are seen by their wrapper's status file.
     """
-    dead = {prefix + str(rank) for rank in failed_world_ranks(world)} | _failed_statuses(run_dir, member_ids)
+    dead = {prefix + str(rank) for rank in failed_world_ranks(world)} | failed_statuses(run_dir, member_ids)
     return [process_id for process_id in member_ids if process_id in dead]
 
 
@@ -70,8 +101,8 @@ def exited_members(run_dir: str, member_ids: Iterable[str]) -> set[str]:
     return {process_id for process_id in member_ids if os.path.basename(status_file(run_dir, process_id)) in names}
 
 
-def _failed_statuses(run_dir: str, member_ids: list[str]) -> set[str]:
-    """The members whose status file records a failure."""
+def failed_statuses(run_dir: str, member_ids: list[str]) -> set[str]:
+    """The members whose status file records a failure (no MPI call: safe beside an ``MPI_Comm_spawn``)."""
     return {process_id for process_id in exited_members(run_dir, member_ids) if _failed_status(run_dir, process_id)}
 
 

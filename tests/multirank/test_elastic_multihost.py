@@ -5,6 +5,7 @@ agent. Root only: skipped with the reason elsewhere."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -47,15 +48,32 @@ def test_a_remote_ranks_death_leaves_the_other_hosts_ranks_and_its_host_mate_tra
     assert "the job went on without rank(s) [3] and finished" in output, output
 
 
-def test_both_ranks_of_the_other_host_killed_ms_apart_leave_one_agreed_world(hosts):
-    # np=4 over hostA:2,hostB:2: hostB's two ranks die 5 ms apart; hostA's two form one world (checked
-    # by collectives on it), hostB's slots are refilled, and the weights equal a replay of the commits.
+@pytest.mark.parametrize(("mode", "delays"), [("apart", "1,8,20"), ("during", "0")])
+def test_both_ranks_of_the_other_host_dying_ms_apart_or_while_the_others_agree_leave_one_world(hosts, mode, delays):
+    # np=4 over hostA:2,hostB:2: hostB's two ranks die 1, 8, then 20 ms apart (the slots refilled in
+    # between, so later victims are spawned ranks, whose exits hostA learns through hvdliterun), or
+    # ("during") rank 3 sleeps through rank 2's death and dies while hostA's ranks agree on the new
+    # world. Every time hostA's two form one world (checked by collectives on it), the slots are
+    # refilled, and the weights equal a replay of the committed steps.
+    reps = len(delays.split(","))
     done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "--blacklist-cooldown-range", "0.001", "0.001",
-                        "python", str(SCRIPTS / "elastic_agreement.py"), "apart", "5", "2,3"])
+                        "python", str(SCRIPTS / "elastic_agreement.py"), mode, delays, "2,3"])
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert output.count("world ok 2 ['0', '1']") == 2 and "ok elastic agreement 1 reps" in output, output
-    assert "started 2 rank(s) on hostB:2" in output, output
+    worlds = re.findall(r"world ok 2 (\[[^\]]*\])", output)
+    assert worlds == ["['0', '1']"] * 2 * reps and f"ok elastic agreement {reps} reps" in output, output
+    assert output.count("rank(s) on hostB:2") == reps, output
+
+
+def test_a_rank_that_dies_while_a_new_rank_starts_on_the_other_host_leaves_one_world(hosts):
+    # np=4 over hostA:2,hostB:2: rank 3 (hostB) dies; while its slot is refilled, rank 1 (hostA) dies
+    # 0.3 s into the spawn: ranks 0 and 2 (one per host) go on, the new process ends, the slots fill again.
+    done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "--blacklist-cooldown-range", "0.001", "0.001",
+                        "python", str(SCRIPTS / "elastic_join_death.py"), "spawn"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "rank(s) [1] died while the job grew" in output and "the job gave new rank g1.0 up" in output, output
+    assert output.count("world ok 2 ['0', '2']") == 2 and "ok elastic join death at size 4" in output, output
 
 
 def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):

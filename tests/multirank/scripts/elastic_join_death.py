@@ -19,14 +19,14 @@ import numpy as np
 from elastic_sgd import assert_replayed, check_world, sgd_step
 
 import hvdlite as hvd
-from hvdlite.elastic import reform, spares
+from hvdlite.elastic import joining, spares
 
 MODE = sys.argv[1]
 VICTIM, JOIN_VICTIM, STEPS = 3, 1, 120
 
 
 def die_inside(join):
-    """``join`` (reform's spawn or admission), inside which this rank dies: 0.3 s into the spawn, as
+    """``join`` (the spawn of new ranks or the admission of spares), inside which this rank dies: 0.3 s into the spawn, as
     the admission begins (while the others are in it; it takes milliseconds)."""
     def dying(*args, **kwargs):
         if MODE == "admit":
@@ -45,8 +45,8 @@ def kill_first_victim(state: hvd.elastic.ObjectState) -> None:
     state.killed = True
     state.commit()
     if hvd.rank() == JOIN_VICTIM:
-        name = "_spawn" if MODE == "spawn" else "_admit"
-        setattr(reform, name, die_inside(getattr(reform, name)))
+        name = "spawn_ranks" if MODE == "spawn" else "admit_spares"
+        setattr(joining, name, die_inside(getattr(joining, name)))
     if hvd.rank() == VICTIM:
         os.kill(os.getpid(), signal.SIGKILL)
 
