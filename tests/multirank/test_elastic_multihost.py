@@ -65,17 +65,6 @@ def test_both_ranks_of_the_other_host_dying_ms_apart_or_while_the_others_agree_l
     assert output.count("rank(s) on hostB:2") == reps, output
 
 
-def test_a_rank_that_dies_while_a_new_rank_starts_on_the_other_host_leaves_one_world(hosts):
-    # np=4 over hostA:2,hostB:2: rank 3 (hostB) dies; while its slot is refilled, rank 1 (hostA) dies
-    # 0.3 s into the spawn: ranks 0 and 2 (one per host) go on, the new process ends, the slots fill again.
-    done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "--blacklist-cooldown-range", "0.001", "0.001",
-                        "python", str(SCRIPTS / "elastic_join_death.py"), "spawn"])
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert "rank(s) [1] died while the job grew" in output and "the job gave new rank g1.0 up" in output, output
-    assert output.count("world ok 2 ['0', '2']") == 2 and "ok elastic join death at size 4" in output, output
-
-
 def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     listed = tmp_path / "hosts.txt"
     listed.write_text("hostA:2\n")

@@ -194,9 +194,9 @@ def check_refusals(group_size: int, sets: dict) -> None:
     expect_refusal("regroup(inner_process_set=...) needs an inner DistributedOptimizer",
                    lambda: plain.regroup(hvd.global_process_set, inner_process_set=group_set))
     expect_refusal(f"this rank is not in DiLoCo's process_set {others.ranks}", lambda: plain.regroup(others))
-    if group_size > 1:  # each rank's global parameters would be its own shard: no elastic state yet
+    if group_size > 1:  # a model fully_shard-ed over its group cannot be elastic state (yet): refused
         sharded_model, sharded = build("sharded", group_set, sets["cross"][rank % group_size], 1, 0, None)
-        expect_refusal("TorchState: DiLoCo over fully sharded parameters cannot be elastic state yet",
+        expect_refusal("elastic re-sharding supports units sharded over the global process set only",
                        lambda: hvd.elastic.TorchState(sharded_model, sharded))
     print(f"ok diloco refusals {rank}", flush=True)
 
