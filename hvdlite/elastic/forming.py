@@ -90,12 +90,8 @@ def ends_if(given_up: Callable[[], bool], why: str, every: float) -> Iterator[No
                 sys.stderr.flush()
                 os._exit(0)
 
-    watcher = threading.Thread(target=watch, name="hvdlite-watch-join", daemon=True)
-    watcher.start()
-    try:
+    with _watching(watch, done, "hvdlite-watch-join"):
         yield
-    finally:
-        done.set()
 
 
 @contextlib.contextmanager
@@ -114,8 +110,14 @@ def watched_start(member_ids: Sequence[str], read_dead: Callable[[list[str]], li
                 print(message, file=sys.stderr, flush=True)
                 os._exit(1)
 
-    watcher = threading.Thread(target=watch, name="hvdlite-watch-start", daemon=True)
-    watcher.start()
+    with _watching(watch, done, "hvdlite-watch-start"):
+        yield
+
+
+@contextlib.contextmanager
+def _watching(watch: Callable[[], None], done: threading.Event, name: str) -> Iterator[None]:
+    """Runs ``watch`` in a daemon thread while the block runs; ``done`` is set when it ends."""
+    threading.Thread(target=watch, name=name, daemon=True).start()
     try:
         yield
     finally:
