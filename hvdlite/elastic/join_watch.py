@@ -31,20 +31,22 @@ def abandoned_marker(process_id: str) -> str:
     return f"rank.{process_id}.abandoned"
 
 
-def given_up(run_dir: str, service: str, token: str, process_ids: list[str]) -> bool:
-    """Whether one of ``process_ids`` was given up or exited (a spawn's processes go together)."""
+def gone(run_dir: str, service: str, token: str, process_ids: list[str]) -> set[str]:
+    """Which of ``process_ids`` have exited, or were given up: their files in ``run_dir`` (the rank
+    wrapper's status file, named as :func:`hvdlite.utils.failed_peers.status_file` does: this module
+    runs by path, on the standard library only), else hvdliterun's record of them (another host)."""
     try:
         names = set(os.listdir(run_dir)) if run_dir else set()
     except OSError:
         names = set()
-    if any(abandoned_marker(process_id) in names or f"rank.{process_id}.status" in names for process_id in process_ids):
-        return True
-    if not service:
-        return False
+    found = {process_id for process_id in process_ids
+             if abandoned_marker(process_id) in names or f"rank.{process_id}.status" in names}
+    if not service or len(found) == len(process_ids):
+        return found
     try:
-        return bool(request(service, token, {"op": "gone", "ids": process_ids}).get("exited"))
+        return found | set(request(service, token, {"op": "gone", "ids": process_ids}).get("exited", []))
     except ChannelError:
-        return False  # hvdliterun unreachable: look again
+        return found  # hvdliterun unreachable: look again
 
 
 def main() -> None:
@@ -54,8 +56,9 @@ def main() -> None:
         readable, _, _ = select.select([sys.stdin], [], [], LOOK_SECONDS)
         if readable and not os.read(sys.stdin.fileno(), 1):
             return  # the rank joined
-        if given_up(run_dir, service, token, process_ids):
-            print(f"hvdlite: the job gave new rank {process_ids[0]} up (a rank died while it joined); it ends",
+        if gone(run_dir, service, token, process_ids):
+            print(f"hvdlite: the job gave new rank {process_ids[0]} up (a rank died while it joined, or it did not "
+                  "join within --start-timeout and the communication deadline); it ends",
                   file=sys.stderr, flush=True)
             os.kill(int(pid), signal.SIGKILL)
             return

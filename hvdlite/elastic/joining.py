@@ -136,3 +136,27 @@ def dead_reader_beside_a_spawn(config: Any) -> Callable[[list[str]], list[str]]:
             dead = exited("", config.elastic_service, config.elastic_token, members)
         return [member for member in members if member in dead]
     return read_dead
+
+
+def late_as_dead(read_dead: Callable[[list[str]], list[str]], newcomers: list[str], seconds: float,
+                 give_up: Callable[[str], None]) -> Callable[[list[str]], list[str]]:
+    """``read_dead``, and after ``seconds`` the ``newcomers`` too, each given up once (``give_up``): a
+    new rank that neither joined nor died by then (stopped, or a host that does not answer) must not
+    hold the job in MPICH's spawn for ever. Every member gives them up at its own deadline; the
+    abandoned mark ends them (:mod:`hvdlite.elastic.join_watch`) and tells the others."""
+    late_at = time.monotonic() + seconds
+    given: list[str] = []
+
+    def read(members: list[str]) -> list[str]:
+        dead = read_dead(members)
+        if dead or time.monotonic() <= late_at:
+            return dead
+        if not given:
+            log.warning("new rank(s) [%s] did not join within %g s (--start-timeout and the communication "
+                        "deadline): the job goes on without them", ", ".join(newcomers), seconds)
+            given.extend(newcomers)
+            for process_id in newcomers:
+                give_up(process_id)
+        return [member for member in members if member in newcomers]
+    return read
+

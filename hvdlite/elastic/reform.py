@@ -18,6 +18,7 @@ over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -252,13 +253,15 @@ def _grow(config: Any, comm: Any, plan: Plan, book: HostBook,
         return joining.spawn_ranks(grown, plan.spawn, book, prefix) if plan.spawn else grown
 
     ids = list(stayers)
-    grown = watched(grow, ids + newcomers, joining.dead_reader_beside_a_spawn(config), None, "the grown world")
+    give_up = functools.partial(mark, config.run_dir, config.elastic_service, config.elastic_token, abandoned=True)
+    read_joining = joining.late_as_dead(joining.dead_reader_beside_a_spawn(config), newcomers, config.join_deadline,
+                                        give_up)
+    grown = watched(grow, ids + newcomers, read_joining, None, "the grown world")
     read_dead = _dead_reader(config)
     if grown is not None:
         return grown, ids + newcomers, []
-    gone = read_dead(ids + newcomers)
-    log.warning("rank(s) [%s] died while the job grew: the others go on without them and without the new "
-                "rank(s) [%s]", ", ".join(gone), ", ".join(newcomers))
+    log.warning("rank(s) [%s] died or did not join while the job grew: the others go on without them and "
+                "without the new rank(s) [%s]", ", ".join(read_joining(ids + newcomers)), ", ".join(newcomers))
     comm, dead = _form(config, comm, ids, comm.Get_rank(), book, read_dead, [])
     now = time.time()
     for process_id in dead:
@@ -266,7 +269,7 @@ def _grow(config: Any, comm: Any, plan: Plan, book: HostBook,
     _count_reset(book, config.elastic_reset_limit, f"rank(s) [{', '.join(dead)}] died while the job grew")
     if comm.Get_rank() == 0:
         for process_id in newcomers:  # their spawn or admission will not finish: they end themselves
-            mark(config.run_dir, config.elastic_service, config.elastic_token, process_id, abandoned=True)
+            give_up(process_id)
     return comm, [process_id for process_id in ids if process_id not in dead], dead + newcomers
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from ..utils.failed_peers import spawning
 from .channel import ChannelError, request
 from .join_watch import abandoned_marker
+from .join_watch import gone as exited
 
 log = logging.getLogger("hvdlite")
 
@@ -234,21 +235,6 @@ def wait_for_admission(parent: Any) -> Any:
     pair = parent.Merge(high=True)
     comm = MPI.COMM_SELF.Create_intercomm(0, pair, 0, ADMIT_TAG).Merge(high=True)
     return admit(comm, after, None)
-
-
-def exited(run_dir: str, service: str, token: str, process_ids: list[str]) -> set[str]:
-    """Which of ``process_ids`` have exited, or were abandoned as spares: their files here, or
-    hvdliterun's record of them (a process on another host)."""
-    from ..utils.failed_peers import exited_members
-
-    found = exited_members(run_dir, process_ids) | {
-        process_id for process_id in process_ids if run_dir and os.path.exists(os.path.join(run_dir, abandoned_marker(process_id)))}
-    if not service or len(found) == len(process_ids):
-        return found
-    try:
-        return found | set(request(service, token, {"op": "gone", "ids": process_ids}).get("exited", []))
-    except ChannelError:
-        return found  # hvdliterun unreachable: ask again next time
 
 
 def spare_argv() -> list[str] | None:

@@ -64,6 +64,7 @@ class Config:
     elastic_min_np: int = 0  # elastic (survivors re-form the job) when > 0
     elastic_max_np: int = 0  # 0: as many ranks as the hosts have slots
     elastic_timeout_seconds: float = 600.0
+    start_timeout_seconds: float = 30.0  # elastic: a new rank's start, before the communication deadline counts
     elastic_reset_limit: int = 0  # 0: no limit
     elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
@@ -94,6 +95,12 @@ class Config:
     def comm_timeout(self) -> float | None:
         """The deadline of one communication wait in seconds, or ``None`` for no deadline."""
         return self.comm_timeout_seconds or None
+
+    @property
+    def join_deadline(self) -> float:
+        """Seconds the ranks of an elastic job wait for new ones to join: their start, then the
+        communication deadline (none when that is 0: the start timeout alone)."""
+        return self.start_timeout_seconds + self.comm_timeout_seconds
 
     @property
     def probe_window_seconds(self) -> float:
@@ -219,6 +226,9 @@ SETTINGS: tuple[Setting, ...] = (
             "elastic: never more ranks than this (0: as many as the hosts have slots)", Flag(("--max-np",), int)),
     Setting("HVDLITE_ELASTIC_TIMEOUT", "elastic_timeout_seconds", non_negative_float,
             "elastic: seconds to wait for --min-np slots before the job ends", Flag(("--elastic-timeout",), float)),
+    Setting("HVDLITE_START_TIMEOUT", "start_timeout_seconds", positive_float,
+            "elastic: seconds new ranks may take to start (their framework imported) before the "
+            "communication deadline counts; then the job goes on without them", Flag(("--start-timeout",), float)),
     Setting("HVDLITE_ELASTIC_RESET_LIMIT", "elastic_reset_limit", non_negative_int,
             "elastic: the job ends after this many re-formations (0: no limit)", Flag(("--reset-limit",), int)),
     Setting("HVDLITE_ELASTIC_COOLDOWN", "elastic_cooldown", cooldown_range,

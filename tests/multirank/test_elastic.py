@@ -56,7 +56,7 @@ def test_a_rank_that_dies_while_the_others_agree_is_left_out_of_the_same_world()
 
 def _went_on_through_a_failed_join(result) -> None:
     assert result.returncode == 0, result.output
-    assert "rank(s) [1] died while the job grew" in result.output, result.output
+    assert "rank(s) [1] died or did not join while the job grew" in result.output, result.output
     # Rank 3's death leaves three, rank 1's inside the join two: each world printed alike by its ranks.
     for size, world in ((3, "['0', '1', '2']"), (2, "['0', '2']")):
         assert result.output.count(f"world ok {size} {world}") == size, result.output
@@ -77,6 +77,18 @@ def test_a_rank_that_dies_while_a_warm_spare_is_admitted_leaves_the_others_and_t
     _went_on_through_a_failed_join(result)
     assert "the rank that started this warm spare has exited, or gave it up: this process ends" in result.output, \
         result.output
+
+
+def test_a_new_rank_that_stops_while_it_joins_is_given_up_at_the_start_timeout_and_the_slot_fills_again():
+    # np=4: rank 3 dies; the rank spawned into its slot stops (SIGSTOP) inside hvd.init(), which held the
+    # three in MPICH's spawn for ever: after --start-timeout + the communication deadline they go on.
+    result = run_job([*_REFILL_AT_ONCE, "--start-timeout", "15", "--comm-timeout-seconds", "5", "python",
+                      str(SCRIPTS / "elastic_join_death.py"), "stall"], np=4, timeout=240)
+    assert result.returncode == 0, result.output
+    assert "new rank(s) [g1.0] did not join within 20 s" in result.output, result.output
+    assert "the job gave new rank g1.0 up" in result.output, result.output
+    assert result.output.count("world ok 3 ['0', '1', '2']") >= 3, result.output
+    assert "ok elastic join death at size 4" in result.output, result.output
 
 
 def test_fewer_survivors_than_min_np_end_the_job_with_the_reason():

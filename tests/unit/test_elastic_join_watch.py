@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hvdlite.elastic import join_watch
+from hvdlite.elastic import join_watch, joining
 from hvdlite.elastic.forming import watched
 from hvdlite.errors import HvdliteError
 
@@ -39,11 +39,29 @@ def test_the_watcher_ends_without_a_kill_when_its_stdin_closes(tmp_path):
     target.wait()
 
 
-def test_given_up_when_a_process_of_the_spawn_exited_or_was_abandoned(tmp_path):
-    assert not join_watch.given_up(str(tmp_path), "", "", ["g1.0"])
+def test_gone_names_the_processes_that_exited_or_were_given_up(tmp_path):
+    assert join_watch.gone(str(tmp_path), "", "", ["g1.0", "g1.1"]) == set()
     (tmp_path / "rank.g1.0.status").write_text("137\n")
-    assert join_watch.given_up(str(tmp_path), "", "", ["g1.0"])
-    assert not join_watch.given_up(str(tmp_path / "missing"), "", "", ["g1.0"])
+    assert join_watch.gone(str(tmp_path), "", "", ["g1.0", "g1.1"]) == {"g1.0"}
+    (tmp_path / join_watch.abandoned_marker("g1.1")).write_text("")
+    assert join_watch.gone(str(tmp_path), "", "", ["g1.0", "g1.1"]) == {"g1.0", "g1.1"}
+    assert join_watch.gone(str(tmp_path / "missing"), "", "", ["g1.0"]) == set()
+
+
+def test_new_ranks_late_past_the_join_deadline_read_as_dead_and_are_given_up_once():
+    given: list[str] = []
+    late = joining.late_as_dead(lambda members: [], ["g1.0", "g1.1"], 0.0, given.append)
+    assert late(["0", "1", "g1.0", "g1.1"]) == ["g1.0", "g1.1"]
+    assert late(["0", "g1.1"]) == ["g1.1"]
+    assert given == ["g1.0", "g1.1"]  # marked once, however often the watch reads
+
+
+def test_before_the_join_deadline_only_the_dead_are_read():
+    given: list[str] = []
+    late = joining.late_as_dead(lambda members: ["1"], ["g1.0"], 0.0, given.append)
+    assert late(["0", "1", "g1.0"]) == ["1"] and given == []  # a death is the reason, not lateness
+    waiting = joining.late_as_dead(lambda members: [], ["g1.0"], 3600.0, given.append)
+    assert waiting(["0", "g1.0"]) == [] and given == []
 
 
 def test_watched_returns_the_result_or_none_once_a_member_died():

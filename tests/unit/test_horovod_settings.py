@@ -23,6 +23,7 @@ HOROVOD_VALUES = {  # every name the issue lists, in Horovod's units, and what h
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("120", "stall_shutdown_seconds", 120.0),
     "HOROVOD_LOG_LEVEL": ("debug", "log_level", "DEBUG"),
     "HOROVOD_ELASTIC_TIMEOUT": ("60", "elastic_timeout_seconds", 60.0),
+    "HOROVOD_START_TIMEOUT": ("45", "start_timeout_seconds", 45.0),
     "HOROVOD_ENABLE_ASYNC_COMPLETION": ("0", "async_completion", False),  # hvdlite's default is 1
 }
 

@@ -15,7 +15,7 @@ SETTING_OPTIONS = {
     "--hierarchical-allreduce", "--timeline-filename", "--timeline-mark-cycles", "--stall-check-warning-time-seconds",
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--env-forward", "--network-interface",
-    "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--reset-limit",
+    "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--start-timeout", "--reset-limit",
     "--blacklist-cooldown-range", "--warm-spares", "--torch-backend"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
@@ -23,6 +23,7 @@ ROUND_TRIPS = [
     (["--fusion-threshold-mb", "2"], {"HVDLITE_FUSION_THRESHOLD": "2097152"}),
     (["--fusion-threshold-mb", "0.5"], {"HVDLITE_FUSION_THRESHOLD": "524288"}),
     (["--cycle-time-ms", "3"], {"HVDLITE_CYCLE_TIME": "3.0"}),
+    (["--start-timeout", "45"], {"HVDLITE_START_TIMEOUT": "45.0"}),
     (["--cache-capacity", "0"], {"HVDLITE_CACHE_CAPACITY": "0"}),
     (["--autotune"], {"HVDLITE_AUTOTUNE": "1"}),
     (["--autotune-log-file", "a.csv"], {"HVDLITE_AUTOTUNE_LOG": "a.csv"}),

@@ -1,12 +1,15 @@
 """A rank dies while new ranks join: the others go on without it and without the newcomers.
 
-Usage: elastic_join_death.py spawn|admit. Run with ``hvdliterun -np 4 --min-np 2
+Usage: elastic_join_death.py spawn|admit|stall. Run with ``hvdliterun -np 4 --min-np 2
 --blacklist-cooldown-range 0.001 0.001`` (``admit``: and ``--warm-spares 1``). World rank 3 SIGKILLs
 itself at a commit (``admit``: once rank 0's warm spare is ready); when the survivors fill its slot
 at a later commit, world rank 1 dies inside that join: 0.3 s into ``MPI_Comm_spawn`` (the new
 process is still starting), or as the spare's admission begins. The two left re-form, check by
 collectives that they hold the same world (``world ok 2 ...``), and fill the free slots again; the job
 ends at four ranks and rank 0 replays the committed steps alone (``ok elastic join death``).
+``stall``: no rank dies inside the join; the first new rank stops itself (SIGSTOP) inside its
+``hvd.init()``, so the three wait for it until ``--start-timeout`` and the communication deadline,
+give it up and go on at three, and the next spawn fills the slot.
 """
 
 import os
@@ -19,6 +22,7 @@ import numpy as np
 from elastic_sgd import assert_replayed, check_world, sgd_step
 
 import hvdlite as hvd
+import hvdlite.lifecycle
 from hvdlite.elastic import joining, spares
 
 MODE = sys.argv[1]
@@ -44,14 +48,22 @@ def kill_first_victim(state: hvd.elastic.ObjectState) -> None:
             return
     state.killed = True
     state.commit()
-    if hvd.rank() == JOIN_VICTIM:
+    if hvd.rank() == JOIN_VICTIM and MODE != "stall":
         name = "spawn_ranks" if MODE == "spawn" else "admit_spares"
         setattr(joining, name, die_inside(getattr(joining, name)))
     if hvd.rank() == VICTIM:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def stop_first_new_rank() -> None:
+    """``stall``: the first spawned rank stops inside ``hvd.init()``, after its join watcher started."""
+    if MODE == "stall" and os.environ.get("HVDLITE_ELASTIC_SPAWN_PREFIX") == "g1.":
+        join = hvdlite.lifecycle.join_parent
+        hvdlite.lifecycle.join_parent = lambda: (os.kill(os.getpid(), signal.SIGSTOP), join())[1]
+
+
 def main() -> None:
+    stop_first_new_rank()
     hvd.init()
     full_size = hvd.size()
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, w=np.zeros(3), step=0, killed=False)
