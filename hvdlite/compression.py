@@ -52,7 +52,7 @@ def build_compression(cast: Callable[[Any, str], Any], dtype_of: Callable[[Any],
     def cast_compressor(wire: str) -> type[Compressor]:
         def compress(tensor: Any) -> tuple[Any, Any]:
             original = dtype_of(tensor)
-            if original in dtypes.SUPPORTED and dtypes.is_floating(original) and original != wire:
+            if original in dtypes.NAMES and dtypes.is_floating(original) and original != wire:
                 return cast(tensor, wire), original
             return tensor, None  # integers, and tensors already narrow, travel as they are
 

@@ -21,11 +21,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import CommTimeoutError, DeviceError
 from ..ops import ReduceOp
+from ..utils import dtypes
 from . import stack
 
 UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
@@ -41,8 +41,7 @@ NCCL_OP: dict[ReduceOp, int] = {
 _SCALAR_HOST_IMMEDIATE = 1  # ncclScalarResidence_t: the scalar is read from host memory at call time
 _IN_PROGRESS = 7  # ncclInProgress
 _MAX_PREMUL_OPS = 64  # pre-multiplied sums kept per communicator (one per dtype and factor in use)
-_SCALAR_DTYPE = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-                 "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
+_SCALAR_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))  # ncclRedOpCreatePreMulSum's scalars
 
 
 class NcclError(DeviceError):
@@ -139,7 +138,7 @@ def unique_id_struct(uid: bytes) -> _UniqueId:
 
 def scalar_bytes(dtype: str, value: float) -> bytes:
     """``value`` encoded in the floating dtype ``dtype`` (for ``ncclRedOpCreatePreMulSum``)."""
-    return np.array([value], dtype=_SCALAR_DTYPE[dtype]).tobytes()
+    return np.array([value], dtype=dtypes.numpy_dtype(dtype)).tobytes()
 
 
 class Communicator:
@@ -249,7 +248,7 @@ class Communicator:
         made = self._premul_ops.get((dtype, scale))
         if made is not None:
             return made
-        if op is not ReduceOp.SUM or dtype not in _SCALAR_DTYPE:
+        if op is not ReduceOp.SUM or dtype not in _SCALAR_DTYPES:
             raise NcclError(f"a scaled reduction needs Sum on a floating dtype, got {op.name} on {dtype}")
         if len(self._premul_ops) >= _MAX_PREMUL_OPS:  # drop the oldest; NCCL allows it once its calls returned
             oldest = next(iter(self._premul_ops))

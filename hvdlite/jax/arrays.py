@@ -47,7 +47,7 @@ def _device_array(value: jax.Array, device: Any) -> gpu_arrays.DeviceArray:
     view.block_until_ready()
     pointer = view.__cuda_array_interface__["data"][0]
     ordinal = getattr(device, "local_hardware_id", None)
-    return gpu_arrays.DeviceArray(pointer, tuple(value.shape), dtypes.SUPPORTED[name],
+    return gpu_arrays.DeviceArray(pointer, tuple(value.shape), dtypes.numpy_dtype(name),
                                   device.id if ordinal is None else ordinal, view)
 
 
@@ -68,7 +68,7 @@ def to_jax(array: np.ndarray | gpu_arrays.DeviceArray, like: Any = None) -> jax.
     """``array`` as a ``jax.Array`` on ``like``'s device (the default device for non-JAX inputs)."""
     if isinstance(array, gpu_arrays.DeviceArray):
         result = jax.dlpack.from_dlpack(gpu_arrays.cupy_view(array))
-        if array.dtype == dtypes.bfloat16:
+        if dtypes.is_bfloat16(array.dtype):
             result = jax.lax.bitcast_convert_type(result, jnp.bfloat16)
         return result.reshape(array.shape)
     device = None

@@ -113,7 +113,7 @@ def to_core(tensor: tf.Tensor) -> np.ndarray | gpu_arrays.DeviceArray:
     view = tf.bitcast(tensor, tf.uint16) if name == "bfloat16" else tensor
     tf.test.experimental.sync_devices()
     values = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(view))
-    return gpu_arrays.DeviceArray(values.data.ptr, tuple(tensor.shape), dtypes.SUPPORTED[name], values.device.id,
+    return gpu_arrays.DeviceArray(values.data.ptr, tuple(tensor.shape), dtypes.numpy_dtype(name), values.device.id,
                                   values)
 
 
@@ -122,7 +122,7 @@ def from_core(result: np.ndarray | gpu_arrays.DeviceArray, dtype: tf.dtypes.DTyp
     if not isinstance(result, gpu_arrays.DeviceArray):
         return tf.convert_to_tensor(result, dtype=dtype)
     tensor = tf.experimental.dlpack.from_dlpack(gpu_arrays.cupy_view(result).__dlpack__())
-    if result.dtype == dtypes.bfloat16:
+    if dtypes.is_bfloat16(result.dtype):
         tensor = tf.bitcast(tensor, tf.bfloat16)
     return tf.reshape(tensor, result.shape)
 

@@ -9,36 +9,78 @@ narrow type would round at every hop). MPI has no bfloat16 type anyway.
 
 from __future__ import annotations
 
-import ml_dtypes
+import functools
+import sys
+from typing import Any
+
 import numpy as np
 
 from ..errors import UnsupportedOperationError
 from ..ops import ReduceOp
 
-bfloat16 = np.dtype(ml_dtypes.bfloat16)
+# The dtypes NumPy knows; bfloat16's comes from ml_dtypes, whose import costs about 0.9 s of CPU:
+# loaded only once a bfloat16 array is seen or asked for (TensorFlow and JAX import it anyway;
+# a torch job without bfloat16 never pays it).
+_NUMPY: dict[str, np.dtype] = {np.dtype(t).name: np.dtype(t) for t in (
+    np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)}
+NAMES: tuple[str, ...] = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+                          "float64", "bool")
 
-SUPPORTED: dict[str, np.dtype] = {
-    d.name: d
-    for d in (
-        np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.uint16), np.dtype(np.int16), np.dtype(np.int32),
-        np.dtype(np.int64), np.dtype(np.float16), bfloat16, np.dtype(np.float32),
-        np.dtype(np.float64), np.dtype(np.bool_),
-    )
-}
-_WIDENED = {"float16", "bfloat16"}
+
+class _NameOf(dict):
+    """NumPy dtype -> core name. bfloat16 is added the first time ``[]`` misses on it (ml_dtypes loaded):
+    ``get`` stays dict's own, as fast as before, and misses it until then (:func:`dtype_name` asks again)."""
+
+    def __missing__(self, dtype: Any) -> str:
+        if is_bfloat16(dtype):
+            _load_bfloat16()
+            return "bfloat16"
+        raise KeyError(dtype)
+
+
 # Precomputed: numpy's dtype.name and np.issubdtype are slow Python code, and these run for every
 # tensor of every step.
-NAME_OF = {dtype: name for name, dtype in SUPPORTED.items()}
-_FLOATING = frozenset(name for name, dtype in SUPPORTED.items()
-                      if name in _WIDENED or np.issubdtype(dtype, np.floating))
-_WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) if name == "bool" else dtype
-         for name, dtype in SUPPORTED.items()}
+NAME_OF: dict[np.dtype, str] = _NameOf({dtype: name for name, dtype in _NUMPY.items()})
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of the core dtype ``name`` (bfloat16: ``ml_dtypes``', loaded on first use)."""
+    return _load_bfloat16() if name == "bfloat16" else _NUMPY[name]
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes when no one else did."""
+    return "ml_dtypes" in sys.modules and isinstance(dtype, np.dtype) and dtype == _load_bfloat16()
+
+
+@functools.cache
+def _load_bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    dict.__setitem__(NAME_OF, dtype, "bfloat16")
+    return dtype
+
+
+def __getattr__(name: str) -> Any:
+    """``bfloat16`` (the dtype) and ``SUPPORTED`` (name -> dtype, every dtype), which load ml_dtypes."""
+    if name == "bfloat16":
+        return _load_bfloat16()
+    if name == "SUPPORTED":
+        return {dtype_name: numpy_dtype(dtype_name) for dtype_name in NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_WIDENED = {"float16", "bfloat16"}
+_FLOATING = frozenset(name for name in NAMES if name in _WIDENED or np.issubdtype(_NUMPY[name], np.floating))
+_WIRE = {name: np.dtype(np.float32) if name in _WIDENED else np.dtype(np.uint8) if name == "bool" else _NUMPY[name]
+         for name in NAMES}
 WIRE_NAME = {name: wire.name for name, wire in _WIRE.items()}
 # On the device (NCCL) path the 16-bit floats reduce in their own type, as NCCL, DDP and Horovod
 # do: on a GPU the halved bytes are the point of them. NCCL has no int16 (widened to int32) and
 # no bool (bytes, with the logical ops of wire_op). uint16 fits in int32 too.
 DEVICE_WIRE_NAME = {name: "int32" if name in ("int16", "uint16") else "uint8" if name == "bool" else name
-                    for name in SUPPORTED}
+                    for name in NAMES}
 
 
 def wire_name(name: str, device: str) -> str:
@@ -50,14 +92,16 @@ def dtype_name(array: np.ndarray, tensor_name: str) -> str:
     """Name of ``array``'s dtype, or a clear error if the core cannot move it."""
     name = NAME_OF.get(array.dtype)
     if name is None:
+        if is_bfloat16(array.dtype):
+            return NAME_OF[array.dtype]  # the first bfloat16 array: ml_dtypes is loaded now
         name = array.dtype.name
-        if name in SUPPORTED:  # equal names, unequal dtypes: a byte-swapped array
+        if name in NAMES:  # equal names, unequal dtypes: a byte-swapped array
             raise UnsupportedOperationError(
                 f"tensor {tensor_name!r} has dtype {array.dtype.str} in non-native byte order; "
                 "convert it with .astype(array.dtype.newbyteorder('='))")
         raise UnsupportedOperationError(
             f"tensor {tensor_name!r} has dtype {name}, which hvdlite does not support; "
-            f"supported: {', '.join(SUPPORTED)}"
+            f"supported: {', '.join(NAMES)}"
         )
     return name
 

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -60,6 +63,32 @@ def test_dtype_names_come_from_the_table_and_reject_byte_swapped_arrays():
     assert dtypes.wire_dtype("bfloat16") == np.float32 and dtypes.WIRE_NAME["bool"] == "uint8"
     with pytest.raises(UnsupportedOperationError, match="'swapped' has dtype >f4 in non-native byte order"):
         dtypes.dtype_name(np.zeros(2, ">f4"), "swapped")
+
+
+def test_ml_dtypes_loads_only_when_bfloat16_is_first_used():
+    # Its import costs about 0.9 s of CPU in every rank; a torch job without bfloat16 never needs it.
+    script = ("import sys, numpy as np, torch, hvdlite.torch\n"
+              "from hvdlite.torch.collectives import tensors\n"
+              "from hvdlite.utils import dtypes\n"
+              "assert 'ml_dtypes' not in sys.modules, 'imported with hvdlite'\n"
+              "assert dtypes.numpy_dtype('float32') == np.float32 and 'ml_dtypes' not in sys.modules\n"
+              "array = tensors.to_numpy(torch.ones(3, dtype=torch.bfloat16))\n"
+              "assert dtypes.dtype_name(array, 't') == 'bfloat16' and dtypes.NAME_OF.get(array.dtype) == 'bfloat16'\n"
+              "print('ok', 'ml_dtypes' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.stdout.strip() == "ok True", result.stdout + result.stderr
+
+
+def test_a_bfloat16_array_made_elsewhere_is_named_at_its_first_lookup():
+    import ml_dtypes
+
+    from hvdlite.utils import dtypes
+
+    name_of = dtypes._NameOf({np.dtype(np.float32): "float32"})
+    assert name_of.get(np.dtype(ml_dtypes.bfloat16)) is None  # dict's own get, at C speed: not looked up
+    assert name_of[np.dtype(ml_dtypes.bfloat16)] == "bfloat16"
+    with pytest.raises(KeyError):
+        name_of[np.dtype(np.complex64)]
 
 
 def test_integer_scale_factors_are_accepted_on_the_host_and_on_a_gpu_but_not_for_bool():

@@ -50,14 +50,17 @@ def _raw_stream_of_public_api(device_id: int) -> int:
 current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
 
 
-_NUMPY_DTYPE = {dtype: dtypes.SUPPORTED[name] for dtype, name in _TORCH_TO_CORE.items()}
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The NumPy dtype the core holds a torch dtype in; None for one it does not move."""
+    name = _TORCH_TO_CORE.get(dtype)
+    return dtypes.numpy_dtype(name) if name is not None else None
 
 
 def own_device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray | None:
     """For a blocking call, whose caller waits (so no ready event is recorded): a CUDA tensor's own
     memory as a device array, or None where the core cannot reduce that memory in place (not
     contiguous, needing its autograd graph kept apart, a dtype the GPU plane does not move, no GPU)."""
-    dtype = _NUMPY_DTYPE.get(tensor.dtype)
+    dtype = _numpy_dtype(tensor.dtype)
     if (dtype is None or tensor.requires_grad or tensor.layout is not torch.strided or not tensor.is_contiguous()
             or gpu_arrays.device_count() == 0):
         return None
@@ -93,7 +96,7 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_
     # A dense CUDA tensor of a supported dtype, first and with the fewest questions to torch (each
     # costs ~0.1 us): every GPU collective comes through here. Anything else meets the checks below.
     if tensor.is_cuda and gpu_arrays.device_count() > 0:
-        dtype = _NUMPY_DTYPE.get(tensor.dtype)
+        dtype = _numpy_dtype(tensor.dtype)
         if dtype is not None and tensor.layout is torch.strided:
             return _device_array(tensor, dtype)
     if tensor.dtype not in _TORCH_TO_CORE:
@@ -118,10 +121,10 @@ def from_numpy(array: np.ndarray | gpu_arrays.DeviceArray, like: torch.Tensor | 
     """A tensor sharing ``array``'s memory (host or device), moved to ``like``'s device if it is elsewhere."""
     if isinstance(array, gpu_arrays.DeviceArray):
         tensor = torch.from_dlpack(gpu_arrays.cupy_view(array))
-        if array.dtype == dtypes.bfloat16:
+        if dtypes.is_bfloat16(array.dtype):
             tensor = tensor.view(torch.bfloat16)  # cupy holds bfloat16 as its uint16 bits
         return tensor.view(array.shape)
-    if array.dtype == dtypes.bfloat16:
+    if dtypes.is_bfloat16(array.dtype):
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(array)
