@@ -3,7 +3,7 @@
 Run (root):  python bench/fully_sharded_two_hosts.py [--rate 1gbit] [--per-host 2] [--reps 3] [--steps 3]
              [--blocks 8] [--width 1024] [--update-readme]
 
-Two network-namespace "hosts" (``tests/multirank/netns.py``) joined by a veth shaped to ``--rate``
+Two network-namespace "hosts" (``testbed/netns.py``) joined by a veth shaped to ``--rate``
 (``tc ... tbf``), ``--per-host`` ranks on each (``hvdliterun -H hostA:K,hostB:K``, UCX over TCP, as
 ``bench/two_hosts.py``). One job runs both modes of ``bench/fully_sharded.py``'s worker, interleaved
 rep by rep, on its residual ``Linear`` model with Adam:
@@ -33,7 +33,7 @@ from torch_training_step import RANK_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.multirank.netns import IFACE, make_two_hosts, unavailable  # noqa: E402
+from testbed.netns import IFACE, make_two_hosts, unavailable  # noqa: E402
 
 MODES = ("fully", "hybrid")
 TAG = "FULLY_SHARDED_RESULT "  # bench/fully_sharded.py's worker

@@ -2,7 +2,7 @@
 
 Run (root):  python bench/two_hosts.py [--rate 1gbit] [--reps 5] [--update-readme]
 
-It makes two network-namespace "hosts" joined by a veth pair (see ``tests/multirank/netns.py``),
+It makes two network-namespace "hosts" joined by a veth pair (see ``testbed/netns.py``),
 shapes the link with a token bucket (``tc ... tbf rate RATE``), and runs one rank per host through
 ``hvdliterun -H hostA:1,hostB:1 --network-interface eth1 -x UCX_TLS=tcp,self`` (without that,
 UCX would use shared memory between namespaces of one machine). It then runs, over that link:
@@ -41,7 +41,7 @@ from readme import replace_block
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.multirank.netns import IFACE, make_two_hosts, unavailable  # noqa: E402
+from testbed.netns import IFACE, make_two_hosts, unavailable  # noqa: E402
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 

@@ -1,10 +1,11 @@
 """What the multi-rank tests share: one JAX compilation cache per session, the TensorFlow job of
-several files (tensorflow_job.py), and the Spark session of the Spark tests (test_spark.py,
-test_spark_estimators.py: one xdist group)."""
+several files (tensorflow_job.py), the Spark session of the Spark tests (test_spark.py,
+test_spark_estimators.py: one xdist group), and a temporary folder of each test's own."""
 
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 import pytest
@@ -17,6 +18,17 @@ from .tensorflow_job import tensorflow_job as shared_tensorflow_job
 # alone: 288 -> 201 CPU s, 173 -> 135 s). Four shuffle partitions for the tests' few hundred rows,
 # not Spark's 200 tasks per shuffle. Spark itself is unchanged: these are the JVM's and SQL's settings.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(autouse=True)
+def own_temporary_folder(monkeypatch):
+    """The test's jobs keep their temporary files (hvdliterun's run folder first) in a folder of the
+    test's own (``TMPDIR``), removed after it: a job whose hvdliterun a test SIGKILLs, or that ends
+    at its timeout, leaves nothing in /tmp. Session fixtures (the Spark session) start before it."""
+    folder = tempfile.mkdtemp(prefix="hvdlite-test-")
+    monkeypatch.setenv("TMPDIR", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,8 +13,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .scripts.together import STARTS as TOGETHER_STARTS  # its line before each command's output
+
 SCRIPTS = Path(__file__).parent / "scripts"
-TOGETHER_STARTS = "together: running "  # scripts/together.py's line before each command's output
 # One compute thread per rank: this machine has two cores and tests run up to three ranks.
 # TF_* keep TensorFlow to one thread per rank and quiet; NPROC limits JAX (XLA_FLAGS do not).
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -100,6 +101,16 @@ def shared_script(script: str, np: int, *args: str, env: dict[str, str] | None =
     it runs once per test session, for the first test that asks; each test checks its own part of it.
     Its output and exit code are kept whatever they are: a failure shows in every test that shares it."""
     return _shared(script, np, args, tuple(sorted((env or {}).items())), timeout)
+
+
+def shared_jobs_in_order(jobs: list[tuple[int, list[str]]], index: int, timeout: float = 600) -> JobResult:
+    """The result of ``jobs[index]``, one of several shared ``together.py`` jobs (``(np, commands)``)
+    that must run in their order, because a later one loads what an earlier one saved: the jobs
+    before it run first (each once per session, as :func:`shared_script`'s)."""
+    for np, commands in jobs[:index]:
+        shared_script("together.py", np, *commands, timeout=timeout)
+    np, commands = jobs[index]
+    return shared_script("together.py", np, *commands, timeout=timeout)
 
 
 @functools.cache

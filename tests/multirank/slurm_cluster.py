@@ -1,6 +1,6 @@
 """A real Slurm cluster for tests, from Debian's packages: munged, slurmctld, and one slurmd per node.
 
-Each node is a network-namespace host of ``netns.py`` (``hostA``, ``hostB``): its slurmd runs in
+Each node is a network-namespace host of ``testbed/netns.py`` (``hostA``, ``hostB``): its slurmd runs in
 that namespace under that host name, the controller runs on ``hostA``, and every client command
 (``sbatch``, ``salloc``, ``squeue``, ``scancel``) runs on ``hostA`` too, so every connection stays
 inside the namespaces' own network. munged is private to the cluster (its own socket, key, pid
@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .netns import HOSTS, TwoHosts
+from testbed.netns import HOSTS, TwoHosts
 
 _DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "salloc", "srun", "squeue", "scancel", "sinfo")
 _CONF = """ClusterName=hvdlitetest

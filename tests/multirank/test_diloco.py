@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .harness import SCRIPTS, JobResult, run_job, shared_script
+from .harness import SCRIPTS, JobResult, run_job, shared_jobs_in_order, shared_script
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
 # averaged between the ranks holding the same place in each group); np=3 in groups of one.
@@ -27,12 +27,8 @@ def checkpoint(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def torch_job(checkpoint) -> Callable[[int], JobResult]:
     """``torch_job(np)``: the shared torch job at ``np`` (4 or 3) ranks; the np=3 one after the np=4 one."""
-    def job(np: int) -> JobResult:
-        if np == 3:
-            job(4)  # saves the checkpoint the np=3 job loads
-        commands = [command.format(checkpoint=checkpoint) for command in TORCH_JOBS[np]]
-        return shared_script("together.py", np, *commands, timeout=600)
-    return job
+    jobs = [(np, [command.format(checkpoint=checkpoint) for command in TORCH_JOBS[np]]) for np in (4, 3)]
+    return lambda np: shared_jobs_in_order(jobs, 0 if np == 4 else 1)  # np=4 saves the checkpoint np=3 loads
 
 
 def _diloco_ok(torch_job: Callable[[int], JobResult], np: int, run: str) -> None:

@@ -1,4 +1,4 @@
-"""Elastic jobs across two "hosts" (network namespaces, see netns.py): a remote rank's death and a
+"""Elastic jobs across two "hosts" (network namespaces, see testbed/netns.py): a remote rank's death and a
 rank spawned onto the other host. hvdliterun runs on hostA; hostB is reached through the launch
 agent. Root only: skipped with the reason elsewhere."""
 
@@ -14,8 +14,9 @@ import uuid
 
 import pytest
 
+from testbed.netns import IFACE, make_two_hosts, unavailable
+
 from .harness import ONE_THREAD, SCRIPTS, hvdliterun
-from .netns import IFACE, make_two_hosts, unavailable
 from .test_multihost import PROBE_SECONDS, TIMEOUT_SECONDS, _assert_nothing_left
 
 pytestmark = [pytest.mark.multirank, pytest.mark.netns]

@@ -20,8 +20,9 @@ import uuid
 import pytest
 import torch
 
+from testbed.netns import HOSTS, IFACE, make_two_hosts, unavailable
+
 from .harness import ONE_THREAD, SCRIPTS, hvdliterun, run_job
-from .netns import HOSTS, IFACE, make_two_hosts, unavailable
 from .test_torch import EQUIVALENCE
 
 pytestmark = [pytest.mark.multirank, pytest.mark.netns]

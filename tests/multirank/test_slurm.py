@@ -1,5 +1,5 @@
 """hvdlite under a real Slurm (Debian's slurmctld, slurmd and munge) with two nodes: the two network-
-namespace hosts of netns.py. Jobs are submitted on hostA, where the controller runs; every rank and
+namespace hosts of testbed/netns.py. Jobs are submitted on hostA, where the controller runs; every rank and
 daemon talks over the namespaces' own link. Root only; skipped with the reason elsewhere."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from testbed.netns import IFACE, make_two_hosts
+from testbed.netns import unavailable as no_namespaces
+
 from .harness import ONE_THREAD, SCRIPTS, hvdliterun
-from .netns import IFACE, make_two_hosts
-from .netns import unavailable as no_namespaces
 from .slurm_cluster import start_cluster
 from .slurm_cluster import unavailable as no_slurm
 from .test_multihost import _assert_nothing_left

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import run_script, shared_script
+from .harness import run_script, shared_jobs_in_order, shared_script
 
 pytestmark = pytest.mark.multirank
 
@@ -123,11 +123,9 @@ def _example_jobs(root: Path) -> list[tuple[int, list[str]]]:
 def _example_run(root: Path, job: int, command: str) -> tuple[list[str], str]:
     """Rank 0's lines of one run of the example in the shared job ``job`` (0, 1 or 2; a pair's two runs
     can be the same command line), and that job's whole output; the jobs before it run first."""
-    for np, commands in _example_jobs(root)[:job]:
-        shared_script("together.py", np, *commands, timeout=600)
-    np, commands = _example_jobs(root)[job]
-    assert command in commands, f"job {job} does not run {command}"
-    result = shared_script("together.py", np, *commands, timeout=600)
+    jobs = _example_jobs(root)
+    assert command in jobs[job][1], f"job {job} does not run {command}"
+    result = shared_jobs_in_order(jobs, job)
     return result.command_lines(0, command), result.output
 
 

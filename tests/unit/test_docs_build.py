@@ -68,3 +68,11 @@ def test_docstrings_show_no_rest_markup(site):
         text = _text(site / "reference" / page / "index.html")
         leftovers = re.findall(r".{0,40}(?::(?:class|func|meth|mod|attr|data|exc):`|``).{0,40}", text)
         assert leftovers == [], f"reference/{page}.md shows reST markup"
+
+
+def test_no_page_a_user_reads_names_a_tracker_number():
+    # "issue #22" means something to the team's tracker, nothing to a reader: say what it was about.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "bench").rglob("*.md"))]
+    named = [f"{page.relative_to(ROOT)}: {match.group(0)}" for page in pages
+             for match in re.finditer(r"\b(?:issues?|PR|pull request) #\d+", page.read_text(encoding="utf-8"), re.I)]
+    assert named == [], named

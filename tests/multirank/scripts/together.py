@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STARTS = "together: running "  # tests/multirank/harness.py's JobResult.command_lines reads it
+STARTS = "together: running "  # tests/multirank/harness.py's JobResult.command_lines reads it (imports it)
 
 
 def split_command(command: str) -> tuple[dict[str, str], str, list[str]]:
