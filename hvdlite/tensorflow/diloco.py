@@ -17,6 +17,15 @@ at a time (Keras optimizers accept a subset of the variables they were built ove
 fragments' momentum is left alone; its ``iterations`` counts fragment syncs). The exchange runs on
 the host (NumPy, :mod:`hvdlite.training.diloco_exchange`); with a ``delay`` it runs on a helper
 thread during the next inner steps, as torch's does.
+
+Checkpoints (:meth:`DiLoCo.state_dict`) are in the layout torch's and JAX's write
+(:mod:`hvdlite.torch.diloco`): ``{"format": "hvdlite.diloco/1", "sync_every", "fragments", "delay", "inner_steps", "syncs",
+"global": {name: array}, "outer_optimizer": [the outer optimizer's variables' values], "in_flight":
+None or {"fragment", "sent_at", "average": {name: array}, "anchor": {name: array} or None},
+"residuals": {name: flat array}, "residuals_world_size"}`` with NumPy arrays, names being the
+variables' positions and names ("0.kernel"). An exchange in flight is waited for and saved with its result; it lands at its
+own step after a restore. int8's residuals are restored at the same number of ranks only. The model
+and the inner optimizer are saved as usual, beside it.
 """
 
 from __future__ import annotations
@@ -26,9 +35,18 @@ from typing import Any
 import keras
 import numpy as np
 
+from ..core.runtime import current
 from ..process_sets import ProcessSet, global_process_set
-from ..training.diloco import DiLoCoSchedule, ScheduledExchanges, check_agreement, check_member, split_fragments
-from ..training.diloco_exchange import InFlight, average_deltas, check_compression, done, in_thread
+from ..training.diloco import (
+    FORMAT,
+    DiLoCoSchedule,
+    ScheduledExchanges,
+    check_agreement,
+    check_loadable,
+    check_member,
+    split_fragments,
+)
+from ..training.diloco_exchange import InFlight, average_deltas, check_compression, done, in_thread, settle
 
 
 class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
@@ -159,15 +177,11 @@ class DiLoCo(ScheduledExchanges, keras.callbacks.Callback):
     # checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The outer state in the layout torch's and JAX's DiLoCo write (``hvdlite.diloco/1``)."""
-        from .diloco_state import diloco_state_dict
-
-        return diloco_state_dict(self)
+        return _state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s outer state (at the same or another number of ranks)."""
-        from .diloco_state import load_diloco_state_dict
-
-        load_diloco_state_dict(self, state)
+        _load_state_dict(self, state)
 
 
 def _variables(model_or_variables: keras.Model | list[Any]) -> list[Any]:
@@ -199,6 +213,54 @@ def _check_optimizers(inner: Any, outer: Any) -> None:
     if is_distributed(outer):
         raise ValueError("DiLoCo's outer_optimizer must be a plain Keras optimizer, not a DistributedOptimizer: "
                          "DiLoCo averages the pseudo-gradients itself, over process_set")
+
+
+def _world_size() -> int:
+    return current().topology.size
+
+
+def _state_dict(diloco: DiLoCo) -> dict[str, Any]:
+    """The checkpoint of ``diloco`` (:meth:`DiLoCo.state_dict`)."""
+    schedule, flight, names = diloco.schedule, diloco._in_flight, diloco.names
+    in_flight = None
+    if flight is not None:
+        averages = settle(flight)
+        indices = diloco.fragments[flight.fragment]
+        in_flight = {"fragment": flight.fragment, "sent_at": flight.sent_at,
+                     "average": {names[i]: np.array(a) for i, a in zip(indices, averages, strict=True)},
+                     "anchor": None if flight.anchors is None else
+                     {names[i]: np.array(a) for i, a in zip(indices, flight.anchors, strict=True)}}
+    return {"format": FORMAT, "sync_every": schedule.sync_every, "fragments": schedule.fragments,
+            "delay": schedule.delay, "inner_steps": diloco.inner_steps, "syncs": diloco.syncs,
+            "global": {name: np.array(value) for name, value in zip(names, diloco.global_params, strict=True)},
+            "outer_optimizer": [np.array(v.numpy()) for v in diloco.outer_optimizer.variables],
+            "in_flight": in_flight,
+            "residuals": {name: np.array(value) for name, value in diloco.residuals.items()},
+            "residuals_world_size": _world_size()}
+
+
+def _load_state_dict(diloco: DiLoCo, state: dict[str, Any]) -> None:
+    """Restore ``diloco`` from :func:`_state_dict`'s checkpoint, checked first."""
+    check_loadable(diloco.schedule, diloco.names, state)
+    variables = diloco.outer_optimizer.variables
+    if len(variables) != len(state["outer_optimizer"]):
+        raise ValueError(f"DiLoCo checkpoint's outer optimizer has {len(state['outer_optimizer'])} variables, this "
+                         f"one has {len(variables)}: was it saved with another outer optimizer?")
+    for variable, value in zip(variables, state["outer_optimizer"], strict=True):
+        variable.assign(value)
+    diloco.global_params = [np.array(state["global"][name], dtype=mine.dtype).reshape(mine.shape)
+                            for name, mine in zip(diloco.names, diloco.global_params, strict=True)]
+    diloco.inner_steps, diloco.syncs = int(state["inner_steps"]), int(state["syncs"])
+    diloco._in_flight = None
+    flight = state["in_flight"]
+    if flight is not None:
+        names = [diloco.names[i] for i in diloco.fragments[flight["fragment"]]]
+        averages = [np.array(flight["average"][name]) for name in names]
+        anchors = None if flight["anchor"] is None else [np.array(flight["anchor"][name]) for name in names]
+        diloco._in_flight = InFlight(flight["fragment"], flight["sent_at"], anchors, done(averages))
+    diloco.residuals = {}  # error feedback starts again from zero at another number of ranks
+    if state.get("residuals_world_size") == _world_size():
+        diloco.residuals = {name: np.array(value) for name, value in state["residuals"].items()}
 
 
 __all__ = ["DiLoCo"]

@@ -120,8 +120,11 @@ def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
     assert imported == {"p.c"}
 
 
-def test_the_package_has_no_import_cycle():
-    graph = import_graph()
+def test_the_package_has_no_import_cycle_even_for_types():
+    # A module that names an upper one's types under TYPE_CHECKING still depends on it: the lower one
+    # says what it uses as a Protocol instead (core.planes.device's ExecutorView, core.pipeline.lone's
+    # PipelineView, torch.fully_sharded.param's Holder).
+    graph = import_graph(type_only=True)
     assert "hvdlite.core.runtime" in graph and "hvdlite.elastic.joining" in graph["hvdlite.lifecycle"]
     assert cycles(graph) == [], "import cycles (a lower layer imports an upper one)"
 

@@ -46,7 +46,11 @@ from ..work.request import Handle, Request, RequestMeta, checked_reduction
 from ..work.response import Response
 
 if TYPE_CHECKING:
-    from .communicator import Pipeline
+    from .autotune import Autotuner
+    from .execute import Executor
+    from .negotiate import Agreement, Negotiator
+    from .queue import RequestQueue
+    from .timeline import Timeline
 
 _ndarray, _addressof, _multiply = np.ndarray, ctypes.addressof, np.multiply
 # (name, dtype, shape, op, average, prescale, postscale): a call's arguments, as the caller passed them;
@@ -158,12 +162,30 @@ class EngineParts(NamedTuple):
     drive: Callable[[Handle], None]  # runs cycles for a waiting handle (Engine.drive)
 
 
+class PipelineView(Protocol):
+    """What the small-op path uses of the pipeline that holds it (``communicator.Pipeline``, which
+    imports this module): its queue, negotiator and executor, and whether a tuner or a timeline
+    wants every cycle in full."""
+
+    rank: int
+    size: int
+    queue: RequestQueue
+    negotiator: Negotiator
+    executor: Executor
+    timeline: Timeline | None
+
+    @property
+    def tuner(self) -> Autotuner | None: ...
+
+    def run_agreed(self, agreement: Agreement) -> None: ...
+
+
 class LonePath:
     """One pipeline's small-op path: :meth:`allreduce`."""
 
     LIMIT = 1024  # entries kept; many names (generated ones never come here) start over
 
-    def __init__(self, pipeline: Pipeline, control: object) -> None:
+    def __init__(self, pipeline: PipelineView, control: object) -> None:
         self._pipeline = pipeline
         self._queue = pipeline.queue
         self._negotiator = pipeline.negotiator

@@ -27,9 +27,17 @@ from ..work.response import Response
 from .base import Outcome, succeeded
 
 if TYPE_CHECKING:
-    from ..pipeline.execute import Executor
+    from .host import HostPlane
 
 log = logging.getLogger("hvdlite")
+
+
+class ExecutorView(Protocol):
+    """What the device plane uses of the executor that holds it (``core.pipeline.execute.Executor``,
+    which imports this module): its host plane, flushed before device work, and this rank."""
+
+    host: HostPlane
+    rank: int
 
 
 class ChosenPlane(Protocol):
@@ -44,7 +52,7 @@ class ChosenPlane(Protocol):
 
 
 # Builds the job's plane from the first device item (collective): executor, item, this rank's requests.
-ChoosePlane = Callable[["Executor", WorkItem, Mapping[str, Request]], ChosenPlane]
+ChoosePlane = Callable[[ExecutorView, WorkItem, Mapping[str, Request]], ChosenPlane]
 
 
 class DevicePlane:
@@ -56,7 +64,7 @@ class DevicePlane:
 
     name = "gpu"
 
-    def __init__(self, executor: Executor, choose: ChoosePlane | None) -> None:
+    def __init__(self, executor: ExecutorView, choose: ChoosePlane | None) -> None:
         self._executor = executor
         self._choose = choose
         self._plane: ChosenPlane | None = None
@@ -124,7 +132,7 @@ class GpuChooser:
     The lambdas of the plane it builds keep it, for the hierarchical groups they make later.
     """
 
-    def __init__(self, executor: Executor, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
+    def __init__(self, executor: ExecutorView, config: Config, data_comm: Any, hosts: list[str], local_rank: int) -> None:
         self._host = executor.host
         self._config = config
         self._data_comm = data_comm  # the engine's MPI data communicator, for the hierarchical groups

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -21,8 +21,16 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 from ...process_sets import ProcessSet
 
-if TYPE_CHECKING:
-    from .unit import ShardedUnit
+
+class Holder(Protocol):
+    """The unit that holds a parameter (``unit.ShardedUnit``, which imports this module), as the
+    bookkeeping of parameters tied across units sees it (:mod:`.ties`)."""
+
+    name: str
+    root: Any  # the ShardedRoot once the unit has run, else None
+    lifted: list[ShardedParam]
+
+    def release(self, param: ShardedParam) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -37,7 +45,7 @@ class ShardedParam:
     mesh: DeviceMesh = dataclasses.field(repr=False)  # the process set's (hybrid: replicas x shard set)
     compute_device: torch.device | None = None  # offload: the full parameter's device (the shard is on the CPU)
     # The unit it belongs to; None while a parameter tied across units waits for one (ties.py).
-    holder: ShardedUnit | None = dataclasses.field(default=None, repr=False)
+    holder: Holder | None = dataclasses.field(default=None, repr=False)
 
     @property
     def local(self) -> torch.Tensor:
