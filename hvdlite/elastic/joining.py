@@ -159,4 +159,3 @@ def late_as_dead(read_dead: Callable[[list[str]], list[str]], newcomers: list[st
                 give_up(process_id)
         return [member for member in members if member in newcomers]
     return read
-

@@ -50,17 +50,25 @@ def _raw_stream_of_public_api(device_id: int) -> int:
 current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_stream_of_public_api
 
 
+# The NumPy dtype the core holds each torch dtype in; bfloat16's is added on its first use (ml_dtypes
+# loads then: :func:`_numpy_dtype`). Looked up with ``.get`` first on the GPU paths, which run per call.
+_NUMPY_DTYPE = {dtype: dtypes.numpy_dtype(name) for dtype, name in _TORCH_TO_CORE.items() if name != "bfloat16"}
+
+
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
-    """The NumPy dtype the core holds a torch dtype in; None for one it does not move."""
-    name = _TORCH_TO_CORE.get(dtype)
-    return dtypes.numpy_dtype(name) if name is not None else None
+    """The NumPy dtype the core holds ``dtype`` in; None for one it does not move."""
+    if dtype is torch.bfloat16 and dtype not in _NUMPY_DTYPE:
+        _NUMPY_DTYPE[dtype] = dtypes.numpy_dtype("bfloat16")
+    return _NUMPY_DTYPE.get(dtype)
 
 
 def own_device_array(tensor: torch.Tensor) -> gpu_arrays.DeviceArray | None:
     """For a blocking call, whose caller waits (so no ready event is recorded): a CUDA tensor's own
     memory as a device array, or None where the core cannot reduce that memory in place (not
     contiguous, needing its autograd graph kept apart, a dtype the GPU plane does not move, no GPU)."""
-    dtype = _numpy_dtype(tensor.dtype)
+    dtype = _NUMPY_DTYPE.get(tensor.dtype)
+    if dtype is None:
+        dtype = _numpy_dtype(tensor.dtype)
     if (dtype is None or tensor.requires_grad or tensor.layout is not torch.strided or not tensor.is_contiguous()
             or gpu_arrays.device_count() == 0):
         return None
@@ -96,7 +104,9 @@ def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_
     # A dense CUDA tensor of a supported dtype, first and with the fewest questions to torch (each
     # costs ~0.1 us): every GPU collective comes through here. Anything else meets the checks below.
     if tensor.is_cuda and gpu_arrays.device_count() > 0:
-        dtype = _numpy_dtype(tensor.dtype)
+        dtype = _NUMPY_DTYPE.get(tensor.dtype)
+        if dtype is None:
+            dtype = _numpy_dtype(tensor.dtype)
         if dtype is not None and tensor.layout is torch.strided:
             return _device_array(tensor, dtype)
     if tensor.dtype not in _TORCH_TO_CORE:
