@@ -31,7 +31,7 @@ DEVICE = "cuda"  # RequestMeta.device of every device tensor; host arrays are "c
 
 def storage_dtype(name: str) -> np.dtype:
     """The dtype cupy holds a core dtype's bytes in (cupy has no bfloat16: its bits as uint16)."""
-    return np.dtype(np.uint16) if name == "bfloat16" else dtypes.numpy_dtype(name)
+    return np.dtype(np.uint16) if name == "bfloat16" else dtypes.NUMPY_DTYPE[name]
 
 
 class DeviceArray:
@@ -137,7 +137,7 @@ def cupy_view(array: DeviceArray, start: int = 0, count: int | None = None) -> A
 def from_cupy(values: Any, dtype_name: str, shape: tuple[int, ...] | None = None) -> DeviceArray:
     """A core result in a cupy array (holding ``dtype_name``'s bytes) as a :class:`DeviceArray`."""
     shape = tuple(values.shape) if shape is None else shape
-    return DeviceArray(values.data.ptr, shape, dtypes.numpy_dtype(dtype_name), values.device.id, values)
+    return DeviceArray(values.data.ptr, shape, dtypes.NUMPY_DTYPE[dtype_name], values.device.id, values)
 
 
 def record_ready(stream_ptr: int | None, device_id: int) -> Any:

@@ -138,7 +138,7 @@ def unique_id_struct(uid: bytes) -> _UniqueId:
 
 def scalar_bytes(dtype: str, value: float) -> bytes:
     """``value`` encoded in the floating dtype ``dtype`` (for ``ncclRedOpCreatePreMulSum``)."""
-    return np.array([value], dtype=dtypes.numpy_dtype(dtype)).tobytes()
+    return np.array([value], dtype=dtypes.NUMPY_DTYPE[dtype]).tobytes()
 
 
 class Communicator:

@@ -47,7 +47,7 @@ def _device_array(value: jax.Array, device: Any) -> gpu_arrays.DeviceArray:
     view.block_until_ready()
     pointer = view.__cuda_array_interface__["data"][0]
     ordinal = getattr(device, "local_hardware_id", None)
-    return gpu_arrays.DeviceArray(pointer, tuple(value.shape), dtypes.numpy_dtype(name),
+    return gpu_arrays.DeviceArray(pointer, tuple(value.shape), dtypes.NUMPY_DTYPE[name],
                                   device.id if ordinal is None else ordinal, view)
 
 

@@ -113,7 +113,7 @@ def to_core(tensor: tf.Tensor) -> np.ndarray | gpu_arrays.DeviceArray:
     view = tf.bitcast(tensor, tf.uint16) if name == "bfloat16" else tensor
     tf.test.experimental.sync_devices()
     values = cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(view))
-    return gpu_arrays.DeviceArray(values.data.ptr, tuple(tensor.shape), dtypes.numpy_dtype(name), values.device.id,
+    return gpu_arrays.DeviceArray(values.data.ptr, tuple(tensor.shape), dtypes.NUMPY_DTYPE[name], values.device.id,
                                   values)
 
 

@@ -54,7 +54,7 @@ def plan_buckets(params: list[torch.Tensor], names: dict[torch.Tensor, str], cap
     for run in runs:
         name = f"{names[run[0]]}+{len(run) - 1} (bucket)"
         size = sum(p.numel() for p in run)
-        meta = api.prepare_segmented_allreduce(name, dtypes.numpy_dtype(tensors.core_dtype(run[0])), size, op,
+        meta = api.prepare_segmented_allreduce(name, dtypes.NUMPY_DTYPE[tensors.core_dtype(run[0])], size, op,
                                                prescale, postscale)
         buckets.append(Bucket(run, meta))
     return buckets
@@ -78,7 +78,7 @@ def start_bucket(bucket: Bucket, process_set: ProcessSet | None = None) -> tuple
             arrays.append(tensors.host_view(grad))
         return arrays
 
-    segments = Segments(bucket.meta.name, dtypes.numpy_dtype(bucket.meta.dtype), bucket.meta.shape[0], resolve)
+    segments = Segments(bucket.meta.name, dtypes.NUMPY_DTYPE[bucket.meta.dtype], bucket.meta.shape[0], resolve)
     handle = api.allreduce_segments_async(bucket.meta, segments, process_set)
 
     def after_wait() -> None:

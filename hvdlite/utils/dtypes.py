@@ -18,34 +18,37 @@ import numpy as np
 from ..errors import UnsupportedOperationError
 from ..ops import ReduceOp
 
-# The dtypes NumPy knows; bfloat16's comes from ml_dtypes, whose import costs about 0.9 s of CPU:
-# loaded only once a bfloat16 array is seen or asked for (TensorFlow and JAX import it anyway;
-# a torch job without bfloat16 never pays it).
-_NUMPY: dict[str, np.dtype] = {np.dtype(t).name: np.dtype(t) for t in (
-    np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)}
+# ml_dtypes, where bfloat16's NumPy dtype comes from, costs about 0.9 s of CPU to import: it is
+# loaded once a bfloat16 array is seen or its dtype asked for (TensorFlow and JAX import it anyway;
+# a torch job without bfloat16 never pays it). The two tables below add bfloat16 on their first miss
+# on it, so every other lookup stays a plain dict lookup (these run for every tensor of every step).
 NAMES: tuple[str, ...] = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32",
                           "float64", "bool")
+_NUMPY = {np.dtype(t).name: np.dtype(t) for t in (
+    np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.bool_)}
+
+
+class _ByName(dict):
+    """Core dtype name -> NumPy dtype (``[]``: bfloat16 loads ml_dtypes the first time)."""
+
+    def __missing__(self, name: str) -> np.dtype:
+        if name != "bfloat16":
+            raise KeyError(name)
+        return _load_bfloat16()
 
 
 class _NameOf(dict):
-    """NumPy dtype -> core name. bfloat16 is added the first time ``[]`` misses on it (ml_dtypes loaded):
-    ``get`` stays dict's own, as fast as before, and misses it until then (:func:`dtype_name` asks again)."""
+    """NumPy dtype -> core name (``[]``: bfloat16's once ml_dtypes is loaded; ``get`` stays dict's own
+    and misses it until a ``[]`` or :func:`dtype_name` has added it)."""
 
     def __missing__(self, dtype: Any) -> str:
         if is_bfloat16(dtype):
-            _load_bfloat16()
-            return "bfloat16"
+            return NAME_OF[_load_bfloat16()]
         raise KeyError(dtype)
 
 
-# Precomputed: numpy's dtype.name and np.issubdtype are slow Python code, and these run for every
-# tensor of every step.
+NUMPY_DTYPE: dict[str, np.dtype] = _ByName(_NUMPY)
 NAME_OF: dict[np.dtype, str] = _NameOf({dtype: name for name, dtype in _NUMPY.items()})
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The NumPy dtype of the core dtype ``name`` (bfloat16: ``ml_dtypes``', loaded on first use)."""
-    return _load_bfloat16() if name == "bfloat16" else _NUMPY[name]
 
 
 def is_bfloat16(dtype: Any) -> bool:
@@ -58,6 +61,7 @@ def _load_bfloat16() -> np.dtype:
     import ml_dtypes
 
     dtype = np.dtype(ml_dtypes.bfloat16)
+    dict.__setitem__(NUMPY_DTYPE, "bfloat16", dtype)
     dict.__setitem__(NAME_OF, dtype, "bfloat16")
     return dtype
 
@@ -67,7 +71,7 @@ def __getattr__(name: str) -> Any:
     if name == "bfloat16":
         return _load_bfloat16()
     if name == "SUPPORTED":
-        return {dtype_name: numpy_dtype(dtype_name) for dtype_name in NAMES}
+        return {dtype_name: NUMPY_DTYPE[dtype_name] for dtype_name in NAMES}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -71,7 +71,7 @@ def test_ml_dtypes_loads_only_when_bfloat16_is_first_used():
               "from hvdlite.torch.collectives import tensors\n"
               "from hvdlite.utils import dtypes\n"
               "assert 'ml_dtypes' not in sys.modules, 'imported with hvdlite'\n"
-              "assert dtypes.numpy_dtype('float32') == np.float32 and 'ml_dtypes' not in sys.modules\n"
+              "assert dtypes.NUMPY_DTYPE['float32'] == np.float32 and 'ml_dtypes' not in sys.modules\n"
               "array = tensors.to_numpy(torch.ones(3, dtype=torch.bfloat16))\n"
               "assert dtypes.dtype_name(array, 't') == 'bfloat16' and dtypes.NAME_OF.get(array.dtype) == 'bfloat16'\n"
               "print('ok', 'ml_dtypes' in sys.modules)\n")
@@ -89,6 +89,10 @@ def test_a_bfloat16_array_made_elsewhere_is_named_at_its_first_lookup():
     assert name_of[np.dtype(ml_dtypes.bfloat16)] == "bfloat16"
     with pytest.raises(KeyError):
         name_of[np.dtype(np.complex64)]
+    by_name = dtypes._ByName({"float32": np.dtype(np.float32)})
+    assert by_name["bfloat16"] == np.dtype(ml_dtypes.bfloat16) and dtypes.NUMPY_DTYPE["bfloat16"] == by_name["bfloat16"]
+    with pytest.raises(KeyError):
+        by_name["complex64"]
 
 
 def test_integer_scale_factors_are_accepted_on_the_host_and_on_a_gpu_but_not_for_bool():

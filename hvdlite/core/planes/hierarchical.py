@@ -67,10 +67,10 @@ def _reduced_in_float(values: np.ndarray, dtype: str, reduce: Callable[[np.ndarr
     """``values`` after ``reduce`` (in place). MPI has no 16-bit float types: those are reduced in
     float32 and rounded once, as on the host path."""
     if dtype in ("float16", "bfloat16"):
-        typed = values.view(dtypes.numpy_dtype(dtype)) if dtype == "bfloat16" else values
+        typed = values.view(dtypes.NUMPY_DTYPE[dtype]) if dtype == "bfloat16" else values
         wide = typed.astype(np.float32)
         reduce(wide)
-        return wide.astype(dtypes.numpy_dtype(dtype)).view(values.dtype)
+        return wide.astype(dtypes.NUMPY_DTYPE[dtype]).view(values.dtype)
     reduce(values)
     return values
 

@@ -235,7 +235,7 @@ class HostPlane:
             if output is None:
                 # Members may differ in dtype (float16, bfloat16 and float32 share a float32 buffer).
                 own = response.meta.dtype
-                results.append(view if view.dtype == dtypes.numpy_dtype(own) else aligned_copy(view, own))
+                results.append(view if view.dtype == dtypes.NUMPY_DTYPE[own] else aligned_copy(view, own))
             else:
                 if isinstance(output, Segments):
                     output.scatter(view)
@@ -273,7 +273,7 @@ class HostPlane:
         if request is not None and request.output is not None:
             request.output.reshape(-1)[...] = buffer
             return request.output
-        return buffer.astype(dtypes.numpy_dtype(meta.dtype), copy=False).reshape(meta.shape)
+        return buffer.astype(dtypes.NUMPY_DTYPE[meta.dtype], copy=False).reshape(meta.shape)
 
     def postscaler(self, dtype: str, op: ReduceOp, postscale: float) -> Callable[[np.ndarray], None] | None:
         """What to apply to reduced values: the post-scale factor, and the division of an Average."""
@@ -294,7 +294,7 @@ class HostPlane:
 
     def _allgather(self, response: Response, request: Request) -> np.ndarray:
         meta = response.meta
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.numpy_dtype(meta.dtype).itemsize
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.NUMPY_DTYPE[meta.dtype].itemsize
         output = aligned_empty((sum(response.per_rank),) + meta.shape[1:], meta.dtype)
         counts = [rows * row_bytes for rows in response.per_rank]
         self.transport.allgatherv(_as_bytes(request.tensor), output.reshape(-1).view(np.uint8), counts)
@@ -313,7 +313,7 @@ class HostPlane:
 
     def _alltoall(self, response: Response, request: Request) -> tuple[np.ndarray, np.ndarray]:
         meta = response.meta
-        row_bytes = math.prod(meta.shape[1:]) * dtypes.numpy_dtype(meta.dtype).itemsize
+        row_bytes = math.prod(meta.shape[1:]) * dtypes.NUMPY_DTYPE[meta.dtype].itemsize
         received = [splits[self.rank] for splits in response.per_rank]
         output = aligned_empty((sum(received),) + meta.shape[1:], meta.dtype)
         self.transport.alltoallv(
@@ -336,7 +336,7 @@ class HostPlane:
         if scale is not None:
             scale(recv)
         output = recv.reshape((rows[self.rank],) + meta.shape[1:])
-        return output if output.dtype == dtypes.numpy_dtype(meta.dtype) else aligned_copy(output, meta.dtype)
+        return output if output.dtype == dtypes.NUMPY_DTYPE[meta.dtype] else aligned_copy(output, meta.dtype)
 
 
 def _pieces(segments: Segments, rank: int) -> list[np.ndarray]:

@@ -32,7 +32,7 @@ def broadcast(comm: Communicator, cp: Any, stream: int, response: Response, requ
 
 def allgather(comm: Communicator, cp: Any, stream: int, response: Response, request: Request) -> DeviceArray:
     meta = response.meta
-    row_bytes = math.prod(meta.shape[1:]) * dtypes.numpy_dtype(meta.dtype).itemsize
+    row_bytes = math.prod(meta.shape[1:]) * dtypes.NUMPY_DTYPE[meta.dtype].itemsize
     counts = [rows * row_bytes for rows in response.per_rank]
     output = cp.empty(max(sum(counts), 1), cp.uint8)
     offset = 0
@@ -48,7 +48,7 @@ def allgather(comm: Communicator, cp: Any, stream: int, response: Response, requ
 def alltoall(comm: Communicator, cp: Any, stream: int, response: Response, request: Request) -> tuple[DeviceArray, np.ndarray]:
     meta = response.meta
     rank = comm.rank
-    row_bytes = math.prod(meta.shape[1:]) * dtypes.numpy_dtype(meta.dtype).itemsize
+    row_bytes = math.prod(meta.shape[1:]) * dtypes.NUMPY_DTYPE[meta.dtype].itemsize
     sent = [s * row_bytes for s in response.per_rank[rank]]
     received_rows = [splits[rank] for splits in response.per_rank]
     received = [rows * row_bytes for rows in received_rows]

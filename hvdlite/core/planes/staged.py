@@ -82,7 +82,7 @@ class HostStagedPlane:
         if self._groups is None:  # collective: every rank reaches its first Adasum item together
             self._groups = self._host_groups()
         average_then_adasum(self._groups, buffer)
-        result = buffer.astype(dtypes.numpy_dtype(meta.dtype)).reshape(meta.shape)
+        result = buffer.astype(dtypes.NUMPY_DTYPE[meta.dtype]).reshape(meta.shape)
         with self._cp.cuda.Device(self._device_id), self._stream:
             delivered = self._to_device(response, result, request)
             self._stream.synchronize()

@@ -40,7 +40,7 @@ class Response:
     def wire_nbytes(self) -> int:
         """Bytes the tensor occupies in the dtype it travels in (0 for a request without data)."""
         meta = self.meta
-        return self.count * dtypes.numpy_dtype(dtypes.wire_name(meta.dtype, meta.device)).itemsize if meta.dtype else 0
+        return self.count * dtypes.NUMPY_DTYPE[dtypes.wire_name(meta.dtype, meta.device)].itemsize if meta.dtype else 0
 
     @functools.cached_property
     def fusion_key(self) -> tuple:

@@ -52,13 +52,13 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _raw_st
 
 # The NumPy dtype the core holds each torch dtype in; bfloat16's is added on its first use (ml_dtypes
 # loads then: :func:`_numpy_dtype`). Looked up with ``.get`` first on the GPU paths, which run per call.
-_NUMPY_DTYPE = {dtype: dtypes.numpy_dtype(name) for dtype, name in _TORCH_TO_CORE.items() if name != "bfloat16"}
+_NUMPY_DTYPE = {dtype: dtypes.NUMPY_DTYPE[name] for dtype, name in _TORCH_TO_CORE.items() if name != "bfloat16"}
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
     """The NumPy dtype the core holds ``dtype`` in; None for one it does not move."""
     if dtype is torch.bfloat16 and dtype not in _NUMPY_DTYPE:
-        _NUMPY_DTYPE[dtype] = dtypes.numpy_dtype("bfloat16")
+        _NUMPY_DTYPE[dtype] = dtypes.NUMPY_DTYPE["bfloat16"]
     return _NUMPY_DTYPE.get(dtype)
 
 
