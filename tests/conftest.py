@@ -50,18 +50,18 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 LAST = "test_slurm.py::test_a_time_limit_ends_the_job_on_both_nodes_with_the_reason"
-# The longest groups first (worker seconds, measured 2026-11-29 on 2 cores with both workers busy:
-# tensorflow 547, torch 495, spark 453, torch_backend 320, diloco 308, the namespace files 294, jax 273,
-# fully_sharded 251, adasum 227, elastic 189, process_sets 178, docs 175, fully_sharded_torch_apis 131,
-# collectives 129, elastic_frameworks 123, ray 116, elastic_examples 80, shm 72, gpu_scripts_on_cpu 69,
-# the unit tests ~60, failures 41; trainers ~280 and the Lightning estimator's ~100 more in spark, alone
-# on 2026-12-02; Horovod's own Spark tests ~480 more in spark, alone, later that day, which makes it
-# the longest), so that neither worker is left with a long file while the other has
-# finished (xdist keeps one group queued per worker): the rest follow in file order.
-LONGEST_FIRST = ["test_spark", "test_tensorflow", "test_torch", "test_torch_backend", "test_trainers", "test_diloco", "netns",
-                 "test_jax", "test_fully_sharded", "test_adasum", "test_elastic", "test_process_sets", "test_docs",
-                 "test_fully_sharded_torch_apis", "test_collectives", "test_elastic_frameworks", "test_ray",
-                 "test_elastic_examples", "test_shm", "test_gpu_scripts_on_cpu", "unit", "test_failures"]
+# The longest groups first (worker seconds, measured on a fresh clone on 2026-12-02, 2 cores, both
+# workers busy, in a slow hour: spark 841, diloco 372, the namespace files 309, elastic 265, trainers
+# 260, torch_backend 248, fully_sharded 243, tensorflow 193, adasum 151, collectives 144, jax 139,
+# fully_sharded_torch_apis 133, elastic_frameworks 126, ray 105, process_sets 101, torch 98,
+# gpu_scripts_on_cpu 81, elastic_examples 69, shm 55, docs 38; the unit tests 141, in many short
+# items, go last with the failure tests), so that neither worker is left with a long file while the
+# other has finished (xdist keeps one group queued per worker): the rest follow in file order.
+LONGEST_FIRST = ["test_spark", "test_diloco", "netns", "test_elastic", "test_trainers", "test_torch_backend",
+                 "test_fully_sharded", "test_tensorflow", "test_adasum", "test_collectives", "test_jax",
+                 "test_fully_sharded_torch_apis", "test_elastic_frameworks", "test_ray", "test_process_sets",
+                 "test_torch", "test_gpu_scripts_on_cpu", "test_elastic_examples", "test_shm", "test_docs", "unit",
+                 "test_failures"]
 
 
 def _group(item: pytest.Item) -> str:
