@@ -33,7 +33,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
 from . import elastic  # hvd.elastic, as in Horovod
-from .collectives import (
+from .collectives.calls import (
     allgather,
     allreduce,
     alltoall,
@@ -45,11 +45,11 @@ from .collectives import (
     join,
     reducescatter,
 )
+from .collectives.state import broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression, Compressor
-from .diloco import DiLoCo
+from .data import shard_indices
 from .optimizer import DistributedOptimizer
-from .sharding import shard_indices
-from .state import broadcast_optimizer_state, broadcast_parameters
+from .slow_links.diloco import DiLoCo
 
 __all__ = [
     *_common_names, "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",

@@ -35,8 +35,8 @@ import numpy as np
 from ..elastic import FrameworkState, ObjectState, State
 from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
-from .diloco import DiLoCoState
-from .state import broadcast_parameters
+from .collectives.state import broadcast_parameters
+from .slow_links.diloco import DiLoCoState
 
 run = translating_run((jax.errors.JaxRuntimeError,))
 

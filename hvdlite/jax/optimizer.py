@@ -32,13 +32,13 @@ from ..ops import Adasum, Average, Collective, ReduceOp, Sum
 from ..process_sets import ProcessSet, global_process_set
 from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD, check_powersgd_options
-from .adasum import adasum
-from .arrays import is_traced
-from .collectives import allreduce
+from .collectives.arrays import is_traced
+from .collectives.calls import allreduce
 from .compression import Compression
-from .local_sgd import local_sgd
-from .powersgd import powersgd
-from .sharded import sharded
+from .gradients.adasum import adasum
+from .sharded.transform import sharded
+from .slow_links.local_sgd import local_sgd
+from .slow_links.powersgd import powersgd
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -63,7 +63,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     keeps ``tx``'s state for 1/N of the parameters on each rank (ZeRO-1; exact for elementwise ``tx``
     only). ``compression=Compression.powersgd(rank=, start_step=)``
     averages weight matrices as low-rank approximations with error feedback (state:
-    :class:`hvdlite.jax.powersgd.PowerSGDState`).
+    :class:`hvdlite.jax.slow_links.powersgd.PowerSGDState`).
     """
     _check_op(op)
     if op is Adasum:
@@ -148,7 +148,7 @@ def _unchanged(updates: Any) -> Any:
 def _sharded(inner: optax.GradientTransformationExtraArgs, passes: int, local_sgd_period: int | None,
              op: ReduceOp, scales: tuple[float, float], compression: type, base: str, member: bool,
              process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
-    """The sharded-state transformation (:mod:`hvdlite.jax.sharded`), refusing the options it lacks."""
+    """The sharded-state transformation (:mod:`hvdlite.jax.sharded.transform`), refusing the options it lacks."""
     for option, value, unset in (("local_sgd_period", local_sgd_period, None), ("backward_passes_per_step", passes, 1)):
         if value != unset:
             raise ValueError(f"shard_optimizer_state=True cannot be combined with {option}={value} in the optax "
@@ -158,7 +158,7 @@ def _sharded(inner: optax.GradientTransformationExtraArgs, passes: int, local_sg
 
 def _powersgd(inner: optax.GradientTransformationExtraArgs, config: PowerSGD, options: tuple, base: str,
               member: bool, process_set: ProcessSet) -> optax.GradientTransformationExtraArgs:
-    """PowerSGD's transformation (:mod:`hvdlite.jax.powersgd`); ``options``: (op, gradient_predivide_factor,
+    """PowerSGD's transformation (:mod:`hvdlite.jax.slow_links.powersgd`); ``options``: (op, gradient_predivide_factor,
     local_sgd_period, backward_passes_per_step, shard_optimizer_state), the ones it lacks refused."""
     op, predivide, local_sgd_period, passes, shard_state = options
     check_powersgd_options(op, predivide, local_sgd_period)

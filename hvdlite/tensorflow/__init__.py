@@ -27,11 +27,8 @@ if not any(getattr(rule, "_prefix", None) == "hvdlite" for rule in _autograph_co
 
 from ..common import *  # noqa: F403 - the names every adapter shares
 from ..common import __all__ as _common_names
-from . import (
-    elastic,  # hvd.elastic, as in Horovod
-    legacy,
-)
-from .collectives import (
+from . import elastic  # hvd.elastic, as in Horovod
+from .collectives.differentiable import (
     allgather,
     allreduce,
     alltoall,
@@ -43,14 +40,15 @@ from .collectives import (
     join,
     reducescatter,
 )
+from .collectives.topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
+from .collectives.variables import broadcast_, broadcast_global_variables, broadcast_variables
 from .compression import Compression, Compressor
-from .diloco import DiLoCo
 from .functions import allgather_object, broadcast_object, broadcast_object_fn  # noqa: F401 - TF argument order
-from .gradients import DistributedGradientTape, PartialDistributedGradientTape
-from .legacy import BroadcastGlobalVariablesHook
+from .gradients import legacy
+from .gradients.legacy import BroadcastGlobalVariablesHook
+from .gradients.tape import DistributedGradientTape, PartialDistributedGradientTape
+from .slow_links.diloco import DiLoCo
 from .sync_batch_norm import SyncBatchNormalization
-from .topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
-from .variables import broadcast_, broadcast_global_variables, broadcast_variables
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name

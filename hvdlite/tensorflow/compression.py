@@ -1,7 +1,7 @@
 """Gradient compression for TensorFlow tensors: the core's compressors with a TensorFlow cast."""
 
 from ..compression import Compressor, NoneCompressor, build_compression
-from .tensors import cast, core_dtype
+from .collectives.tensors import cast, core_dtype
 
 Compression = build_compression(cast, core_dtype)
 

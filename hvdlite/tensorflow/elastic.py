@@ -21,10 +21,10 @@ import tensorflow as tf
 from ..elastic import FrameworkState, ObjectState, State
 from ..elastic.run import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
-from .diloco import DiLoCo
-from .diloco_state import DiLoCoHandler
-from .optimizer import averages_every_step
-from .variables import broadcast_variables
+from .collectives.variables import broadcast_variables
+from .gradients.averaging import averages_every_step
+from .slow_links.diloco import DiLoCo
+from .slow_links.diloco_state import DiLoCoHandler
 
 run = translating_run((tf.errors.OpError,))
 

@@ -29,37 +29,18 @@ from ..ops import Average, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..training.local_sgd import LocalSGDSchedule
 from ..training.options import check_passes, predivide_scales
-from . import adasum, host_ops
-from . import local_sgd as local_sgd_module
-from .gradients import (
+from .collectives import host_ops
+from .gradients import adasum
+from .gradients.averaging import MARK, Averaging
+from .gradients.tape import (
     check_groups,
     local_layer_variables,
     reduce_except_local,
-    reduce_gradients,
-    scaled_gradients,
     source_key,
 )
+from .slow_links import local_sgd as local_sgd_module
 
-_MARK = "_hvdlite_distributed"
 _LOCAL = "_hvdlite_local_variables"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Averaging:
-    """How an optimizer reduces its gradients."""
-
-    op: ReduceOp
-    compression: type[Compressor]
-    sparse_as_dense: bool
-    gradient_predivide_factor: float
-    postscale: float  # Horovod sums accumulated micro-steps unless average_aggregated_gradients
-    process_set: ProcessSet = global_process_set
-
-    def reduce(self, grads: list[Any]) -> list[Any]:
-        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense,
-                                   self.gradient_predivide_factor, process_set=self.process_set)
-        return scaled_gradients(reduced, self.postscale)
-
 
 def _global_finite(check_finite: Any, process_set: ProcessSet) -> Any:
     """A LossScaleOptimizer check that is true only when every rank's (of the set) gradients are finite."""
@@ -96,9 +77,9 @@ def _average_before_clipping(optimizer: keras.optimizers.Optimizer,
     local_variables = getattr(optimizer, _LOCAL)
 
     def clip_gradients(grads: list[Any]) -> list[Any]:
-        averaging = getattr(optimizer, _MARK)  # read when traced: regroup() may have moved it to another set
+        averaging = getattr(optimizer, MARK)  # read when traced: regroup() may have moved it to another set
         scaler = _loss_scaler_around(optimizer)
-        if scaler is not None and not hasattr(scaler, _MARK):
+        if scaler is not None and not hasattr(scaler, MARK):
             raise ValueError(
                 "this hvdlite DistributedOptimizer is wrapped in a keras LossScaleOptimizer (model.compile does "
                 "that under the mixed_float16 policy), whose overflow check would be local to each rank. Wrap "
@@ -189,7 +170,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         raise ValueError(f"DistributedOptimizer supports op=Average or op=Sum (or op=Adasum), got {resolved.name}")
     predivide_scales(resolved, gradient_predivide_factor)
     passes = check_passes(backward_passes_per_step)
-    averaging = _Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
+    averaging = Averaging(resolved, compression, sparse_as_dense, gradient_predivide_factor,
                            float(passes) if passes > 1 and not average_aggregated_gradients else 1.0, process_set)
     optimizer, target = _loss_scaled(optimizer, process_set)
     if passes > 1:
@@ -204,9 +185,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         target._hvdlite_local_sgd = local  # DiLoCo refuses an inner optimizer that already trains locally
     _track_local_variables(optimizer, target, scale_local_gradients, refusal)
     _average_before_clipping(target, local)
-    setattr(optimizer, _MARK, averaging)
+    setattr(optimizer, MARK, averaging)
     if target is not optimizer:
-        setattr(target, _MARK, averaging)
+        setattr(target, MARK, averaging)
     return optimizer
 
 
@@ -235,7 +216,7 @@ def _check_wrappable(optimizer: Any) -> None:
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer), got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}; for a custom training loop "
                         "use hvd.DistributedGradientTape")
-    if hasattr(optimizer, _MARK):
+    if hasattr(optimizer, MARK):
         raise ValueError(f"optimizer {optimizer.name!r} is already a hvdlite DistributedOptimizer")
 
 
@@ -252,26 +233,3 @@ def _loss_scaled(optimizer: keras.optimizers.Optimizer,
         return optimizer, optimizer.inner_optimizer
     return optimizer, optimizer
 
-
-def is_distributed(optimizer: Any) -> bool:
-    """True if ``optimizer`` went through :func:`DistributedOptimizer`."""
-    return hasattr(optimizer, _MARK)
-
-
-def averages_every_step(optimizer: Any) -> bool:
-    """True for a :func:`DistributedOptimizer` whose replicas stay equal: it averages (or Adasums) every
-    step's gradients over the whole job, without local SGD."""
-    averaging = getattr(optimizer, _MARK, None)
-    local_sgd = getattr(getattr(optimizer, "inner_optimizer", optimizer), "_hvdlite_local_sgd", None)
-    return isinstance(averaging, _Averaging) and averaging.process_set is global_process_set and local_sgd is None
-
-
-def average_over(optimizer: Any, process_set: ProcessSet) -> None:
-    """Make a :func:`DistributedOptimizer` that averages gradients average them over ``process_set``
-    from its next trace on (an elastic job's re-formed sets: DiLoCo's ``regroup``)."""
-    averaging = getattr(optimizer, _MARK, None)
-    if (not isinstance(averaging, _Averaging) or isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-            or getattr(optimizer, "_hvdlite_local_sgd", None) is not None):
-        raise ValueError("DiLoCo.regroup(inner_process_set=...) needs an inner DistributedOptimizer that averages "
-                         "gradients (not Adasum, local SGD or loss scaling)")
-    setattr(optimizer, _MARK, dataclasses.replace(averaging, process_set=process_set))

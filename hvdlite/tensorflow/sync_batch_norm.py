@@ -18,7 +18,7 @@ import tensorflow as tf
 from ..errors import UnsupportedOperationError
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from .collectives import allreduce, grouped_allreduce
+from .collectives.differentiable import allreduce, grouped_allreduce
 
 
 class SyncBatchNormalization(keras.layers.BatchNormalization):

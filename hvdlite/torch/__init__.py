@@ -42,8 +42,7 @@ from .collectives.async_ops import (
     reducescatter_async,
     synchronize,
 )
-from .compression import Compression, Compressor
-from .differentiable import (
+from .collectives.differentiable import (
     allgather,
     allreduce,
     alltoall,
@@ -53,14 +52,14 @@ from .differentiable import (
     grouped_reducescatter,
     reducescatter,
 )
+from .collectives.state import broadcast_optimizer_state, broadcast_parameters
+from .compression import Compression, Compressor
 from .distributed.rendezvous import publish as _publish_rendezvous
+from .gradients.sparse import sparse_allreduce, sparse_allreduce_async
 from .optimizer import DistributedOptimizer
-from .sparse import sparse_allreduce, sparse_allreduce_async
-from .state import broadcast_optimizer_state, broadcast_parameters
 from .sync_batch_norm import SyncBatchNorm
 
 if TYPE_CHECKING:  # the names imported on first use (below), for type checkers
-    from .diloco import DiLoCo
     from .fully_sharded import (
         FullyShardedModule,
         MixedPrecisionPolicy,
@@ -73,12 +72,13 @@ if TYPE_CHECKING:  # the names imported on first use (below), for type checkers
         load_sharded_state,
         save_sharded_state,
     )
+    from .slow_links.diloco import DiLoCo
 
 distributed.register()  # dist.init_process_group("hvdlite") works once hvd.init() ran
 
 # Imported on first use: they import torch.distributed.tensor (DTensor), half a second of CPU that
 # every rank of a job without fully_shard or DiLoCo would pay at ``import hvdlite.torch``.
-_LAZY = {"DiLoCo": ".diloco", **{name: ".fully_sharded" for name in (
+_LAZY = {"DiLoCo": ".slow_links.diloco", **{name: ".fully_sharded" for name in (
     "FullyShardedModule", "MixedPrecisionPolicy", "clip_grad_norm_", "full_optimizer_state_dict", "full_state_dict",
     "fully_shard", "load_full_optimizer_state_dict", "load_full_state_dict", "load_sharded_state",
     "save_sharded_state")}}

@@ -25,14 +25,14 @@ from ..elastic.spares import before_ready
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..process_sets import global_process_set
 from ..utils.loaded import is_instance
-from .state import broadcast_optimizer_state, broadcast_parameters
+from .collectives.state import broadcast_optimizer_state, broadcast_parameters
 
 # A warm spare waits for admission inside hvd.init(): what torch imports on first use (every optimizer's
 # constructor imports torch._dynamo, 0.8 s here) it imports while it waits, not after it joined.
 before_ready(lambda: importlib.import_module("torch._dynamo"))
 
 # DiLoCo and fully_shard import DTensor (half a second): looked up only once a script imported them.
-_DILOCO = ("hvdlite.torch.diloco", "DiLoCo")
+_DILOCO = ("hvdlite.torch.slow_links.diloco", "DiLoCo")
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -136,7 +136,7 @@ def _handler_for(value: Any) -> Any:
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value)
     if is_instance(value, *_DILOCO):
-        from .diloco_state import DiLoCoHandler
+        from .slow_links.diloco_state import DiLoCoHandler
 
         return DiLoCoHandler(value)
     if isinstance(value, torch.optim.Optimizer):

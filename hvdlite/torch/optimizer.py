@@ -10,127 +10,22 @@ step pre-hook waits for all of them. ``synchronize``, ``skip_synchronize`` and a
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from .. import errors
 from ..compression import Compressor, NoneCompressor
 from ..core.runtime import current
 from ..ops import Average, Collective, ReduceOp, resolve_op
 from ..process_sets import ProcessSet, global_process_set
 from ..training.options import check_passes, predivide_scales, refuse_with_adasum
 from ..training.powersgd import PowerSGD
-from .adasum import AdasumDeltaReducer
-from .grad_sync import GradientSubmitter, name_parameters
-from .local_sgd import LocalSGD
-from .powersgd import PowerSGDReducer, powersgd_reducer
-from .step_control import TOO_MANY_PASSES, ZERO_GRAD_RACE, SkippableSynchronize
-
-
-class GradientReducer(SkippableSynchronize):
-    """The distributed half of a wrapped optimizer: hooks, in-flight reductions, synchronization."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
-                 submitter: GradientSubmitter, backward_passes_per_step: int,
-                 local_sgd: LocalSGD | None = None, powersgd: PowerSGDReducer | None = None) -> None:
-        self._optimizer = optimizer
-        self.local_sgd = local_sgd
-        self.powersgd = powersgd  # PowerSGD reduces the whole step in synchronize(), not in the hooks
-        self._submitter = submitter
-        self._names = names
-        self.backward_passes_per_step = backward_passes_per_step
-        self._delay = {p: backward_passes_per_step for p in names}
-        self._synchronized = False
-        self._should_synchronize = True
-        self._original_zero_grad = optimizer.zero_grad
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in names]
-        self._hooks.append(optimizer.register_step_pre_hook(self._before_step))
-        if local_sgd is not None and names:
-            self._hooks.append(optimizer.register_step_post_hook(local_sgd.after_step))
-
-    @property
-    def process_set(self) -> ProcessSet:
-        """The ranks whose gradients are averaged (which therefore hold the same parameters)."""
-        return self._submitter.process_set
-
-    @property
-    def communicating(self) -> bool:
-        """False in local SGD's local phase: gradients stay on their rank, parameters are averaged."""
-        return self.local_sgd is None or self.local_sgd.synchronous
-
-    # ---- hooks -------------------------------------------------------------------------------
-    def _on_gradient(self, param: torch.Tensor) -> None:
-        if self._delay[param] <= 0:
-            raise AssertionError(TOO_MANY_PASSES)
-        self._delay[param] -= 1
-        self._synchronized = False
-        if self._delay[param] == 0 and self.communicating and self.powersgd is None:
-            self._submitter.submit(param)
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called without optimizer.skip_synchronize() context after "
-                    "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
-                    "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.",
-                    stacklevel=3)
-            self.synchronize()
-        self._synchronized = False
-
-    # ---- methods bound onto the optimizer ----------------------------------------------------
-    def synchronize(self) -> None:
-        """Wait for every gradient's allreduce; gradients that never arrived are reduced as zeros."""
-        if self._synchronized and not self._submitter.in_flight:
-            return  # already done since the last backward: reducing again would only cost time
-        if not self.communicating:  # local SGD: this step's gradients are this rank's own
-            self._reset_delays()
-            self._synchronized = True
-            return
-        try:
-            if self.powersgd is not None:
-                self.powersgd.reduce()
-            else:
-                self._submitter.submit_missing([p for p in self._names if self._delay[p] > 0])
-                self._submitter.wait_all()
-        except errors.HvdliteShutdownError:  # a peer died (elastic: the step is redone in a new world)
-            self._submitter.abandon()
-            raise
-        finally:
-            self._reset_delays()
-        self._synchronized = True
-
-    def _reset_delays(self) -> None:
-        for param in self._delay:
-            self._delay[param] = self.backward_passes_per_step
-
-    def world_changed(self, process_set: ProcessSet | None = None) -> None:
-        """Elastic: the job re-formed; requests start as in a new optimizer, the same on every rank.
-        ``process_set``: the new world's set to average over (the old world's sets are gone)."""
-        if process_set is not None and (self.local_sgd is not None or self.powersgd is not None):
-            raise ValueError("a DistributedOptimizer with local SGD or PowerSGD cannot move to another process set; "
-                             "build a new one over it")
-        self._submitter.restart(process_set)
-        self._reset_delays()
-        self._synchronized = False
-        if self.local_sgd is not None:
-            self.local_sgd.restart()
-        if self.powersgd is not None:
-            self.powersgd.restart()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._submitter.in_flight:
-            raise AssertionError(ZERO_GRAD_RACE)
-        self._original_zero_grad(set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        passes = check_passes(passes)
-        self.backward_passes_per_step = passes
-        for param in self._delay:
-            self._delay[param] = passes
+from .gradients.adasum import AdasumDeltaReducer
+from .gradients.grad_sync import GradientSubmitter, name_parameters
+from .gradients.reducer import GradientReducer
+from .slow_links.local_sgd import LocalSGD
+from .slow_links.powersgd import powersgd_reducer
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovod's name)
@@ -172,7 +67,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 (Horovo
     _check_fully_sharded(optimizer, op, shard_optimizer_state, local_sgd_period, compression)
     member = current().communicators.includes(process_set, Collective.ALLREDUCE,
                                                "DistributedOptimizer's gradients")
-    if resolve_op(op) is ReduceOp.ADASUM:  # each rank steps; the parameter changes are combined (torch/adasum.py)
+    if resolve_op(op) is ReduceOp.ADASUM:  # each rank steps; the parameter changes are combined (torch/gradients/adasum.py)
         return _adasum(optimizer, names, member, passes, process_set, (compression is not NoneCompressor, groups or
                        num_groups, sparse_as_dense, local_sgd_period is not None, shard_optimizer_state))
     if shard_optimizer_state:
@@ -251,11 +146,11 @@ def _bind(optimizer: torch.optim.Optimizer, reducer: Any, names: dict[torch.Tens
 def _sharded(optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str], passes: int,
              scales: tuple[float, float], op: ReduceOp, process_set: ProcessSet,
              unsupported: dict[str, bool]) -> torch.optim.Optimizer:
-    """``optimizer`` with sharded state (see :mod:`hvdlite.torch.sharded`); ``names`` is empty off the set.
+    """``optimizer`` with sharded state (see :mod:`hvdlite.torch.sharded.reducer`); ``names`` is empty off the set.
 
     ``unsupported``: the options that sharding does not combine with, and whether each was given."""
-    from .sharded import ShardedReducer, check_shardable
-    from .sharded_state import ShardedCheckpoints
+    from .sharded.checkpoint import ShardedCheckpoints
+    from .sharded.reducer import ShardedReducer, check_shardable
 
     given = [name for name, used in unsupported.items() if used]
     if given:

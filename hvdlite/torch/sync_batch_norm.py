@@ -21,7 +21,7 @@ from ..core.runtime import current
 from ..ops import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..training import batch_norm as rules
-from . import differentiable
+from .collectives import differentiable
 
 _LAYERS = "torch.sync_batch_norm"  # runtime state: the counter that names each layer's collectives
 

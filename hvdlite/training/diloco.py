@@ -1,4 +1,4 @@
-"""DiLoCo's schedule and fragments, written once for torch, Keras and JAX (see :mod:`hvdlite.torch.diloco`).
+"""DiLoCo's schedule and fragments, written once for torch, Keras and JAX (see :mod:`hvdlite.torch.slow_links.diloco`).
 
 DiLoCo (Douillard et al., 2023): each group of ranks trains on its own for ``sync_every`` (H) inner
 steps; then every rank's pseudo-gradient ``global - local`` is averaged over the DiLoCo process set

@@ -1,6 +1,6 @@
 """DiLoCo's exchange on NumPy arrays, for the adapters whose arrays reach the host (JAX, Keras).
 
-The same codecs as torch's (:mod:`hvdlite.torch.diloco_exchange`, where the reasons are given):
+The same codecs as torch's (:mod:`hvdlite.torch.slow_links.diloco_exchange`, where the reasons are given):
 ``None`` averages the pseudo-gradients in one grouped allreduce; ``"bf16"`` and ``"int8"`` encode
 each rank's pseudo-gradients, allgather the encodings and decode and average them in float32, in
 rank order, so every rank computes the same average. ``int8`` is blocks of :data:`BLOCK` values

@@ -1,4 +1,4 @@
-"""Local SGD's schedule, written once for torch, Keras and JAX (see :mod:`hvdlite.torch.local_sgd`).
+"""Local SGD's schedule, written once for torch, Keras and JAX (see :mod:`hvdlite.torch.slow_links.local_sgd`).
 
 Post-local SGD (Lin et al., 2020; torch's ``PostLocalSGDOptimizer``): updates ``0 .. W-1`` are
 synchronous (gradients averaged), after them each rank updates alone and the parameters are

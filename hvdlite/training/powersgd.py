@@ -8,7 +8,7 @@ per rank (error feedback) and added to the next step's gradient, so nothing is l
 ``Q`` persists from step to step (warm start: one power iteration per step refines it).
 
 This module is the framework-neutral part, used by the torch adapter
-(:mod:`hvdlite.torch.powersgd`) and the optax one (:mod:`hvdlite.jax.powersgd`): the
+(:mod:`hvdlite.torch.slow_links.powersgd`) and the optax one (:mod:`hvdlite.jax.slow_links.powersgd`): the
 :class:`PowerSGD` configuration that ``Compression.powersgd(...)`` returns, which tensors are
 compressed and as what matrix, and the seeded initial ``Q``. As in torch's ``powerSGD_hook``,
 the first ``start_step`` steps are plain averaging (early training is sensitive to the

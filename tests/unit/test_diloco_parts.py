@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvdlite.torch.diloco_exchange import BLOCK, dequantize_int8, make_exchange, quantize_int8
+from hvdlite.torch.slow_links.diloco_exchange import BLOCK, dequantize_int8, make_exchange, quantize_int8
 from hvdlite.training.diloco import DiLoCoSchedule, describe_mismatch, split_fragments
 
 

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 import hvdlite.jax as hvd
-from hvdlite.jax import arrays, collectives
+from hvdlite.jax.collectives import arrays
+from hvdlite.jax.collectives import calls as collectives
 from hvdlite.utils.buffers import aligned_empty
 
 
@@ -76,7 +77,7 @@ def test_the_adapter_exports_the_core_names_and_its_own():
 
 
 def test_local_sgd_needs_params_and_checks_its_counts():
-    from hvdlite.jax.local_sgd import local_sgd
+    from hvdlite.jax.slow_links.local_sgd import local_sgd
     from hvdlite.process_sets import global_process_set
 
     inner = optax.with_extra_args_support(optax.sgd(0.1))
@@ -94,8 +95,8 @@ def test_local_sgd_needs_params_and_checks_its_counts():
 
 
 def test_an_elastic_sync_zeroes_int8_residuals_of_every_diloco_state_and_keeps_the_rest():
-    from hvdlite.jax.diloco import DiLoCoState
     from hvdlite.jax.elastic import _without_residuals
+    from hvdlite.jax.slow_links.diloco import DiLoCoState
 
     def diloco_state(residual):
         return DiLoCoState(jnp.asarray(3), jnp.asarray(1), (), (), [jnp.ones(2)], [], [], [jnp.full(2, residual)])

@@ -1,4 +1,4 @@
-"""hvdlite.jax.sharded's pure parts: flat layout, padding, blocks, the way back; the path outside the set."""
+"""hvdlite.jax.sharded.transform's pure parts: flat layout, padding, blocks, the way back; the path outside the set."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from hvdlite.jax import Compression
-from hvdlite.jax.sharded import ShardedState, flatten, plan_layout, sharded, take_block, unflatten
+from hvdlite.jax.sharded.transform import ShardedState, flatten, plan_layout, sharded, take_block, unflatten
 from hvdlite.ops import Average
 from hvdlite.process_sets import global_process_set
 

@@ -13,7 +13,7 @@ import torch
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.ops import Average, Sum
 from hvdlite.torch.compression import Compression
-from hvdlite.torch.powersgd import PowerSGDState, orthogonalize_, powersgd_step
+from hvdlite.torch.slow_links.powersgd import PowerSGDState, orthogonalize_, powersgd_step
 from hvdlite.training.powersgd import PowerSGD, check_powersgd_options, matrix_shape
 
 
@@ -227,7 +227,7 @@ def test_orthogonalize_gives_orthonormal_columns_and_survives_zeros():
 # ---- the jnp math -----------------------------------------------------------------------------------
 def test_the_jax_round_matches_the_torch_step_and_agrees_across_ranks():
     jnp = pytest.importorskip("jax.numpy")
-    from hvdlite.jax.powersgd import init_factors, powersgd_round
+    from hvdlite.jax.slow_links.powersgd import init_factors, powersgd_round
 
     config = PowerSGD(rank=2, start_step=0)
     size = 3

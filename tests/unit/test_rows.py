@@ -13,7 +13,7 @@ def test_equal_shares_with_the_remainder_on_the_first_ranks(rows, size, want):
 
 def test_every_user_imports_the_same_function():
     from hvdlite.core.planes import host, nccl_moves
-    from hvdlite.jax import collectives as jax_collectives
-    from hvdlite.tensorflow import host_ops
+    from hvdlite.jax.collectives import calls as jax_collectives
+    from hvdlite.tensorflow.collectives import host_ops
 
     assert host.scatter_rows is nccl_moves.scatter_rows is jax_collectives.scatter_rows is host_ops.scatter_rows

@@ -249,3 +249,19 @@ def test_only_the_settings_module_touches_the_environment():
                 readers += [f"{path.relative_to(ROOT)}:{node.lineno}" for alias in node.names
                             if alias.name in ("environ", "getenv")]
     assert readers and all(reader.startswith("hvdlite/settings/config.py:") for reader in readers), readers
+
+
+SHARED_ROOMS = {"collectives", "gradients", "slow_links", "sharded"}  # docs/how-it-works.md, "Inside an adapter"
+OWN_ROOMS = {"torch": {"distributed", "fully_sharded", "bootstrap"}, "tensorflow": {"keras"}, "jax": set()}
+MAX_ADAPTER_TOP_LEVEL_MODULES = 8
+
+
+def test_every_adapter_keeps_its_modules_in_the_same_rooms():
+    for adapter, own in OWN_ROOMS.items():
+        folder = PACKAGES["hvdlite"] / adapter
+        rooms = {path.name for path in folder.iterdir() if path.is_dir() and path.name != "__pycache__"}
+        assert rooms - own <= SHARED_ROOMS, f"hvdlite/{adapter}/ has rooms the others lack: {rooms - own - SHARED_ROOMS}"
+        assert {"collectives", "gradients", "slow_links"} <= rooms, f"hvdlite/{adapter}/ lacks a shared room"
+        top = sorted(path.stem for path in folder.glob("*.py"))
+        assert "optimizer" in top, "DistributedOptimizer picks among the rooms, so it sits above them"
+        assert len(top) <= MAX_ADAPTER_TOP_LEVEL_MODULES, f"{len(top)} modules at hvdlite/{adapter}/'s top level: {top}"

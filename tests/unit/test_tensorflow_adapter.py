@@ -8,10 +8,11 @@ import tensorflow as tf
 from hvdlite.core.work.naming import diverged_generated_names
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.ops import ReduceOp
+from hvdlite.tensorflow.collectives.tensors import as_tensor, core_dtype, graph_name, run_on_host
 from hvdlite.tensorflow.compression import Compression
-from hvdlite.tensorflow.gradients import DistributedGradientTape, predivide_scales
-from hvdlite.tensorflow.optimizer import DistributedOptimizer, is_distributed
-from hvdlite.tensorflow.tensors import as_tensor, core_dtype, graph_name, run_on_host
+from hvdlite.tensorflow.gradients.averaging import is_distributed
+from hvdlite.tensorflow.gradients.tape import DistributedGradientTape, predivide_scales
+from hvdlite.tensorflow.optimizer import DistributedOptimizer
 from hvdlite.utils import dtypes
 
 

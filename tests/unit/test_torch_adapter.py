@@ -7,8 +7,8 @@ import torch
 from hvdlite.errors import UnsupportedOperationError
 from hvdlite.torch.collectives.tensors import from_numpy, is_aliased, to_numpy
 from hvdlite.torch.compression import Compression
-from hvdlite.torch.grad_sync import _split_groups, name_parameters
-from hvdlite.torch.sparse import empty_gradient
+from hvdlite.torch.gradients.grad_sync import _split_groups, name_parameters
+from hvdlite.torch.gradients.sparse import empty_gradient
 from hvdlite.utils import dtypes
 
 

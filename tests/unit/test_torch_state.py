@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hvdlite.torch.state import receiving_device
+from hvdlite.torch.collectives.state import receiving_device
 
 
 def _optimizer(*devices: torch.device) -> SimpleNamespace:

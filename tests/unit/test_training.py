@@ -48,7 +48,7 @@ def _jax_optimizer(**options):
 def _tape(**options):
     import tensorflow as tf
 
-    from hvdlite.tensorflow.gradients import DistributedGradientTape
+    from hvdlite.tensorflow.gradients.tape import DistributedGradientTape
 
     return DistributedGradientTape(tf.GradientTape(), **options)
 
@@ -159,7 +159,7 @@ def test_torch_sparse_gradient_with_max_is_refused_naming_tensor_and_op():
     import torch
 
     from hvdlite.compression import NoneCompressor
-    from hvdlite.torch.grad_sync import GradientSubmitter
+    from hvdlite.torch.gradients.grad_sync import GradientSubmitter
 
     embedding = torch.nn.Embedding(4, 2, sparse=True)
     embedding(torch.tensor([1])).sum().backward()
@@ -186,7 +186,7 @@ def test_local_sgd_counts_are_checked_by_name():
     import torch
 
     from hvdlite.process_sets import global_process_set
-    from hvdlite.torch.local_sgd import LocalSGD
+    from hvdlite.torch.slow_links.local_sgd import LocalSGD
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

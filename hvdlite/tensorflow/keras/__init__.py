@@ -16,11 +16,11 @@ from ...common import *  # noqa: F403 - the names every adapter shares
 from ...common import __all__ as _common_names
 from ...compression import Compressor, NoneCompressor
 from ...ops import ReduceOp
-from .. import collectives
+from ..collectives import differentiable as collectives
 from ..compression import Compression
-from ..diloco import DiLoCo
 from ..functions import allgather_object, broadcast_object  # noqa: F401 - TF argument order
 from ..optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ..slow_links.diloco import DiLoCo
 from . import callbacks, elastic
 from .state import broadcast_global_variables, load_model
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from ... import basics
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from .. import host_ops
+from ..collectives import host_ops
 from .state import broadcast_model
 
 

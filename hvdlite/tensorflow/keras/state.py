@@ -9,8 +9,9 @@ import keras
 
 from ...compression import Compressor, NoneCompressor
 from ...process_sets import ProcessSet, global_process_set
-from ..optimizer import DistributedOptimizer, is_distributed
-from ..variables import broadcast_variables
+from ..collectives.variables import broadcast_variables
+from ..gradients.averaging import is_distributed
+from ..optimizer import DistributedOptimizer
 
 
 def broadcast_model(model: keras.Model, root_rank: int, process_set: ProcessSet = global_process_set,

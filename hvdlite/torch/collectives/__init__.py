@@ -1,4 +1,5 @@
-"""Torch tensors' way into the core: their conversion to the core's arrays (:mod:`.tensors`) and the
-asynchronous and in-place collectives on them (:mod:`.async_ops`). Everything else in
-``hvdlite.torch`` (the optimizer wrappers, ``fully_shard``, the differentiable forms) builds on these.
+"""Torch tensors' way into the core: their conversion to the core's arrays (:mod:`.tensors`), the
+asynchronous and in-place collectives on them (:mod:`.async_ops`) and the blocking ones, differentiable
+as in Horovod (:mod:`.differentiable`). Everything else in ``hvdlite.torch`` (the optimizer wrappers,
+``fully_shard``) builds on these.
 """

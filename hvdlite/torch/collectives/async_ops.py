@@ -2,7 +2,7 @@
 
 Every function returns a handle for :func:`synchronize` / :func:`poll`; synchronizing gives torch
 tensors (in-place forms give back the tensor they were called on). Nothing here is differentiable;
-:mod:`hvdlite.torch.differentiable` builds the autograd-aware blocking forms on top.
+:mod:`hvdlite.torch.collectives.differentiable` builds the autograd-aware blocking forms on top.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
-from hvdlite.jax.powersgd import PowerSGDState  # noqa: E402
+from hvdlite.jax.slow_links.powersgd import PowerSGDState  # noqa: E402
 
 STEPS, START, RANK, LR = 6, 2, 2, 0.1
 COMPRESSED = "w"  # (16 + 12) * 2 * 2 < 16 * 12 is compressed; (3 + 4) * 2 * 2 >= 3 * 4 is not

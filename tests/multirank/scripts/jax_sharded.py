@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import hvdlite.jax as hvd  # noqa: E402
-from hvdlite.jax.sharded import ShardedState  # noqa: E402
+from hvdlite.jax.sharded.transform import ShardedState  # noqa: E402
 
 STEPS, TOTAL = 5, 25
 

@@ -25,7 +25,7 @@ import torch
 from diloco_common import ReplaySchedule, expect_refusal, make_sets
 
 import hvdlite.torch as hvd
-from hvdlite.torch.diloco_exchange import SlicedExchange, dequantize_int8, quantize_int8
+from hvdlite.torch.slow_links.diloco_exchange import SlicedExchange, dequantize_int8, quantize_int8
 from hvdlite.training.diloco import DiLoCoSchedule, split_fragments
 
 SYNC_EVERY, STEPS, CHECKPOINT_AT = 4, 13, 6
