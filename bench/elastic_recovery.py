@@ -9,11 +9,12 @@ processes, restore the last commit and go on), and under ``torchrun --nproc-per-
 --max-restarts 1`` with gloo (the same kill; torchrun restarts all three workers, which reload the
 checkpoint rank 0 saved every step). It reports the seconds from the kill to the first step
 completed afterwards, their ratio, and the cost of hvdlite's ``state.commit()`` per MB of state.
-Three more jobs per rep measure a join: np=2 under ``--host-discovery-script``, one slot
+Four more jobs per rep measure a join: np=2 under ``--host-discovery-script``, one slot
 added mid-run, from the host list's change (and from hvdliterun's publication of it, after its 1 s
-poll) to the first step of the grown world: filled by a new process, then by a warm spare
-(``--warm-spares 1``, the slot added once the spare is ready), then by a warm spare with the
-discovery script polled every 0.2 s. Another stops (SIGSTOP)
+poll) to the first step of the grown world, and the longest pause of rank 0's steps meanwhile: filled
+by a new process started while the job trains (the default), by a new process the job waits for
+(``--cold-joins``), by a warm spare (``--warm-spares 1``, the slot added once the spare is ready), and
+by a warm spare with the discovery script polled every 0.2 s. Another stops (SIGSTOP)
 the last rank instead of killing it: a silent rank, in no list of the dead, found at the
 communication deadline (SILENT_DEADLINE s) plus the probe window; reported beyond the deadline. Then torch, Keras and
 JAX recover from the same kill in the tests' shrink scripts (a small model). ``--plot PATH`` draws the
@@ -42,10 +43,12 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
 
 
 SILENT_DEADLINE = 4.0  # --comm-timeout-seconds of the silent-rank job
-# The join jobs: a new process, a warm spare, and a warm spare with the discovery script polled 5 times a second.
-JOIN_FLAGS = {"join": [], "warm": ["--warm-spares", "1"],
+# The join jobs: a new process started while the job trains (the default), one the job waits for
+# (--cold-joins), a warm spare, and a warm spare with the discovery script polled 5 times a second.
+JOIN_FLAGS = {"join": [], "cold": ["--cold-joins"], "warm": ["--warm-spares", "1"],
               "warmfast": ["--warm-spares", "1", "--host-discovery-interval", "0.2"]}
-JOIN_LABELS = {"join": "a new process (cold: starts, imports torch)", "warm": "--warm-spares 1 (ready)",
+JOIN_LABELS = {"join": "a new process, started while the job trains (default)",
+               "cold": "a new process, the job waiting in MPI's spawn (--cold-joins)", "warm": "--warm-spares 1 (ready)",
                "warmfast": "--warm-spares 1, --host-discovery-interval 0.2"}
 
 
@@ -60,7 +63,8 @@ def run_once(mode: str) -> dict[str, float]:
             with open(os.path.join(results, "hosts"), "w") as handle:
                 handle.write("localhost:2\n")
             command = [hvdliterun, "--min-np", "2", *JOIN_FLAGS[mode], "--host-discovery-script",
-                       f"cat {results}/hosts", sys.executable, WORKER, "warm" if JOIN_FLAGS[mode] else "join", results]
+                       f"cat {results}/hosts", sys.executable, WORKER, "warm" if "--warm-spares" in JOIN_FLAGS[mode] else "join",
+                       results]
         else:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
                        "--max-restarts", "1", WORKER, mode, results]
@@ -68,7 +72,8 @@ def run_once(mode: str) -> dict[str, float]:
         if done.returncode != 0:
             raise SystemExit(f"{mode} job failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return {name: json.load(open(os.path.join(results, name)))
-                for name in ("recovered", "commit_ms_per_mb", "joined", "joined_after_publish") if os.path.exists(os.path.join(results, name))}
+                for name in ("recovered", "commit_ms_per_mb", "joined", "joined_after_publish", "longest_pause")
+                if os.path.exists(os.path.join(results, name))}
 
 
 SHRINK_SCRIPTS = {framework: str(ROOT / "tests" / "multirank" / "scripts" / name) for framework, name in
@@ -102,11 +107,12 @@ def print_joins(joins: dict[str, list[dict[str, float]]]) -> None:
     """The join table: a new process (cold) against a warm spare, from the discovery file's change and
     from hvdliterun's publication of the new list (after its 1 s poll), to the first step of 3 ranks."""
     print("\n| join 2 -> 3 under --host-discovery-script | file written -> first step at 3, s (median) | all reps "
-          "| launcher published -> first step at 3, s (median) | all reps |\n|---|---|---|---|---|")
+          "| launcher published -> first step at 3, s (median) | all reps | longest pause of rank 0's steps "
+          "meanwhile, s (median) | all reps |\n|---|---|---|---|---|---|---|")
     for mode, label in JOIN_LABELS.items():
         for_mode = joins[mode]
         cells = []
-        for key in ("joined", "joined_after_publish"):
+        for key in ("joined", "joined_after_publish", "longest_pause"):
             values = [run[key] for run in for_mode]
             cells += [f"{statistics.median(values):.3f}", ", ".join(f"{x:.3f}" for x in values)]
         print(f"| {label} | {' | '.join(cells)} |")

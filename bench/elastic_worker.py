@@ -82,7 +82,9 @@ def join_worker(results: str, warm: bool = False) -> None:
     """np=2 under a discovery script that prints RESULTS/hosts: rank 0 adds a slot at step KILL_AT (with
     ``warm``, once its warm spare is ready too); the time from that write to the first step the grown
     world (3 ranks) completes is the join time (``joined``), and from hvdliterun's publication of the
-    new list (its 1 s poll saw the change) to that step, ``joined_after_publish``."""
+    new list (its 1 s poll saw the change) to that step, ``joined_after_publish``; the longest time
+    between two of rank 0's steps meanwhile (the world standing still: 20 ms of sleep and ~10 ms of
+    step when nothing waits), ``longest_pause``."""
     import hvdlite.torch as hvd
     from hvdlite.elastic import spares
 
@@ -92,9 +94,11 @@ def join_worker(results: str, warm: bool = False) -> None:
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     published = os.path.join(os.environ["HVDLITE_RUN_DIR"], "elastic.hosts")
 
+    pauses = {"last": 0.0, "longest": 0.0}  # rank 0's longest time between two steps, from the slot's addition
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
-        for at in range(state.step, 400):
+        for at in range(state.step, 600):
             ready = not warm or sum(spares.mine().count(ready=True).values()) > 0
             if hvd.size() == 2 and hvd.rank() == 0 and at >= KILL_AT and ready and not os.path.exists(
                     os.path.join(results, "added_at")):
@@ -103,12 +107,16 @@ def join_worker(results: str, warm: bool = False) -> None:
                     handle.write("localhost:3\n")
                 os.replace(os.path.join(results, "hosts.tmp"), os.path.join(results, "hosts"))
             step(model, optimizer)
+            if hvd.rank() == 0 and pauses["last"] and os.path.exists(os.path.join(results, "added_at")):
+                pauses["longest"] = max(pauses["longest"], time.time() - pauses["last"])
+            pauses["last"] = time.time()
             if hvd.size() == 3:
                 if hvd.rank() == 0 and not os.path.exists(os.path.join(results, "joined")):
                     now = time.time()
                     with open(os.path.join(results, "added_at")) as handle:
                         record(results, "joined", now - json.load(handle))
                     record(results, "joined_after_publish", now - os.path.getmtime(published))
+                    record(results, "longest_pause", pauses["longest"])
                 if at >= state.step + 2:
                     return
             state.step = at + 1

@@ -25,12 +25,14 @@ SPAWN_AFTER_DEATH_SECONDS = 1.0
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A change of the world: new ranks per host, the current ranks (comm ranks) that leave, and the
-    warm spares rank 0 admits; ``warm``: hosts where rank 0 starts a spare now (not a change)."""
+    warm spares rank 0 admits; ``warm``: hosts where rank 0 starts a spare now (not a change), of
+    which ``deferred`` serve new ranks the host list asks for (admitted at a later commit)."""
 
     spawn: tuple[tuple[str, int], ...] = ()
     remove: tuple[int, ...] = ()
     admit: int = 0
     warm: tuple[str, ...] = ()
+    deferred: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.spawn or self.remove or self.admit)
@@ -138,6 +140,13 @@ def served_by_spares(plan: Plan, ready: Mapping[str, int], starting: Mapping[str
     if plan.spawn and any(starting.values()):
         return Plan(remove=plan.remove), {}
     return plan, {}
+
+
+def as_spares(plan: Plan) -> Plan:
+    """``plan`` with its new ranks started as spares instead (one a slot, on its host): the world trains
+    on unchanged and admits them at a later commit, once they are ready (:func:`served_by_spares`)."""
+    return Plan(remove=plan.remove, warm=tuple(host for host, count in plan.spawn for _ in range(count)),
+                deferred=plan.new_ranks)
 
 
 def read_hosts_file(path: str) -> tuple[dict[str, int], bool] | None:

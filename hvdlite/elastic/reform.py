@@ -17,6 +17,7 @@ over. What MPICH 5 + Hydra can do, measured: ``docs/design/elastic-mpi.md``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -33,7 +34,7 @@ from . import joining
 from .agreement import Agreed, agree
 from .channel import ChannelError, request
 from .forming import create_group, watched, watched_start
-from .hosts import HOSTS_FILE, HostBook, Plan, read_hosts_file, served_by_spares
+from .hosts import HOSTS_FILE, HostBook, Plan, as_spares, read_hosts_file, served_by_spares
 from .spares import exited, mark, mine
 
 log = logging.getLogger("hvdlite")
@@ -156,8 +157,10 @@ def elastic_mode() -> bool:
 def propose(warm: bool = True) -> Plan:
     """Rank 0's plan for the current world (empty outside elastic mode); other ranks get it by broadcast.
 
-    With ``--warm-spares``, ready spares replace the plan's new ranks, and with ``warm`` a plan that
-    changes nothing names the hosts to start missing spares on (:func:`start_spares` starts them)."""
+    Ready spares replace the plan's new ranks. With ``warm`` (a commit's plan), new ranks without a
+    ready spare are started as spares, admitted at a later commit (unless ``--cold-joins``), and a plan
+    that changes nothing names the hosts to start missing ``--warm-spares`` on (:func:`start_spares`
+    starts them); without it (below ``--min-np``, nothing to train meanwhile) they are spawned now."""
     world = runtime.current()
     if not world.config.elastic_min_np or world.topology.rank != 0:
         return Plan()
@@ -173,7 +176,10 @@ def propose(warm: bool = True) -> Plan:
         if found is not None:
             book.hosts, book.discovery = found
     plan = book.plan(list(world.slot_hosts), now)
-    return _with_spares(world, plan, now, warm) if world.config.elastic_warm_spares else plan
+    config = world.config
+    if config.elastic_warm_spares or (warm and not config.elastic_cold_joins):
+        return _with_spares(world, plan, now, warm)
+    return plan
 
 
 def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> Plan:
@@ -182,11 +188,18 @@ def _with_spares(world: runtime.Runtime, plan: Plan, now: float, warm: bool) -> 
     spares.exited = lambda ids: exited(config.run_dir, config.elastic_service, config.elastic_token, ids)
     spares.abandon = lambda process_id: mark(config.run_dir, config.elastic_service, config.elastic_token, process_id,
                                              abandoned=True)
+    if spares.deferred_starting():  # new ranks are on their way: a dead one is seen at the next look
+        spares.forget_gone()
+        return Plan(remove=plan.remove)
     spares.forget_gone(now=bool(plan.spawn))
     ready, starting = spares.count(ready=True), spares.count(ready=False)
     if 0 not in plan.remove:  # rank 0 leaving takes its spares with it: cold spawns as before
         plan, per_host = served_by_spares(plan, ready, starting)
         spares.choose(per_host)
+        if plan.spawn and warm and not config.elastic_cold_joins and not spares.given_up:
+            # New ranks start as spares while the world trains, and join once ready (a later commit):
+            # no one waits in MPI's spawn for their imports, nor hangs there on a death elsewhere.
+            return as_spares(plan)
     if plan or not warm:
         return plan
     on_hosts = {host: ready.get(host, 0) + starting.get(host, 0) for host in _book(world).hosts}
@@ -199,12 +212,17 @@ def start_spares(plan: Plan) -> None:
     spawned ranks', so every rank's book must count them); rank 0 starts them."""
     world = runtime.current()
     book = _book(world)
-    for host in plan.warm:
+    for index, host in enumerate(plan.warm):
         book.generation += 1
         if world.topology.rank == 0:
             config = world.config
             mark(config.run_dir, config.elastic_service, config.elastic_token, f"g{book.generation}.0")
-            mine().start(host, f"g{book.generation}.", joining.spare_command(world.process_ids[0]))
+            mine().start(host, f"g{book.generation}.", joining.spare_command(world.process_ids[0]),
+                         deferred=index < plan.deferred)
+    if plan.deferred and world.topology.rank == 0:
+        per_host = collections.Counter(plan.warm[:plan.deferred])
+        log.warning("starting %d new rank(s) on %s; the job trains on and admits them once they are ready",
+                    plan.deferred, ", ".join(f"{host}:{count}" for host, count in per_host.items()))
 
 
 def apply(plan: Plan) -> None:

@@ -1,7 +1,9 @@
-"""Warm spares: processes an elastic job starts ahead and admits when a slot opens (``--warm-spares N``).
+"""Spares: processes an elastic job starts outside the world and admits at a commit once they are ready:
+every new rank (started when its slot opens, unless ``--cold-joins``) and the warm spares kept
+ahead (``--warm-spares N``).
 
-A join otherwise waits for a new process to start and import its framework (seconds for torch)
-while the whole world stands in ``MPI_Comm_spawn``. A spare is started early instead, by rank 0
+A cold join waits for a new process to start and import its framework (seconds for torch) while
+the whole world stands in ``MPI_Comm_spawn``. A spare is started instead, by rank 0
 alone (``MPI_Comm_spawn`` over ``COMM_SELF``, on a helper thread, so training goes on): it runs the
 training script up to ``hvd.init()``, tells rank 0 it is ready, and waits outside the world, polling
 every few milliseconds (no busy MPI wait, so it holds memory but hardly any CPU). When rank 0's
@@ -48,6 +50,8 @@ POLL_SECONDS = 0.005  # a waiting spare looks for rank 0's word this often
 SPAWNER_LOOK_SECONDS = 0.5  # and whether rank 0 still runs this often
 DISMISS_WAIT_SECONDS = 60.0  # at the end, how long rank 0 waits for a spare still starting
 SPAWN_FAILURES_ALLOWED = 3
+# A plan may start several spares at once; MPICH was not measured to survive concurrent spawns.
+_ONE_SPAWN_AT_A_TIME = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -60,6 +64,7 @@ class Spare:
     inter: Any = None  # rank 0 <-> spare, from MPI_Comm_spawn (merged only at admission: a blocking call)
     ready: bool = False
     failed: BaseException | None = None
+    deferred: bool = False  # started for a slot the host list asks for now, not kept ahead
 
     @property
     def started(self) -> bool:
@@ -89,10 +94,11 @@ class Spares:
         self._next_look = 0.0
         self._dismiss_registered = False
 
-    def start(self, host: str, prefix: str, command: Callable[[str], tuple[str, list[str]]]) -> None:
+    def start(self, host: str, prefix: str, command: Callable[[str], tuple[str, list[str]]],
+              deferred: bool = False) -> None:
         """Start a spare on ``host`` (its ids ``prefix`` + rank) on a helper thread; ``command(prefix)``
-        gives the program and arguments to spawn."""
-        spare = Spare(host, prefix + "0")
+        gives the program and arguments to spawn; ``deferred``: for a slot open now (see ``Spare``)."""
+        spare = Spare(host, prefix + "0", deferred=deferred)
         spare.thread = threading.Thread(target=_spawn, args=(spare, *command(prefix)), name="hvdlite-spare",
                                         daemon=True)
         spare.thread.start()
@@ -137,6 +143,11 @@ class Spares:
                 counts[spare.host] = counts.get(spare.host, 0) + 1
         return counts
 
+    def deferred_starting(self) -> bool:
+        """Whether a spare started for an open slot is still starting: the slots a plan asked for at
+        once are filled at once (a DiLoCo group joins whole), when all of them are ready."""
+        return any(spare.deferred and not spare.look_ready() for spare in self.waiting)
+
     def choose(self, per_host: dict[str, int]) -> None:
         """Set ``per_host[host]`` ready spares on each host aside for the plan's admission."""
         for host, count in per_host.items():
@@ -180,7 +191,7 @@ def _spawn(spare: Spare, program: str, args: list[str]) -> None:
     info.Set("host", spare.host)
     info.Set("wdir", os.getcwd())
     try:
-        with spawning():
+        with _ONE_SPAWN_AT_A_TIME, spawning():
             spare.inter = MPI.COMM_SELF.Spawn(program, args, 1, info, root=0)
     except Exception as error:  # noqa: BLE001 - reported by forget_gone on the training thread
         spare.failed = error

@@ -89,7 +89,8 @@ class State:
         if plan:
             self.pending_plan = plan
             raise HostsUpdatedInterrupt(skip_sync=not plan.new_ranks)
-        if self._last_updated_timestamp > previous:
+        # New ranks that start as spares first change the world at their admission, not now.
+        if self._last_updated_timestamp > previous and not (plan is not None and plan.deferred):
             raise HostsUpdatedInterrupt()
 
     def save(self) -> None:

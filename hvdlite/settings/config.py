@@ -69,6 +69,7 @@ class Config:
     elastic_cooldown: tuple[float, float] = (0.0, 0.0)  # (0, 0): a failed host is blacklisted for good
     elastic_spawn_prefix: str = ""  # set for processes the job spawned (their rank status files' prefix)
     elastic_warm_spares: int = 0  # processes rank 0 keeps started ahead, admitted when a slot opens
+    elastic_cold_joins: bool = False  # new ranks start while the world waits in MPI's spawn, not as spares first
     elastic_spare_of: str = ""  # set in a warm spare: the process id of the rank that started it
     elastic_service: str = ""  # hvdliterun's control channel (hvdlite/elastic/channel.py)
     elastic_token: str = dataclasses.field(default="", repr=False)  # a secret: kept out of logs
@@ -239,6 +240,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HVDLITE_ELASTIC_WARM_SPARES", "elastic_warm_spares", non_negative_int,
             "elastic: processes kept started ahead (the script run up to hvd.init(), its framework imported), "
             "admitted at a commit when a slot opens instead of a new process", Flag(("--warm-spares",), int)),
+    Setting("HVDLITE_ELASTIC_COLD_JOINS", "elastic_cold_joins", flag,
+            "elastic: new ranks start while the whole job waits in MPI's spawn (as before hvdlite started each "
+            "as a spare, admitted once its framework is imported, while the job trains)", _switch("--cold-joins")),
     Setting("HVDLITE_ELASTIC_SPARE_OF", "elastic_spare_of", any_text,
             "elastic: set in a warm spare (by hvdlite itself): the process id of the rank that started it"),
     Setting("HVDLITE_ELASTIC_SERVICE", "elastic_service", any_text,

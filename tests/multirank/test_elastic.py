@@ -66,7 +66,8 @@ def _went_on_through_a_failed_join(result) -> None:
 def test_a_rank_that_dies_while_new_ranks_start_leaves_the_others_and_the_job_fills_its_slots_again():
     # np=4: rank 3 dies; at the commit that refills its slot, rank 1 dies 0.3 s into MPI_Comm_spawn (MPICH
     # waited for it there for ever): the two left re-form, the new process ends itself, the slots fill again.
-    result = run_job([*_REFILL_AT_ONCE, "python", str(SCRIPTS / "elastic_join_death.py"), "spawn"], np=4, timeout=240)
+    result = run_job([*_REFILL_AT_ONCE, "--cold-joins", "python", str(SCRIPTS / "elastic_join_death.py"), "spawn"],
+                     np=4, timeout=240)
     _went_on_through_a_failed_join(result)
     assert "the job gave new rank g1.0 up" in result.output, result.output
 
@@ -82,7 +83,7 @@ def test_a_rank_that_dies_while_a_warm_spare_is_admitted_leaves_the_others_and_t
 def test_a_new_rank_that_stops_while_it_joins_is_given_up_at_the_start_timeout_and_the_slot_fills_again():
     # np=4: rank 3 dies; the rank spawned into its slot stops (SIGSTOP) inside hvd.init(), which held the
     # three in MPICH's spawn for ever: after --start-timeout + the communication deadline they go on.
-    result = run_job([*_REFILL_AT_ONCE, "--start-timeout", "15", "--comm-timeout-seconds", "5", "python",
+    result = run_job([*_REFILL_AT_ONCE, "--cold-joins", "--start-timeout", "15", "--comm-timeout-seconds", "5", "python",
                       str(SCRIPTS / "elastic_join_death.py"), "stall"], np=4, timeout=240)
     assert result.returncode == 0, result.output
     assert "new rank(s) [g1.0] did not join within 20 s" in result.output, result.output
@@ -116,7 +117,8 @@ def test_the_job_grows_into_a_slot_the_discovery_script_adds(tmp_path):
     result = _hosts_job(tmp_path, "grow", 2, 3, ["--min-np", "2", "--host-discovery-script", script], np=2)
     assert result.returncode == 0, result.output
     assert len(_finished_at(result, 3)) == 3, result.output  # two launched ranks and the one spawned
-    assert "started 1 rank(s) on" in result.output and "resets [3] sizes [2, 3]" in result.output, result.output
+    assert "starting 1 new rank(s) on" in result.output, result.output  # as a spare: training goes on meanwhile
+    assert "admitted 1 warm spare(s)" in result.output and "resets [3] sizes [2, 3]" in result.output, result.output
 
 
 def test_a_rank_leaves_when_its_slot_leaves_the_host_list(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from hvdlite.runner.cluster.hosts import DiscoveryError, HostSlots
 from hvdlite.runner.elastic.discovery import discover, published
 
-from hvdlite.elastic.hosts import HostBook, Plan, read_hosts_file, served_by_spares, write_hosts_file
+from hvdlite.elastic.hosts import HostBook, Plan, as_spares, read_hosts_file, served_by_spares, write_hosts_file
 
 
 def test_free_slots_are_filled_in_the_lists_order_up_to_max_np():
@@ -97,6 +97,15 @@ def test_ready_spares_replace_the_plans_new_ranks_on_their_host_and_other_spawns
     assert served_by_spares(plan, ready={}, starting={"c": 1}) == (Plan(remove=(3,)), {})
     assert served_by_spares(Plan(), ready={"a": 1}, starting={"a": 1}) == (Plan(), {})
     assert Plan(admit=1) and not Plan(warm=("a",))  # starting a spare is no world change
+
+
+def test_new_ranks_without_a_ready_spare_start_as_spares_one_a_slot_and_change_nothing_yet():
+    plan = Plan(spawn=(("a", 2), ("b", 1)), remove=(3,))
+    started = as_spares(plan)
+    assert started == Plan(remove=(3,), warm=("a", "a", "b"), deferred=3) and started.new_ranks == 0
+    assert not as_spares(Plan(spawn=(("a", 1),)))  # the world trains on until the spare is ready
+    # Once ready, the next commit's plan admits them (the spawns they serve are planned again).
+    assert served_by_spares(plan, ready={"a": 2, "b": 1}, starting={}) == (Plan(remove=(3,), admit=3), {"a": 2, "b": 1})
 
 
 def test_spares_go_to_the_usable_host_with_the_fewest_and_not_right_after_a_death():

@@ -16,7 +16,7 @@ SETTING_OPTIONS = {
     "--stall-check-shutdown-time-seconds", "--no-stall-check", "--log-level", "--verbose", "--mpi-args",
     "--output-filename", "-p", "--ssh-port", "-i", "--ssh-identity-file", "--launcher-agent", "--env-forward", "--network-interface",
     "--comm-timeout-seconds", "--process-sets-dynamic", "--min-np", "--max-np", "--elastic-timeout", "--start-timeout", "--reset-limit",
-    "--blacklist-cooldown-range", "--warm-spares", "--torch-backend"}
+    "--blacklist-cooldown-range", "--warm-spares", "--cold-joins", "--torch-backend"}
 
 # The environment each flag produced before the flags came from the table (runner/command.py's hand-written list).
 ROUND_TRIPS = [
@@ -35,6 +35,7 @@ ROUND_TRIPS = [
     (["--no-stall-check"], {"HVDLITE_STALL_CHECK": "0"}),
     (["--log-level", "debug"], {"HVDLITE_LOG_LEVEL": "debug"}),
     (["--warm-spares", "2"], {"HVDLITE_ELASTIC_WARM_SPARES": "2"}),
+    (["--cold-joins"], {"HVDLITE_ELASTIC_COLD_JOINS": "1"}),
     (["--verbose"], {"HVDLITE_VERBOSE": "1"}),
     (["--mpi-args", "-genv A 'b c'"], {"HVDLITE_MPI_ARGS": "-genv A 'b c'"}),
     (["--output-filename", "out"], {"HVDLITE_OUTPUT_FILENAME": "out"}),

@@ -52,7 +52,7 @@ class Steps(keras.callbacks.Callback):
         self.state, self.first_rank = state, first_rank
 
     def on_train_batch_begin(self, index, logs=None):
-        die_on_schedule(self.first_rank, self.state.step, GROUP_SIZE, FULL)
+        die_on_schedule(self.first_rank, self.state.step, GROUP_SIZE, FULL, hvd.size())
 
     def on_train_batch_end(self, index, logs=None):
         record_step(hvd, self.state, FULL)
