@@ -96,11 +96,22 @@ def kill_ancestor(what, is_it):
     raise AssertionError(f"no {what} above this process")
 
 
+def full_again_after_a_loss(sizes, full):
+    """Whether the sizes a job trained at went from ``full`` to ``full - 1`` and back to ``full``."""
+    if full not in sizes:
+        return False
+    after_full = sizes[sizes.index(full):]
+    return full - 1 in after_full and sizes[-1] == full
+
+
 def counts_through_a_lost_slot(marker, full, what, is_it):
     """An elastic job that counts its ranks every step; at step 3 or later of a full world (``full``
     ranks), the first rank 1 there kills the engine's process it runs under (``what``, found by
     ``is_it``), or raises if ``is_it`` is None. Stops once the world is full again after the loss, or after 600 steps. Returns the
-    rank, the size, the sizes this process trained at itself, and the job's record of them."""
+    rank, the size, the sizes this process trained at itself, and the job's record of them.
+
+    (A job may start below ``full`` and grow, while it trains, to ``full``: only a smaller world
+    after a full one is the loss.)"""
     import hvdlite as hvd
     from hvdlite.elastic import ObjectState
 
@@ -110,7 +121,7 @@ def counts_through_a_lost_slot(marker, full, what, is_it):
 
     @hvd.elastic.run
     def train(state):
-        while state.step < 600 and not (state.step >= 10 and full - 1 in state.sizes and state.sizes[-1] == full):
+        while state.step < 600 and not (state.step >= 10 and full_again_after_a_loss(state.sizes, full)):
             size = int(hvd.allreduce(np.ones(1), op=hvd.Sum, name="size")[0])
             seen.append(size)
             if size == full and hvd.rank() == 1 and state.step >= 3 and not os.path.exists(marker):
