@@ -17,7 +17,9 @@ by a new process started while the job trains (the default), by a new process th
 by a warm spare with the discovery script polled every 0.2 s. Another stops (SIGSTOP)
 the last rank instead of killing it: a silent rank, in no list of the dead, found at the
 communication deadline (SILENT_DEADLINE s) plus the probe window; reported beyond the deadline. Then torch, Keras and
-JAX recover from the same kill in the tests' shrink scripts (a small model). ``--plot PATH`` draws the
+JAX recover from the same kill in the tests' shrink scripts (a small model; Keras's ``fit`` over NumPy
+arrays and over a ``tf.data.Dataset``), and a process of each framework is SIGKILLed alone, timed to
+its death (the floor of every recovery: no peer can see a death before the process is gone). ``--plot PATH`` draws the
 first two (hvdlite's survivors against torchrun's restart) from the same run as a bar chart (needs
 matplotlib: ``pip install hvdlite[bench]``).
 """
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,20 +79,41 @@ def run_once(mode: str) -> dict[str, float]:
                 if os.path.exists(os.path.join(results, name))}
 
 
-SHRINK_SCRIPTS = {framework: str(ROOT / "tests" / "multirank" / "scripts" / name) for framework, name in
-                  (("torch", "elastic_shrink.py"), ("keras", "keras_elastic_shrink.py"), ("jax", "jax_elastic_shrink.py"))}
+SCRIPTS = ROOT / "tests" / "multirank" / "scripts"
+# The tests' shrink scripts, and their arguments after "kill"; Keras's fit reads NumPy arrays, or a
+# tf.data.Dataset as Horovod's elastic Keras example passes.
+SHRINK_RUNS = {"torch": ("elastic_shrink.py",), "keras": ("keras_elastic_shrink.py",),
+               "keras, fit over a tf.data.Dataset": ("keras_elastic_shrink.py", "dataset"),
+               "jax": ("jax_elastic_shrink.py",)}
+# What each framework's process imports before it is SIGKILLed in exit_seconds().
+IMPORTS = {"torch": "import torch; torch.ones(1)", "keras": "import keras, tensorflow as tf; tf.ones(1)",
+           "jax": "import jax; jax.numpy.ones(1)"}
 
 
-def recovery_by_framework(framework: str) -> float:
+def recovery_by_framework(run: str) -> float:
     """One of three ranks SIGKILLed in the tests' shrink script (a small model): the slower survivor's
     seconds from the kill to its first completed step."""
     hvdliterun = os.path.join(os.path.dirname(sys.executable), "hvdliterun")
-    done = subprocess.run([hvdliterun, "-np", "3", "--min-np", "2", sys.executable, SHRINK_SCRIPTS[framework], "kill"],
+    script, *args = SHRINK_RUNS[run]
+    done = subprocess.run([hvdliterun, "-np", "3", "--min-np", "2", sys.executable, str(SCRIPTS / script), "kill", *args],
                           env=ENV, capture_output=True, text=True, timeout=300)
     seconds = [float(match.group(1)) for match in re.finditer(r"recovered (\S+)", done.stdout)]
     if done.returncode != 0 or len(seconds) != 2:
-        raise SystemExit(f"{framework} shrink failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise SystemExit(f"{run} shrink failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return max(seconds)
+
+
+def exit_seconds(framework: str) -> float:
+    """Seconds from SIGKILL to the death of a process that imported ``framework``: no peer can see a
+    death sooner (the kernel frees the process's memory first), so every recovery above includes it."""
+    ready = "import time; print('ready', flush=True); time.sleep(600)"
+    process = subprocess.Popen([sys.executable, "-c", f"{IMPORTS[framework]}\n{ready}"], env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process.stdout.readline()
+    start = time.perf_counter()
+    process.kill()
+    process.wait()
+    return time.perf_counter() - start
 
 
 def plot_recovery(ours: list[float], theirs: list[float], reps: int, out: str) -> None:
@@ -145,9 +169,14 @@ def main() -> None:
     print(f"state.commit(): {statistics.median(commits):.2f} ms per MB of state (weights and Adam's moments)")
     if args.plot:
         plot_recovery(ours, theirs, args.reps, args.plot)
-    by_framework = {name: [recovery_by_framework(name) for _ in range(args.reps)] for name in SHRINK_SCRIPTS}
+    by_framework = {name: [recovery_by_framework(name) for _ in range(args.reps)] for name in SHRINK_RUNS}
+    exits = {name: [exit_seconds(name) for _ in range(args.reps)] for name in IMPORTS}
     print("\n| small model, np=3 -> 2 | kill to next step, s (median) | all reps |\n|---|---|---|")
     for name, values in by_framework.items():
+        print(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{x:.3f}' for x in values)} |")
+    print("\n| a process of the framework, SIGKILLed -> gone (no peer sees it sooner) | s (median) | all reps |"
+          "\n|---|---|---|")
+    for name, values in exits.items():
         print(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{x:.3f}' for x in values)} |")
     print_joins(joins)
     beyond = statistics.median(silent)

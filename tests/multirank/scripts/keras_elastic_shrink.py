@@ -2,7 +2,10 @@
 gradient allreduce fails inside fit's tf.function, re-form the job inside @hvd.elastic.run, restore
 the KerasState committed at the previous epoch's end and fit the remaining epochs at size 2.
 
-Usage: keras_elastic_shrink.py kill|raise. Run with ``hvdliterun -np 3 --min-np 2``. Each survivor
+Usage: keras_elastic_shrink.py kill|raise [arrays|dataset]. Run with ``hvdliterun -np 3 --min-np 2``.
+``fit`` reads NumPy arrays (default), or a ``tf.data.Dataset`` that the training function builds from
+them, as Horovod's elastic Keras example passes one: with arrays, Keras builds a ``tf.data`` pipeline
+at every ``fit`` call (some 50 ms here, in ``bench/elastic_recovery.py``'s recovery). Each survivor
 prints 'recovered <seconds>', its new rank and size, and 'ok elastic shrink'.
 """
 
@@ -13,6 +16,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import hvdlite.tensorflow.keras as hvd
 
@@ -42,6 +46,7 @@ class Fault(keras.callbacks.Callback):
 
 
 def main() -> None:
+    dataset = sys.argv[2:] == ["dataset"]
     hvd.init()
     world_rank = hvd.rank()
     keras.utils.set_random_seed(0)
@@ -58,9 +63,9 @@ def main() -> None:
 
     @hvd.elastic.run
     def train(state):
-        x = np.full((BATCHES * 2, 4), float(hvd.rank() + 1), np.float32)
-        model.fit(x, np.zeros((BATCHES * 2, 1), np.float32), batch_size=2, epochs=EPOCHS - state.epoch,
-                  shuffle=False, verbose=0, callbacks=callbacks)
+        x, y = np.full((BATCHES * 2, 4), float(hvd.rank() + 1), np.float32), np.zeros((BATCHES * 2, 1), np.float32)
+        inputs = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(2)) if dataset else dict(x=x, y=y, batch_size=2)
+        model.fit(**inputs, epochs=EPOCHS - state.epoch, shuffle=False, verbose=0, callbacks=callbacks)
 
     train(state)
     assert hvd.size() == 2 and state.epoch == EPOCHS and resets == [2], (hvd.size(), state.epoch, resets)
