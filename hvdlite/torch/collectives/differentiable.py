@@ -18,7 +18,7 @@ from ...process_sets import ProcessSet, global_process_set
 from ...training import gradients as rules
 from . import async_ops
 from .async_ops import synchronize
-from .tensors import from_numpy, to_numpy
+from .tensors import from_numpy, require_tensor, to_numpy
 
 
 def _allreduce(tensors: list[torch.Tensor], op: ReduceOp, prescale: float, postscale: float,
@@ -99,6 +99,7 @@ class _GroupedAllreduce(torch.autograd.Function):
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        require_tensor(tensor, name)
         ctx.rows, ctx.process_set = _rows(tensor), process_set
         return synchronize(api.blocking(lambda: async_ops.allgather_async(tensor, name, process_set)))
 
@@ -110,6 +111,8 @@ class _Allgather(torch.autograd.Function):
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for tensor in tensors:
+            require_tensor(tensor, name)
         ctx.rows, ctx.process_set = [_rows(t) for t in tensors], process_set
         return tuple(synchronize(h) for h in api.blocking(
             lambda: async_ops.grouped_allgather_async(tensors, name, process_set)))
@@ -181,6 +184,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` across ranks (default Average) and return a new tensor. Differentiable."""
+    require_tensor(tensor, name)
     resolved = resolve_op(op, average)
     if (name is not None and compression is NoneCompressor and not tensor.is_cuda
             and not (tensor.requires_grad and torch.is_grad_enabled())):

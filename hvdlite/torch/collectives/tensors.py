@@ -12,6 +12,8 @@ host memory here, in the adapter.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -89,11 +91,19 @@ def _device_array(tensor: torch.Tensor, dtype: np.dtype) -> gpu_arrays.DeviceArr
                                                current_stream(device_id), current_stream, record=not caller_waits())
 
 
+def require_tensor(tensor: Any, name: str | None) -> None:
+    """A TypeError naming the collective's tensor unless it is a ``torch.Tensor`` (a NumPy array or a
+    list goes to ``hvdlite``'s own collectives, not to the torch adapter's)."""
+    if not isinstance(tensor, torch.Tensor):
+        which = f"tensor {name!r}" if name else "the tensor"
+        raise TypeError(f"{which} must be a torch.Tensor, got {type(tensor).__name__} (hvdlite.torch's collectives take "
+                        "torch tensors; NumPy arrays go to hvdlite's own: import hvdlite)")
+
+
 def to_numpy(tensor: torch.Tensor, name: str | None = None) -> np.ndarray | gpu_arrays.DeviceArray:
     """``tensor``'s data for the core: a host view when it is contiguous on the CPU, its device memory
     (a :class:`DeviceArray`) on a GPU the GPU plane can use, else a host copy."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"tensor {name or ''!r} must be a torch.Tensor, got {type(tensor).__name__}")
+    require_tensor(tensor, name)
     if is_instance(tensor, "torch.distributed.tensor", "DTensor"):  # its data pointer is not its data
         raise UnsupportedOperationError(
             f"tensor {name or f'of shape {tuple(tensor.shape)}'!r} is a DTensor (placements {tensor.placements}, "

@@ -256,6 +256,18 @@ def mixed_groups(rank, size):
                      "one device", lambda group=group, name=name: api.grouped_allreduce(group, name=name), name)
 
 
+def not_tensors(array):
+    """NumPy arrays, lists and numbers belong to hvdlite's own collectives: each of the torch adapter's
+    says what it got (the named allreduce takes a path of its own for small tensors)."""
+    calls = {"allreduce": lambda: hvd.allreduce(array), "named allreduce": lambda: hvd.allreduce(array, name="w"),
+             "allreduce_": lambda: hvd.allreduce_(array), "allreduce_async": lambda: hvd.allreduce_async(array),
+             "allgather": lambda: hvd.allgather([1.0]), "grouped_allgather": lambda: hvd.grouped_allgather([array]),
+             "broadcast": lambda: hvd.broadcast(3.0, 0), "alltoall": lambda: hvd.alltoall(array),
+             "grouped_allreduce": lambda: hvd.grouped_allreduce([array]), "reducescatter": lambda: hvd.reducescatter(array)}
+    for what, call in calls.items():
+        expect_error(TypeError, "must be a torch.Tensor, got ", call, f"{what} of no tensor")
+
+
 def case_errors(rank, size):
     expect_error(hvd.UnsupportedOperationError, "complex64", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64),
                                                                                  name="cplx"), "dtype")
@@ -271,6 +283,7 @@ def case_errors(rank, size):
     expect_error(hvd.TensorMismatchError, "'bad.shape'",
                  lambda: hvd.allreduce(torch.ones(rank + 1), name="bad.shape"), "mismatch")
     mixed_groups(rank, size)
+    not_tensors(np.ones(2))
     # Non-contiguous and in-place forms still work after an error.
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
     hvd.allreduce_(t, op=hvd.Sum)
