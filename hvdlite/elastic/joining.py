@@ -77,9 +77,18 @@ def admit_spares(comm: Any, count: int, book: HostBook, chosen: list[Any] | None
     merged = admit(comm, count, chosen)
     merged.bcast(book, root=0)
     if chosen is not None:
-        log.warning("admitted %d warm spare(s) on %s in %.3f s", count, ", ".join(spare.host for spare in chosen),
+        log.warning("admitted %s on %s in %.3f s", admitted_kinds(chosen), ", ".join(spare.host for spare in chosen),
                     time.monotonic() - started)
     return merged
+
+
+def admitted_kinds(chosen: list[Any]) -> str:
+    """What an admission brought in, for the log: warm spares kept ahead (``--warm-spares``), new ranks
+    started for open slots while the job trained (``Spare.deferred``), or both."""
+    new = sum(1 for spare in chosen if spare.deferred)
+    kinds = [f"{len(chosen) - new} warm spare(s)"] if len(chosen) > new else []
+    kinds += [f"{new} new rank(s)"] if new else []
+    return " and ".join(kinds)
 
 
 def spare_command(spawner: str) -> Callable[[str], tuple[str, list[str]]]:

@@ -114,7 +114,7 @@ def test_elastic_diloco_trains_on_when_a_group_dies_and_gives_a_joining_group_th
     assert result.returncode == 0, result.output
     assert f"the job went on without rank(s) {dead} and finished" in result.output, result.output
     assert f"starting {group_size} new rank(s)" in result.output, result.output
-    assert f"admitted {group_size} warm spare(s)" in result.output, result.output  # the group joins whole
+    assert f"admitted {group_size} new rank(s)" in result.output, result.output  # the group joins whole
     assert all(f"{ok} {rank} [{np - group_size}, {np}]" in result.output for rank in range(np)), result.output
 
 

@@ -118,7 +118,7 @@ def test_the_job_grows_into_a_slot_the_discovery_script_adds(tmp_path):
     assert result.returncode == 0, result.output
     assert len(_finished_at(result, 3)) == 3, result.output  # two launched ranks and the one spawned
     assert "starting 1 new rank(s) on" in result.output, result.output  # as a spare: training goes on meanwhile
-    assert "admitted 1 warm spare(s)" in result.output and "resets [3] sizes [2, 3]" in result.output, result.output
+    assert "admitted 1 new rank(s)" in result.output and "resets [3] sizes [2, 3]" in result.output, result.output
 
 
 def test_a_rank_leaves_when_its_slot_leaves_the_host_list(tmp_path):

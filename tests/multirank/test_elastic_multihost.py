@@ -75,7 +75,7 @@ def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     assert done.returncode == 0, output
     assert "started as rank 2 of 3 on hostB" in output, output  # spawned onto the other host
     assert output.count("ok elastic hosts") == 3 and "starting 1 new rank(s) on hostB:1" in output, output
-    assert "admitted 1 warm spare(s) on hostB" in output, output
+    assert "admitted 1 new rank(s) on hostB" in output, output
 
 
 def test_rank_0_on_a_host_without_the_launchers_directory_runs_the_job_through_its_channel(hosts, tmp_path):
@@ -90,7 +90,7 @@ def test_rank_0_on_a_host_without_the_launchers_directory_runs_the_job_through_i
     assert done.returncode == 0, output
     assert "started as rank 0 of 3 on hostB" in output and "started as rank 2 of 3 on hostA" in output, output
     assert "starting 1 new rank(s) on hostA:1" in output and output.count("ok elastic hosts") == 3, output
-    assert "admitted 1 warm spare(s) on hostA" in output, output
+    assert "admitted 1 new rank(s) on hostA" in output, output
     assert "the job went on without rank(s) [2] and finished" in output, output
 
 

@@ -87,7 +87,7 @@ def test_a_rank_that_joins_receives_its_shards_and_the_grown_job_trains_on_like_
     result = run_job(["--min-np", "2", "--host-discovery-script", f"cat {hosts}", "python",
                       str(SCRIPTS / "fully_sharded_elastic.py"), "grow", str(hosts)], np=2, timeout=240)
     assert result.returncode == 0, result.output
-    assert "starting 1 new rank(s) on" in result.output and "admitted 1 warm spare(s)" in result.output, result.output
+    assert "starting 1 new rank(s) on" in result.output and "admitted 1 new rank(s)" in result.output, result.output
     # Counted in the whole output: MPICH labels a spawned rank's lines with its index in the spawn ("[0]").
     assert result.output.count("ok fully sharded elastic") == 3, result.output
     assert sorted(re.findall(r"new rank (\d) size 3", result.output)) == ["0", "1", "2"], result.output

@@ -63,3 +63,12 @@ def test_a_spare_runs_the_same_script_or_module_with_the_same_options_through_sp
     monkeypatch.setattr(sys, "argv", ["-c"])
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
     assert spare_argv() is None
+
+
+def test_the_admission_log_names_warm_spares_and_new_ranks_apart():
+    from hvdlite.elastic.joining import admitted_kinds
+
+    warm, new = Spare("hostA", "g1.0"), Spare("hostB", "g2.0", deferred=True)
+    assert admitted_kinds([warm]) == "1 warm spare(s)"
+    assert admitted_kinds([new, new]) == "2 new rank(s)"
+    assert admitted_kinds([warm, new, new]) == "1 warm spare(s) and 2 new rank(s)"
