@@ -80,6 +80,19 @@ def test_a_rank_that_dies_while_a_warm_spare_is_admitted_leaves_the_others_and_t
         result.output
 
 
+def test_a_rank_that_dies_while_a_new_rank_starts_beside_the_training_leaves_two_that_the_new_rank_joins():
+    # np=4, the default join: rank 3 dies; while rank 0 starts a new rank for its slot (the job trains
+    # on), rank 1 dies: the two left re-form alike, and the new rank joins them when it is ready.
+    result = run_job([*_REFILL_AT_ONCE, "python", str(SCRIPTS / "elastic_join_death.py"), "starting"], np=4,
+                     timeout=240)
+    assert result.returncode == 0, result.output
+    for size, world in ((3, "['0', '1', '2']"), (2, "['0', '2']")):
+        assert result.output.count(f"world ok {size} {world}") == size, result.output
+    assert "starting 1 new rank(s)" in result.output and "admitted 1 new rank(s)" in result.output, result.output
+    assert "the job went on without rank(s) [1, 3] and finished" in result.output, result.output
+    assert "ok elastic join death at size 4" in result.output, result.output
+
+
 def test_a_new_rank_that_stops_while_it_joins_is_given_up_at_the_start_timeout_and_the_slot_fills_again():
     # np=4: rank 3 dies; the rank spawned into its slot stops (SIGSTOP) inside hvd.init(), which held the
     # three in MPICH's spawn for ever: after --start-timeout + the communication deadline they go on.
