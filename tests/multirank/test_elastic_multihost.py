@@ -66,6 +66,21 @@ def test_both_ranks_of_the_other_host_dying_ms_apart_or_while_the_others_agree_l
     assert output.count("rank(s) on hostB:2") == reps, output
 
 
+def test_a_rank_that_dies_while_a_new_rank_starts_on_the_other_host_leaves_two_that_it_joins(hosts):
+    # np=4 over hostA:2,hostB:2: rank 3 (hostB) dies; while rank 0 starts a new rank on hostB for its
+    # slot (the job trains on), rank 1 (hostA) dies: ranks 0 and 2 re-form alike across the hosts, the
+    # new rank joins them, and the weights equal a replay of the committed steps.
+    done = _run(hosts, ["-np", "4", "-H", "hostA:2,hostB:2", "--blacklist-cooldown-range", "0.001", "0.001",
+                        "python", str(SCRIPTS / "elastic_join_death.py"), "starting"])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    for size, world in ((3, "['0', '1', '2']"), (2, "['0', '2']")):
+        assert output.count(f"world ok {size} {world}") == size, output
+    assert "starting 1 new rank(s) on hostB:1" in output and "admitted 1 new rank(s) on hostB" in output, output
+    assert "the job went on without rank(s) [1, 3] and finished" in output, output
+    assert "ok elastic join death at size 4" in output, output
+
+
 def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     listed = tmp_path / "hosts.txt"
     listed.write_text("hostA:2\n")
