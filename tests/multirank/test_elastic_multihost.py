@@ -36,7 +36,12 @@ def _run(hosts, args: list[str], agent: str = "") -> subprocess.CompletedProcess
     # No transport flags: in elastic mode across hosts hvdliterun picks libfabric's TCP provider itself.
     argv = hosts.command_on("hostA", [hvdliterun()]) + ["--launcher-agent", agent or hosts.agent,
                                                          "--network-interface", IFACE, "--min-np", "2", *args]
-    return subprocess.run(argv, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=240)
+    try:
+        return subprocess.run(argv, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as timeout:  # a hang: show how far the job got
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+                         for part in (timeout.stdout, timeout.stderr))
+        raise AssertionError(f"the job did not end within 240 s; its output:\n{output}") from None
 
 
 def test_a_remote_ranks_death_leaves_the_other_hosts_ranks_and_its_host_mate_training(hosts):
