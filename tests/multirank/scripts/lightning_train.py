@@ -110,6 +110,10 @@ def main(kind, out, single=None):
     if rank == 0:
         torch.save(parameters, out)
     print(f"lightning {kind} ok backend {dist.get_backend() if dist.is_initialized() else None} rank {rank}", flush=True)
+    if dist.is_initialized():
+        # Lightning leaves the process group to the interpreter's exit, where gloo's threads were once
+        # destroyed still joinable ("terminate called without an active exception", SIGABRT; CI 12-03).
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
