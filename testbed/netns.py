@@ -65,11 +65,15 @@ class TwoHosts:
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts",
                 "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
 
-    def agent_without_run_dirs(self, path: str) -> str:
+    def agent_without_run_dirs(self, path: str, temporary_folder: str) -> str:
         """A launch agent (written to ``path``) whose remote commands see empty, private directories in
-        place of hvdliterun's run directories (``/tmp/hvdliterun-*``): a host that shares no scratch
-        directory with the launcher, as real hosts do. The rest of the file system stays shared."""
-        hide = "for d in /tmp/hvdliterun-*; do mount -t tmpfs tmp \\$d; done && "
+        place of hvdliterun's run directories (``hvdliterun-*`` in ``temporary_folder``, the launcher's
+        ``TMPDIR``): a host that shares no scratch directory with the launcher, as real hosts do. The
+        rest of the file system stays shared. Finding no run directory fails the launch (exit 97), so
+        that a test cannot pass with nothing hidden, nor hide another job's directory."""
+        missing = f"echo 'launch agent: no hvdliterun-* in {temporary_folder}' >&2; exit 97"
+        hide = (f"for d in {temporary_folder}/hvdliterun-*; do [ -d \\$d ] || {{ {missing}; }}; "
+                "mount -t tmpfs tmp \\$d || exit 97; done && ")
         Path(path).write_text(_AGENT.format(cases=self._cases(), mount="--mount ", tmpfs=hide))
         os.chmod(path, 0o755)
         return path

@@ -98,12 +98,13 @@ def test_the_job_grows_onto_a_host_the_discovery_script_adds(hosts, tmp_path):
     assert "admitted 1 new rank(s) on hostB" in output, output
 
 
-def test_rank_0_on_a_host_without_the_launchers_directory_runs_the_job_through_its_channel(hosts, tmp_path):
+def test_rank_0_on_a_host_without_the_launchers_directory_runs_the_job_through_its_channel(
+        hosts, tmp_path, own_temporary_folder):
     """hostB (ranks 0 and 1) does not see hvdliterun's run directory (an empty one of its own): rank 0
     learns the host list, the ranks' starts and exits and the rank the job went on without reach the
     launcher only through its control channel. Rank 2 on hostA is killed; once hostA's cooldown ends,
     rank 0 refills its slot."""
-    agent = hosts.agent_without_run_dirs(str(tmp_path / "private-run-dir-agent.sh"))
+    agent = hosts.agent_without_run_dirs(str(tmp_path / "private-run-dir-agent.sh"), own_temporary_folder)
     done = _run(hosts, ["--blacklist-cooldown-range", "0.5", "1", "-np", "3", "-H", "hostB:2,hostA:1",
                         "python", str(SCRIPTS / "elastic_hosts.py"), "refill", str(tmp_path / "unused"), "3"], agent)
     output = done.stdout + done.stderr
