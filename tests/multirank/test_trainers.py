@@ -5,17 +5,20 @@ process on the whole batch within float rounding."""
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from .harness import SCRIPTS, run_job
+from .harness import SCRIPTS, JobResult, run_job
 from .test_torchrun_mode import _python, _same
 
 pytestmark = pytest.mark.multirank
 ACCELERATE, HF_TRAINER, LIGHTNING = (str(SCRIPTS / name) for name in
                                      ("accelerate_train.py", "hf_trainer.py", "lightning_train.py"))
+LIGHTNING_KINDS = ("trainer", "fabric", "fsdp2")
 
 
 def _hvdliterun(np: int, args: list[str], mode: bool = True, env: dict[str, str] | None = None,
@@ -42,10 +45,33 @@ def _trains_as_gloo_and_one_process(tmp_path, script: str, setups: tuple[str, st
         assert ok.format(backend="hvdlite", rank=rank) in result.lines(rank), result.output
     assert ok.format(backend="gloo", rank=0) in _torchrun(2, [script, gloo_setup, out["gloo"]])
     _python([script, single_args[0], out["single"], *single_args[1:]])
+    _same_as_gloo_and_close_to_one_process(out, tolerance)
+
+
+def _same_as_gloo_and_close_to_one_process(out: dict[str, str], tolerance: dict[str, float] | None = None) -> None:
+    """The parameters saved at ``out["hvdlite"]`` equal ``out["gloo"]``'s bit for bit and
+    ``out["single"]``'s within rounding."""
     hvdlite, single = torch.load(out["hvdlite"]), torch.load(out["single"])
     _same(hvdlite, torch.load(out["gloo"]), exact=True)
     for key, value in hvdlite.items():
         assert torch.allclose(value, single[key], **(tolerance or {"rtol": 1e-5, "atol": 1e-6})), key
+
+
+@functools.cache
+def _lightning_runs(folder: str) -> tuple[JobResult, str]:
+    """lightning_train.py's kinds, all in each of three runs (Lightning's start is seconds of CPU a
+    process): under the torchrun mode on hvdlite at np=2, under torchrun on gloo, and in one process;
+    the parameters go to ``folder/{hvdlite,gloo,single}.KIND.pt``. The hvdlite job and torchrun's output."""
+    kinds = ",".join(LIGHTNING_KINDS)
+    result = _hvdliterun(2, [LIGHTNING, kinds, f"{folder}/hvdlite"])
+    return result, _torchrun(2, [LIGHTNING, kinds, f"{folder}/gloo"]) + _python([LIGHTNING, kinds, f"{folder}/single", "single"])
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> Callable[[], tuple[JobResult, str]]:
+    """The Lightning runs this file's tests share, made for the first test that asks."""
+    folder = str(tmp_path_factory.mktemp("lightning"))
+    return lambda: _lightning_runs(folder) + (folder,)
 
 
 def test_accelerate_trains_data_parallel_on_hvdlite_as_on_gloo(tmp_path):
@@ -84,18 +110,21 @@ def test_a_stopped_rank_in_a_trainer_job_is_named_on_every_other_rank(tmp_path):
                              line) for line in result.lines(rank)), result.output
 
 
-@pytest.mark.parametrize("kind", ["trainer", "fabric", "fsdp2"])
-def test_lightning_trains_on_hvdlite_as_on_gloo(tmp_path, kind):
-    _trains_as_gloo_and_one_process(tmp_path, LIGHTNING, (kind, kind, [kind, "single"]),
-                                    f"lightning {kind} ok backend {{backend}} rank {{rank}}")
+@pytest.mark.parametrize("kind", LIGHTNING_KINDS)
+def test_lightning_trains_on_hvdlite_as_on_gloo(lightning_runs, kind):
+    result, others, folder = lightning_runs()
+    for rank in range(2):
+        assert f"lightning {kind} ok backend hvdlite rank {rank}" in result.lines(rank), result.output
+    assert f"lightning {kind} ok backend gloo rank 0" in others and f"lightning {kind} ok backend None rank 0" in others
+    _same_as_gloo_and_close_to_one_process({name: f"{folder}/{name}.{kind}.pt" for name in ("hvdlite", "gloo", "single")})
 
 
-def test_lightning_strategy_hvdlite_trains_at_an_odd_size_as_one_process(tmp_path):
+def test_lightning_strategy_hvdlite_trains_at_an_odd_size_as_one_process(tmp_path, lightning_runs):
     # Trainer(strategy="hvdlite") with devices left alone, under plain hvdliterun: hvdlite starts
     # itself and gives each host's ranks their processes, as Horovod's strategy did.
-    named, single = str(tmp_path / "named.pt"), str(tmp_path / "single.pt")
+    named = str(tmp_path / "named")
     result = _hvdliterun(3, [LIGHTNING, "named", named], mode=False)
     for rank in range(3):
         assert f"lightning named ok backend hvdlite rank {rank}" in result.lines(rank), result.output
-    _python([LIGHTNING, "trainer", single, "single"])
-    _same(torch.load(named), torch.load(single), exact=False)
+    *_, folder = lightning_runs()  # one process's Trainer with DDP on the whole batch: the same steps
+    _same(torch.load(named + ".named.pt"), torch.load(f"{folder}/single.trainer.pt"), exact=False)

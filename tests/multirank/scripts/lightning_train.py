@@ -1,12 +1,14 @@
-"""Lightning scripts with no hvdlite line in them. Usage: lightning_train.py KIND OUT [single]
+"""Lightning scripts with no hvdlite line in them. Usage: lightning_train.py KIND[,KIND...] OUT [single]
 
 KIND: ``trainer`` (``Trainer`` with DDP), ``fabric`` (``Fabric`` with DDP), ``fsdp2``
 (``ModelParallelStrategy``: ``fully_shard`` in ``configure_model``, a distributed checkpoint after
 two steps, and a second ``Trainer`` that resumes from it with ``fit(ckpt_path=...)``), or ``named``
 (``import hvdlite.torch`` and ``Trainer(strategy="hvdlite")``, devices left to hvdlite; under plain
-``hvdliterun``). Run under
-torchrun (on gloo) or ``hvdliterun --torch-backend hvdlite`` (on hvdlite); ``single``: one process on
-the whole batch. Rank 0 saves the parameters to OUT and every rank prints its backend.
+``hvdliterun``). Run under torchrun (on gloo) or ``hvdliterun --torch-backend hvdlite`` (on
+hvdlite); ``single``: one process on the whole batch. Several kinds run one after another in the
+same processes and process group (Lightning and Fabric use the one they find: a process's start
+with Lightning is seconds of CPU). Rank 0 saves each kind's parameters to ``OUT.KIND.pt`` and every
+rank prints its backend.
 """
 
 import os
@@ -92,24 +94,30 @@ def fabric_fit(world):
     return fabric.global_rank, full_parameters(model.module)
 
 
-def main(kind, out, single=None):
-    torch.set_num_threads(1)
+def train(kind, out, single):
+    """One kind's run; returns this process's rank and the parameters it ends with."""
     if kind == "named":  # Trainer(strategy="hvdlite") under plain hvdliterun: the one hvdlite line
         import hvdlite.torch  # noqa: F401
         trainer, parameters = fit(None, STEPS, out, sharded=False, named=True)
-        rank = trainer.global_rank
-    elif kind == "fabric":
-        rank, parameters = fabric_fit(1 if single else int(os.environ["WORLD_SIZE"]))
-    else:
-        world = 1 if single else int(os.environ["WORLD_SIZE"])
-        sharded = kind == "fsdp2"
-        trainer, parameters = fit(world, STEPS // 2 if sharded else STEPS, out, sharded)
-        if sharded:  # a second Trainer resumes from the distributed checkpoint and trains the rest
-            trainer, parameters = fit(world, STEPS, out, sharded, ckpt_path=out + ".ckpt")
-        rank = trainer.global_rank
-    if rank == 0:
-        torch.save(parameters, out)
-    print(f"lightning {kind} ok backend {dist.get_backend() if dist.is_initialized() else None} rank {rank}", flush=True)
+        return trainer.global_rank, parameters
+    if kind == "fabric":
+        return fabric_fit(1 if single else int(os.environ["WORLD_SIZE"]))
+    world = 1 if single else int(os.environ["WORLD_SIZE"])
+    sharded = kind == "fsdp2"
+    trainer, parameters = fit(world, STEPS // 2 if sharded else STEPS, out, sharded)
+    if sharded:  # a second Trainer resumes from the distributed checkpoint and trains the rest
+        trainer, parameters = fit(world, STEPS, out, sharded, ckpt_path=out + ".ckpt")
+    return trainer.global_rank, parameters
+
+
+def main(kinds, out, single=None):
+    torch.set_num_threads(1)
+    for kind in kinds.split(","):
+        rank, parameters = train(kind, f"{out}.{kind}", single)
+        if rank == 0:
+            torch.save(parameters, f"{out}.{kind}.pt")
+        backend = dist.get_backend() if dist.is_initialized() else None
+        print(f"lightning {kind} ok backend {backend} rank {rank}", flush=True)
     if dist.is_initialized():
         # Lightning leaves the process group to the interpreter's exit, where gloo's threads were once
         # destroyed still joinable ("terminate called without an active exception", SIGABRT; CI 12-03).
