@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from .harness import SCRIPTS, JobResult, run_job, shared_jobs_in_order, shared_script
+from .tensorflow_job import KERAS_DILOCO_FIT_RUNS
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
 # averaged between the ranks holding the same place in each group); np=3 in groups of one.
@@ -87,17 +88,21 @@ def test_jax_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoi
     assert result.output.count(f"ok jax diloco {run} ") == np, result.output
 
 
-# Keras 3: np=4 in two groups of two through an eager loop, np=3 in groups of one through model.fit (keras_diloco.py).
-KERAS_RUNS = {(4, 2, "eager"): "refusals,1/0,2/1,2/1/int8", (3, 1, "fit"): "refusals,1/0,2/1/int8,2/1/bf16"}
+# Keras 3: np=4 in two groups of two through an eager loop, np=3 in groups of one through model.fit
+# (keras_diloco.py; np=3 in the TensorFlow job several files share, tensorflow_job.py).
+KERAS_EAGER_RUNS = "refusals,1/0,2/1,2/1/int8"
 
 
-@pytest.mark.parametrize(("np", "group_size", "mode", "run"),
-                         [(np, group_size, mode, run) for (np, group_size, mode), runs in KERAS_RUNS.items()
-                          for run in runs.split(",")])
-def test_keras_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, mode, run):
-    result = shared_script("keras_diloco.py", np, str(group_size), mode, KERAS_RUNS[(np, group_size, mode)],
-                           timeout=240)
-    assert result.output.count(f"ok keras diloco {run} ") == np, result.output
+@pytest.mark.parametrize("run", KERAS_EAGER_RUNS.split(","))
+def test_keras_diloco_in_groups_of_two_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(run):
+    result = shared_script("keras_diloco.py", 4, "2", "eager", KERAS_EAGER_RUNS, timeout=240)
+    assert result.output.count(f"ok keras diloco {run} ") == 4, result.output
+
+
+@pytest.mark.parametrize("run", KERAS_DILOCO_FIT_RUNS.split(","))
+def test_keras_diloco_through_fit_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(run, tensorflow_job):
+    result = tensorflow_job(3)
+    assert result.output.count(f"ok keras diloco {run} ") == 3, result.output
 
 
 @pytest.mark.parametrize(("script", "np", "group_size", "ok"), [

@@ -192,8 +192,7 @@ def check(run: str, group_size: int, mode: str, sets: dict) -> None:
 
 
 def main() -> None:
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    run_checks(hvd, check)
+    run_checks(hvd, check)  # one thread a rank: TF_NUM_INTRAOP_THREADS, from the tests' harness
 
 
 if __name__ == "__main__":
