@@ -3,6 +3,7 @@ restore at np=2 and np=3, Keras's state callbacks commit at the right batches, a
 dead rank re-form the job and finish (as test_elastic.py does for PyTorch)."""
 
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -14,12 +15,20 @@ STATE_LINES = {"keras": ["ok keras elastic state", "ok keras elastic callbacks"]
 
 
 @pytest.mark.parametrize("np", [2, 3])
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_state_syncs_commits_and_restores(framework, np):
-    result = run_script(f"{framework}_elastic_state.py", np, timeout=240)
+def test_keras_state_syncs_commits_and_restores(np, tensorflow_job):
+    # in the TensorFlow job several files share (tensorflow_job.py): TensorFlow starts once per rank
+    _check_state_lines(tensorflow_job(np).lines, "keras", np)
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_jax_state_syncs_commits_and_restores(np):
+    _check_state_lines(run_script("jax_elastic_state.py", np, timeout=240).lines, "jax", np)
+
+
+def _check_state_lines(lines: Callable[[int], list[str]], framework: str, np: int) -> None:
     for rank in range(np):
-        assert [line for line in result.lines(rank) if line.startswith("ok ")] == STATE_LINES[framework], \
-            result.output
+        assert [line for line in lines(rank) if line.startswith(f"ok {framework} elastic ")] == \
+            STATE_LINES[framework], "\n".join(lines(rank))
 
 
 @pytest.mark.parametrize("failure", ["kill", "raise"])
