@@ -16,17 +16,18 @@ from .harness import JobResult, shared_script
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 API_CASES = ["gradients", "static_shapes", "sparse", "variables", "callbacks", "mixed_precision", "errors"]
 KERAS_LOCAL_SGD_RUNS = {2: "adam:fit", 3: "sgd:eager,adam:fit"}
+COLLECTIVES = "collectives.py tensorflow,tensorflow-graph"  # test_collectives.py's TensorFlow forms
 # keras_diloco.py at np=3 in groups of one through model.fit (test_diloco.py; its np=4 job is its own).
 KERAS_DILOCO_FIT_RUNS = "refusals,1/0,2/1/int8,2/1/bf16"
 SYNTHETIC_BENCHMARK = (f"{EXAMPLES / 'tensorflow2_synthetic_benchmark.py'} --model mlp --fp16-allreduce "
                        "--num-iters 2 --num-batches-per-iter 2 --num-warmup-batches 1")
-# test_tensorflow.py's scripts, test_adasum.py's Keras optimizer, test_process_sets.py's TensorFlow sets,
+# test_tensorflow.py's scripts, test_collectives.py's TensorFlow forms, test_adasum.py's Keras optimizer, test_process_sets.py's TensorFlow sets,
 # test_diloco.py's Keras DiLoCo through fit and test_elastic_frameworks.py's Keras state on a fixed world.
-COMMANDS = {2: ("tf_training.py fit,tape", "tf_api.py {api},state {state_dir}", SYNTHETIC_BENCHMARK,
+COMMANDS = {2: (COLLECTIVES, "tf_training.py fit,tape", "tf_api.py {api},state {state_dir}", SYNTHETIC_BENCHMARK,
                 "tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py",
                 f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[2]}", "keras_adasum_optimizer.py",
                 "tf_process_sets.py dynamic", "keras_elastic_state.py", "tf1_training.py global"),
-            3: ("tf_training.py fit,tape", "tf_api.py {api} {state_dir}", "tf_sync_batch_norm.py",
+            3: (COLLECTIVES, "tf_training.py fit,tape", "tf_api.py {api} {state_dir}", "tf_sync_batch_norm.py",
                 "tf_horovod_compat.py", f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[3]}", "keras_adasum_optimizer.py",
                 "tf_process_sets.py static", f"keras_diloco.py 1 fit {KERAS_DILOCO_FIT_RUNS}", "keras_elastic_state.py",
                 "tf1_training.py sets")}
