@@ -6,12 +6,11 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 
 import pytest
 
-from .harness import ONE_THREAD, JobResult
-from .tensorflow_job import tensorflow_job as shared_tensorflow_job
+from .harness import ONE_THREAD
+from .tensorflow_job import TensorFlowJobs
 
 # The three JVMs (driver, two executors) live for seconds of work each: the C1 compiler alone and the
 # serial collector cost them half the CPU of the default tiered JIT and parallel GC (Spark tests
@@ -49,11 +48,10 @@ def jax_compilation_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tensorflow_job(tmp_path_factory) -> Callable[[int], JobResult]:
+def tensorflow_job(tmp_path_factory) -> TensorFlowJobs:
     """``tensorflow_job(np)``: the shared TensorFlow job at ``np`` ranks (tensorflow_job.py). A test
     that asks for this fixture runs in the xdist group ``test_tensorflow`` (tests/conftest.py)."""
-    state_dir = str(tmp_path_factory.mktemp("tf_state"))
-    return lambda np: shared_tensorflow_job(np, state_dir)
+    return TensorFlowJobs(str(tmp_path_factory.mktemp("tf_state")))
 
 
 @pytest.fixture(scope="session")

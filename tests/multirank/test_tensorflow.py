@@ -2,10 +2,11 @@
 callbacks, state, errors. The collectives themselves run through the shared body in
 test_collectives.py (framework=tensorflow and tensorflow-graph)."""
 
+from pathlib import Path
+
 import pytest
 
-from .harness import run_script
-from .tensorflow_job import API_CASES, EXAMPLES
+from .tensorflow_job import API_CASES, KERAS_EXAMPLE
 
 pytestmark = pytest.mark.multirank
 FIT_CASES = ["sgd", "adam clipnorm", "adam global_clipnorm", "sgd momentum predivide", "loss scale",
@@ -17,8 +18,8 @@ def _ok_lines(result, rank):
     return [line.split(" max diff")[0].removeprefix("ok ") for line in result.lines(rank) if line.startswith("ok ")]
 
 
-# Every script of this file but the Keras example's checkpoint pair runs in the TensorFlow job that
-# several files share (tensorflow_job.py, through the tensorflow_job fixture).
+# Every script of this file runs in the TensorFlow job that several files share (tensorflow_job.py,
+# through the tensorflow_job fixture).
 COMPAT_CASES = ["graph_without_dependencies", "uint16", "error_types", "broadcast_inplace", "mixed_dense_and_sparse",
                 "signatures", "broadcast_grad", "graph_divergence"]
 
@@ -52,18 +53,20 @@ def test_synthetic_benchmark_example_prints_horovods_lines(tensorflow_job):
     assert not [line for line in result.lines(1) if "img/sec" in line.lower()], "only rank 0 prints"
 
 
-def test_keras_example_learns_and_resumes_from_its_checkpoint(tmp_path):
-    first = run_script(str(EXAMPLES / "keras_train.py"), 2, "--epochs", "1", "--checkpoint-dir", str(tmp_path),
-                       timeout=240)
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-1.keras"], first.output
-    resumed = run_script(str(EXAMPLES / "keras_train.py"), 3, "--epochs", "2", "--checkpoint-dir", str(tmp_path),
-                         timeout=240)
-    lines = resumed.lines(0)
-    assert "resumed from epoch 1" in lines, resumed.output
-    epochs = [line for line in lines if line.startswith("epoch ")]
+def test_keras_example_learns_and_resumes_from_its_checkpoint(tensorflow_job):
+    # one epoch at np=2 from scratch, then the second at np=3 from its checkpoint (tensorflow_job.py)
+    first, resumed = tensorflow_job(2), tensorflow_job(3)
+    lines = {np: job.command_lines(0, KERAS_EXAMPLE[np].format(state_dir=tensorflow_job.state_dir))
+             for np, job in ((2, first), (3, resumed))}
+    assert [line.split(":")[0] for line in lines[2] if line.startswith(("epoch ", "resumed "))] == ["epoch 1/1"], \
+        first.output
+    assert "resumed from epoch 1" in lines[3], resumed.output
+    epochs = [line for line in lines[3] if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in epochs] == ["epoch 2/2"], resumed.output
     val_accuracy = float(epochs[-1].rsplit(" val acc ", 1)[1])
     assert val_accuracy > 0.6, f"4 classes, chance is 0.25; got {val_accuracy}\n{resumed.output}"
+    saved = sorted(path.name for path in (Path(tensorflow_job.state_dir) / "keras_example").iterdir())
+    assert saved == ["checkpoint-1.keras", "checkpoint-2.keras"], saved
 
 
 @pytest.mark.parametrize("np", [2, 3])
