@@ -1,10 +1,12 @@
 """fully_shard with real ranks: the same parameters as one process on the whole batch, case by case."""
 
+import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
-from .harness import SCRIPTS, run_job, run_script, shared_script
+from .harness import SCRIPTS, JobResult, run_job, run_script, shared_jobs_in_order, shared_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
@@ -14,11 +16,37 @@ CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumu
          "mixed_dtypes", "hidden_outputs", "copies"]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedJobs:
+    """``jobs(index)``: one of three jobs that run in order (together.py): every case and a sharded
+    checkpoint saved at np=2; every case, a checkpoint saved at np=3 and np=2's loaded; np=3's
+    loaded at np=2. Each case builds its own models; each test checks its own lines."""
+
+    folder: Path  # the checkpoints: at2/, at3/
+
+    def commands(self, index: int) -> list[str]:
+        every = f"fully_sharded.py {','.join(CASES)},save_sharded"
+        return [[f"{every} {self.folder / 'at2'}"],
+                [f"{every} {self.folder / 'at3'}", f"fully_sharded.py load_sharded {self.folder / 'at2'}"],
+                [f"fully_sharded.py load_sharded {self.folder / 'at3'}"]][index]
+
+    def __call__(self, index: int) -> JobResult:
+        order = [(np, self.commands(position)) for position, np in enumerate((2, 3, 2))]
+        return shared_jobs_in_order(order, index, timeout=240)
+
+
+@pytest.fixture(scope="session")
+def jobs(tmp_path_factory) -> ShardedJobs:
+    folder = tmp_path_factory.mktemp("sharded_checkpoints")
+    for np in (2, 3):
+        (folder / f"at{np}").mkdir()
+    return ShardedJobs(folder)
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("np", [2, 3])
-def test_fully_sharded_training_matches_one_process(np, case):
-    # One job per size runs every case (each builds its own models); each test checks its own line.
-    result = shared_script("fully_sharded.py", np, ",".join(CASES))
+def test_fully_sharded_training_matches_one_process(np, case, jobs):
+    result = jobs(np - 2)
     for rank in range(np):
         assert f"ok {case}" in result.lines(rank), result.output
 
@@ -31,8 +59,8 @@ def test_pairs_of_ranks_at_np_4_train_as_one_process(case):
     assert result.output.count(f"ok {case}") == 4, result.output
 
 
-def test_memory_per_rank_is_the_unsharded_state_over_n():
-    result = shared_script("fully_sharded.py", 3, ",".join(CASES))
+def test_memory_per_rank_is_the_unsharded_state_over_n(jobs):
+    result = jobs(1)  # np=3
     held, unsharded = map(int, re.search(r"model state (\d+) bytes per rank, unsharded (\d+)", result.output).groups())
     assert held <= 1.05 * unsharded / 3, result.output  # the units are too small here to need their allowance
 
@@ -54,16 +82,19 @@ def test_ranks_whose_forwards_differ_get_an_error_naming_the_unit_and_the_ranks(
 
 
 @pytest.mark.parametrize(("saved_at", "loaded_at"), [(3, 2), (2, 3)])
-def test_a_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved_at, loaded_at):
+def test_a_sharded_checkpoint_loads_at_another_world_size(saved_at, loaded_at, jobs):
     # Each rank writes its rows (and its rows of Adam's state); the other size reads them back and
     # must gather the very tensors the saving job gathered, then train on.
-    saved = run_script("fully_sharded.py", saved_at, "save_sharded", str(tmp_path), timeout=90)
-    assert saved.output.count("ok save_sharded") == saved_at, saved.output
+    saved, folder = jobs(saved_at - 2), jobs.folder / f"at{saved_at}"
+    assert [line for rank in range(saved_at) for line in saved.command_lines(rank, jobs.commands(saved_at - 2)[0])
+            if line == "ok save_sharded"] == ["ok save_sharded"] * saved_at, saved.output
     files = ["expected.pt", "layout.json", *[f"rank-{r}.pt" for r in range(saved_at)]]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [*files, "tied"]  # tied: a model with a tied weight
-    assert sorted(p.name for p in (tmp_path / "tied").iterdir()) == files
-    loaded = run_script("fully_sharded.py", loaded_at, "load_sharded", str(tmp_path), timeout=90)
-    assert loaded.output.count("ok load_sharded") == loaded_at, loaded.output
+    assert sorted(p.name for p in folder.iterdir()) == [*files, "tied"]  # tied: a model with a tied weight
+    assert sorted(p.name for p in (folder / "tied").iterdir()) == files
+    loading = 1 if loaded_at == 3 else 2  # the job, and its last command
+    loaded = jobs(loading)
+    assert [line for rank in range(loaded_at) for line in loaded.command_lines(rank, jobs.commands(loading)[-1])
+            if line == "ok load_sharded"] == ["ok load_sharded"] * loaded_at, loaded.output
 
 
 @pytest.mark.parametrize(("np", "victim"), [(3, 2), (3, 0), (2, 1)])
