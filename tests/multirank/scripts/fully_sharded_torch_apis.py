@@ -1,6 +1,7 @@
 """torch's own tools on hvd.fully_shard's parameters (DTensors), against one process on the whole batch.
 
-Usage: fully_sharded_torch_apis.py CASE[,CASE...] [DIRECTORY]. Each case prints 'ok CASE' on every rank.
+Usage: fully_sharded_torch_apis.py CASE[,CASE...], where the cases that take a directory are written
+CASE=DIRECTORY. Each case prints 'ok CASE' on every rank.
 No case calls dist.init_process_group: hvd.init() and fully_shard make the group the meshes need.
 
 - clip: torch.nn.utils.clip_grad_norm_ (2 and inf) and get_total_norm give the whole model's norm.
@@ -13,8 +14,8 @@ No case calls dist.init_process_group: hvd.init() and fully_shard make the group
 - hybrid (np=4): hybrid sharding's parameters are (Replicate(), Shard(0)) on a 2 x 2 mesh; norm and state dict.
 - device_mesh (first, alone): init_device_mesh after hvd.init() alone runs on hvdlite's backend.
 - collectives_refuse: hvdlite's own collectives refuse a DTensor, naming it and what to call instead.
-- dcp_save DIRECTORY: dcp.save of the sharded model and Adam state (and the one-process reference);
-- dcp_load DIRECTORY (at another number of ranks): dcp.load into hvd.fully_shard's model, into torch's
+- dcp_save=DIRECTORY: dcp.save of the sharded model and Adam state (and the one-process reference);
+- dcp_load=DIRECTORY (at another number of ranks): dcp.load into hvd.fully_shard's model, into torch's
   own fully_shard (FSDP2) model, saved again from FSDP2 and loaded back into hvdlite's: all equal.
 """
 
@@ -244,9 +245,10 @@ CASES["device_mesh"] = device_mesh  # (first: before any case starts the default
 
 def main() -> None:
     hvd.init(process_sets="dynamic")  # the hybrid case adds its sets
-    for case in sys.argv[1].split(","):
+    for item in sys.argv[1].split(","):
+        case, _, directory = item.partition("=")
         if case in WITH_DIRECTORY:
-            WITH_DIRECTORY[case](sys.argv[2])
+            WITH_DIRECTORY[case](directory)
         else:
             CASES[case]()
         print(f"ok {case}", flush=True)
