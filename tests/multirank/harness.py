@@ -13,14 +13,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hvdlite.core.mpi_start import QUIET_WAITS
+
 from .scripts.together import STARTS as TOGETHER_STARTS  # its line before each command's output
 
 SCRIPTS = Path(__file__).parent / "scripts"
 # One compute thread per rank: this machine has two cores and tests run up to three ranks.
 # TF_* keep TensorFlow to one thread per rank and quiet; NPROC limits JAX (XLA_FLAGS do not).
+# QUIET_WAITS: MPICH sleeps in its blocking waits, as hvdlite asks where a host has more ranks than
+# cores (hvdlite.core.mpi_start): the suite runs two jobs at once, so even an np=2 job shares its cores.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
-              "TF_ENABLE_ONEDNN_OPTS": "0", "NPROC": "1"}
+              "TF_ENABLE_ONEDNN_OPTS": "0", "NPROC": "1", **QUIET_WAITS}
 # XLA's CPU backend compiles every jitted function with LLVM's full optimisation, and on the tests'
 # small models compiling is most of a JAX job (jax_training at np=3: 27.8 -> 23.5 s CPU without it).
 # Every rank and every in-job reference runs with the same flags, so bit-for-bit checks still hold.

@@ -6,6 +6,7 @@ import threading
 
 from hvdlite.core.mpi_start import (
     NETMOD,
+    QUIET_WAITS,
     started_by_slurm_pmi,
     unconnected_step,
     variables_before_mpi,
@@ -21,15 +22,15 @@ HYDRA = {"PMI_FD": "9", "PMI_RANK": "0", "PMI_SIZE": "1", "MPI_LOCALNRANKS": "1"
 
 def test_a_task_of_plain_srun_gets_libfabric():
     assert started_by_slurm_pmi(SLURM_PMI)
-    assert variables_before_mpi(SLURM_PMI) == {NETMOD: "ofi"}
+    assert variables_before_mpi(SLURM_PMI, cores=64) == {NETMOD: "ofi"}
 
 
 def test_the_users_own_netmod_is_kept():
-    assert variables_before_mpi({**SLURM_PMI, NETMOD: "ucx"}) == {}
+    assert variables_before_mpi({**SLURM_PMI, NETMOD: "ucx"}, cores=64) == {}
 
 
 def test_an_empty_netmod_counts_as_unset():
-    assert variables_before_mpi({**SLURM_PMI, NETMOD: ""}) == {NETMOD: "ofi"}
+    assert variables_before_mpi({**SLURM_PMI, NETMOD: ""}, cores=64) == {NETMOD: "ofi"}
 
 
 def test_hydra_ranks_are_left_alone_even_inside_a_slurm_step():
@@ -37,13 +38,22 @@ def test_hydra_ranks_are_left_alone_even_inside_a_slurm_step():
     # Slurm's variables; Hydra's own marker decides.
     assert not started_by_slurm_pmi(HYDRA)
     assert not started_by_slurm_pmi({**SLURM_PMI, **HYDRA})
-    assert variables_before_mpi({**SLURM_PMI, **HYDRA}) == {}
+    assert variables_before_mpi({**SLURM_PMI, **HYDRA}, cores=64) == {}
 
 
 def test_a_singleton_or_a_batch_script_is_left_alone():
-    assert variables_before_mpi({}) == {}
-    assert variables_before_mpi({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "4294967294"}) == {}
-    assert variables_before_mpi({k: v for k, v in SLURM_PMI.items() if k != "PMI_JOBID"}) == {}
+    assert variables_before_mpi({}, cores=64) == {}
+    assert variables_before_mpi({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "4294967294"}, cores=64) == {}
+    assert variables_before_mpi({k: v for k, v in SLURM_PMI.items() if k != "PMI_JOBID"}, cores=64) == {}
+
+
+def test_mpich_sleeps_in_its_blocking_waits_where_a_host_has_more_ranks_than_cores():
+    assert QUIET_WAITS == {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+    assert variables_before_mpi({**HYDRA, "MPI_LOCALNRANKS": "3"}, cores=2) == QUIET_WAITS
+    assert variables_before_mpi({**HYDRA, "MPI_LOCALNRANKS": "2"}, cores=2) == {}
+    assert variables_before_mpi({**HYDRA, "MPI_LOCALNRANKS": "3", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"}, cores=2) == {}
+    assert variables_before_mpi({**SLURM_PMI, "MPI_LOCALNRANKS": "9"}, cores=2) == QUIET_WAITS  # Hydra inside an allocation
+    assert variables_before_mpi(SLURM_PMI, cores=1) == {NETMOD: "ofi"}  # Slurm says nothing of the host's tasks
 
 
 def test_importing_hvdlite_and_its_adapters_does_not_start_mpi():

@@ -4,7 +4,8 @@ Usage: elastic_join_death.py spawn|admit|starting|stall. Run with ``hvdliterun -
 --blacklist-cooldown-range 0.001 0.001`` (``spawn``: and ``--cold-joins``; ``admit``: and
 ``--warm-spares 1``). World rank 3 SIGKILLs itself at a commit (``admit``: once rank 0's warm spare is
 ready); when the survivors fill its slot at a later commit, world rank 1 dies inside that join: 0.3 s
-into ``MPI_Comm_spawn`` (the new process is still starting), or as the spare's admission begins.
+into ``MPI_Comm_spawn`` (the new process, held 1 s before it starts MPI, is still starting), or as
+the spare's admission begins.
 ``starting`` (the default join: rank 0 starts the new rank while the job trains): world rank 1 dies
 at a step while the new rank is still starting; the new rank joins the two left later. The two left re-form, check by
 collectives that they hold the same world (``world ok 2 ...``), and fill the free slots again; the job
@@ -74,15 +75,21 @@ def mine_starting() -> bool:
     return spares.mine().deferred_starting()
 
 
-def stop_first_new_rank() -> None:
-    """``stall``: the first spawned rank stops inside ``hvd.init()``, after its join watcher started."""
-    if MODE == "stall" and os.environ.get("HVDLITE_ELASTIC_SPAWN_PREFIX") == "g1.":
+def hold_first_new_rank() -> None:
+    """``stall``: the first spawned rank stops inside ``hvd.init()``, after its join watcher started.
+    ``spawn``: it starts MPI only after 1 s, so that the spawn still runs when rank 1 dies 0.3 s into
+    it (a process importing only NumPy and hvdlite can start within 0.3 s)."""
+    if os.environ.get("HVDLITE_ELASTIC_SPAWN_PREFIX") != "g1.":
+        return
+    if MODE == "spawn":
+        time.sleep(1.0)
+    if MODE == "stall":
         join = hvdlite.lifecycle.join_parent
         hvdlite.lifecycle.join_parent = lambda: (os.kill(os.getpid(), signal.SIGSTOP), join())[1]
 
 
 def main() -> None:
-    stop_first_new_rank()
+    hold_first_new_rank()
     hvd.init()
     # full: the launch's size, which a rank that joins later (at a smaller size) gets from the state.
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, w=np.zeros(3), step=0, killed=False,
