@@ -141,7 +141,8 @@ def start(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = No
     rank = base.Get_rank()
     _configure_logging(config, rank)
     if mpi_variables:
-        log.info("started by Slurm's PMI (srun --mpi=pmi2): set %s (see hvdlite.core.mpi_start)", mpi_variables)
+        log.info("set %s before MPI started (Slurm's PMI, or more ranks than cores: see hvdlite.core.mpi_start)",
+                 mpi_variables)
     process_id = config.elastic_spawn_prefix + str(MPI.COMM_WORLD.Get_rank())
     name = MPI.Get_processor_name()
     hosts, slot_hosts, ids, ports = zip(*base.allgather((name, config.host_alias or name, process_id,
