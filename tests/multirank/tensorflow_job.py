@@ -26,18 +26,17 @@ KERAS_EXAMPLE = {np: f"{EXAMPLES / 'keras_train.py'} --epochs {np - 1} --checkpo
 KERAS_DILOCO_FIT_RUNS = "refusals,1/0,2/1/int8,2/1/bf16"
 SYNTHETIC_BENCHMARK = (f"{EXAMPLES / 'tensorflow2_synthetic_benchmark.py'} --model mlp --fp16-allreduce "
                        "--num-iters 2 --num-batches-per-iter 2 --num-warmup-batches 1")
-# test_tensorflow.py's scripts and example, test_collectives.py's TensorFlow forms, test_adasum.py's Keras optimizer, test_process_sets.py's TensorFlow sets,
-# test_diloco.py's Keras DiLoCo through fit and test_elastic_frameworks.py's Keras state on a fixed world.
+# test_tensorflow.py's scripts and example, test_collectives.py's TensorFlow forms, test_adasum.py's
+# Keras optimizer, test_process_sets.py's TensorFlow sets, test_diloco.py's Keras DiLoCo through fit
+# and test_elastic_frameworks.py's Keras state on a fixed world.
 COMMANDS = {2: (KERAS_EXAMPLE[2], COLLECTIVES, "tf_training.py fit,tape", "tf_api.py {api},state {state_dir}",
-                SYNTHETIC_BENCHMARK,
-                "tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py",
+                SYNTHETIC_BENCHMARK, "tf_sync_batch_norm.py", "keras_partial.py", "tf_horovod_compat.py",
                 f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[2]}", "keras_adasum_optimizer.py",
                 "tf_process_sets.py dynamic", "keras_elastic_state.py", "tf1_training.py global"),
             3: (KERAS_EXAMPLE[3], COLLECTIVES, "tf_training.py fit,tape", "tf_api.py {api} {state_dir}",
-                "tf_sync_batch_norm.py",
-                "tf_horovod_compat.py", f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[3]}", "keras_adasum_optimizer.py",
-                "tf_process_sets.py static", f"keras_diloco.py 1 fit {KERAS_DILOCO_FIT_RUNS}", "keras_elastic_state.py",
-                "tf1_training.py sets")}
+                "tf_sync_batch_norm.py", "tf_horovod_compat.py", f"keras_local_sgd.py {KERAS_LOCAL_SGD_RUNS[3]}",
+                "keras_adasum_optimizer.py", "tf_process_sets.py static",
+                f"keras_diloco.py 1 fit {KERAS_DILOCO_FIT_RUNS}", "keras_elastic_state.py", "tf1_training.py sets")}
 
 
 def tensorflow_job(np: int, state_dir: str) -> JobResult:

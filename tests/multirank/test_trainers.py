@@ -58,20 +58,22 @@ def _same_as_gloo_and_close_to_one_process(out: dict[str, str], tolerance: dict[
 
 
 @functools.cache
-def _lightning_runs(folder: str) -> tuple[JobResult, str]:
+def _lightning_runs(folder: str) -> tuple[JobResult, str, str]:
     """lightning_train.py's kinds, all in each of three runs (Lightning's start is seconds of CPU a
     process): under the torchrun mode on hvdlite at np=2, under torchrun on gloo, and in one process;
-    the parameters go to ``folder/{hvdlite,gloo,single}.KIND.pt``. The hvdlite job and torchrun's output."""
+    the parameters go to ``folder/{hvdlite,gloo,single}.KIND.pt``. The hvdlite job, the output of the
+    other two, and ``folder``."""
     kinds = ",".join(LIGHTNING_KINDS)
     result = _hvdliterun(2, [LIGHTNING, kinds, f"{folder}/hvdlite"])
-    return result, _torchrun(2, [LIGHTNING, kinds, f"{folder}/gloo"]) + _python([LIGHTNING, kinds, f"{folder}/single", "single"])
+    others = _torchrun(2, [LIGHTNING, kinds, f"{folder}/gloo"]) + _python([LIGHTNING, kinds, f"{folder}/single", "single"])
+    return result, others, folder
 
 
 @pytest.fixture(scope="module")
-def lightning_runs(tmp_path_factory) -> Callable[[], tuple[JobResult, str]]:
+def lightning_runs(tmp_path_factory) -> Callable[[], tuple[JobResult, str, str]]:
     """The Lightning runs this file's tests share, made for the first test that asks."""
     folder = str(tmp_path_factory.mktemp("lightning"))
-    return lambda: _lightning_runs(folder) + (folder,)
+    return lambda: _lightning_runs(folder)
 
 
 def test_accelerate_trains_data_parallel_on_hvdlite_as_on_gloo(tmp_path):
@@ -115,7 +117,8 @@ def test_lightning_trains_on_hvdlite_as_on_gloo(lightning_runs, kind):
     result, others, folder = lightning_runs()
     for rank in range(2):
         assert f"lightning {kind} ok backend hvdlite rank {rank}" in result.lines(rank), result.output
-    assert f"lightning {kind} ok backend gloo rank 0" in others and f"lightning {kind} ok backend None rank 0" in others
+    assert f"lightning {kind} ok backend gloo rank 0" in others, others
+    assert f"lightning {kind} ok backend None rank 0" in others, others
     _same_as_gloo_and_close_to_one_process({name: f"{folder}/{name}.{kind}.pt" for name in ("hvdlite", "gloo", "single")})
 
 
