@@ -72,6 +72,8 @@ def _group(item: pytest.Item) -> str:
         return "test_spark"  # one Spark session (tests/multirank/conftest.py) for the Spark files
     if "tensorflow_job" in getattr(item, "fixturenames", ()):
         return "test_tensorflow"  # the worker that runs the shared TensorFlow job (tests/multirank/tensorflow_job.py)
+    if "jax_job" in getattr(item, "fixturenames", ()):
+        return "test_jax"  # the worker that runs the shared JAX job (tests/multirank/jax_job.py)
     return "netns" if item.get_closest_marker("netns") else path.stem
 
 

@@ -1,5 +1,5 @@
-"""What the multi-rank tests share: one JAX compilation cache per session, the TensorFlow job of
-several files (tensorflow_job.py), the Spark session of the Spark tests (test_spark.py,
+"""What the multi-rank tests share: one JAX compilation cache per session, the TensorFlow and JAX
+jobs of several files (tensorflow_job.py, jax_job.py), the Spark session of the Spark tests (test_spark.py,
 test_spark_estimators.py: one xdist group), and a temporary folder of each test's own."""
 
 import os
@@ -10,6 +10,7 @@ import tempfile
 import pytest
 
 from .harness import ONE_THREAD
+from .jax_job import JaxJobs
 from .tensorflow_job import TensorFlowJobs
 
 # The three JVMs (driver, two executors) live for seconds of work each: the C1 compiler alone and the
@@ -45,6 +46,13 @@ def jax_compilation_cache(tmp_path_factory):
         for name, value in settings.items():
             patch.setenv(name, value)
         yield folder
+
+
+@pytest.fixture(scope="session")
+def jax_job(tmp_path_factory) -> JaxJobs:
+    """``jax_job(np)``: the shared JAX job at ``np`` ranks (jax_job.py). A test that asks for this
+    fixture runs in the xdist group ``test_jax`` (tests/conftest.py)."""
+    return JaxJobs(str(tmp_path_factory.mktemp("jax_state")))
 
 
 @pytest.fixture(scope="session")

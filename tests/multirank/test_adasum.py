@@ -4,7 +4,8 @@ DistributedOptimizer(op=Adasum) against a replay of every rank's own step (scrip
 
 import pytest
 
-from .harness import SCRIPTS, JobResult, run_job, shared_script
+from .harness import JobResult, shared_script
+from .jax_job import ADASUM as JAX_ADASUM
 
 pytestmark = pytest.mark.multirank
 CASES = ["core", "torch", "tiny", "process set", "errors"]
@@ -62,11 +63,10 @@ JAX_CASES = ["adam eager", "sgd jit", "adamw jit", "backward_passes_per_step", "
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_the_optax_adasum_optimizer_combines_each_ranks_updates(np):
-    result = run_job(["python", str(SCRIPTS / "jax_adasum_optimizer.py")], np=np, timeout=240)
-    assert result.returncode == 0, result.output
+def test_the_optax_adasum_optimizer_combines_each_ranks_updates(np, jax_job):
+    result = jax_job(np)  # the JAX job several files share (jax_job.py)
     for rank in range(np):
-        assert [line for line in result.lines(rank) if line.startswith("ok ")] == \
+        assert [line for line in result.command_lines(rank, JAX_ADASUM) if line.startswith("ok ")] == \
             [f"ok jax adasum {case}" for case in JAX_CASES], result.output
 
 

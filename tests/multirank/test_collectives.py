@@ -4,6 +4,7 @@ through the core (NumPy) and through each framework adapter."""
 import pytest
 
 from .harness import run_script, shared_script
+from .jax_job import COLLECTIVES as JAX_COLLECTIVES
 from .tensorflow_job import COLLECTIVES
 
 pytestmark = pytest.mark.multirank
@@ -11,9 +12,9 @@ CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_an
           "test_broadcast", "test_alltoall", "test_reducescatter", "test_objects_and_barrier", "test_join_then_objects"]
 
 
-# The eager and compiled forms of a framework share one job; TensorFlow's run in the TensorFlow job
-# several files share (tensorflow_job.py): its start costs seconds a rank.
-JOBS = {"numpy": "numpy", "torch": "torch", "jax": "jax,jax-jit", "jax-jit": "jax,jax-jit"}
+# NumPy and torch in a job each; the eager and compiled forms of TensorFlow and JAX in the jobs of
+# their framework that several files share (tensorflow_job.py, jax_job.py): one framework start a rank.
+JOBS = {"numpy": "numpy", "torch": "torch"}
 
 
 @pytest.mark.quick
@@ -32,6 +33,15 @@ def test_every_collective_through_tensorflow(np, framework, tensorflow_job):
     result = tensorflow_job(np)
     for rank in range(np):
         _check_every_collective(result.command_lines(rank, COLLECTIVES), framework, result.output)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("framework", ["jax", "jax-jit"])
+@pytest.mark.parametrize("np", [2, 3])
+def test_every_collective_through_jax(np, framework, jax_job):
+    result = jax_job(np)
+    for rank in range(np):
+        _check_every_collective(result.command_lines(rank, JAX_COLLECTIVES), framework, result.output)
 
 
 def _check_every_collective(lines: list[str], framework: str, output: str) -> None:

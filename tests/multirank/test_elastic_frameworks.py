@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from .harness import SCRIPTS, run_job, run_script
+from .harness import SCRIPTS, run_job
 
 pytestmark = pytest.mark.multirank
 FRAMEWORKS = ["keras", "jax"]
@@ -21,8 +21,8 @@ def test_keras_state_syncs_commits_and_restores(np, tensorflow_job):
 
 
 @pytest.mark.parametrize("np", [2, 3])
-def test_jax_state_syncs_commits_and_restores(np):
-    _check_state_lines(run_script("jax_elastic_state.py", np, timeout=240).lines, "jax", np)
+def test_jax_state_syncs_commits_and_restores(np, jax_job):
+    _check_state_lines(jax_job(np).lines, "jax", np)  # in the JAX job several files share (jax_job.py)
 
 
 def _check_state_lines(lines: Callable[[int], list[str]], framework: str, np: int) -> None:
