@@ -15,6 +15,8 @@ CHECKS = ["test_topology", "test_allreduce", "test_fp16_exact", "test_grouped_an
 # NumPy and torch in a job each; the eager and compiled forms of TensorFlow and JAX in the jobs of
 # their framework that several files share (tensorflow_job.py, jax_job.py): one framework start a rank.
 JOBS = {"numpy": "numpy", "torch": "torch"}
+# The quick subset (pytest -m quick) runs those shared jobs at np=2 only: each runs every script of its files.
+QUICK_AT_NP_2 = [pytest.param(2, marks=pytest.mark.quick), 3]
 
 
 @pytest.mark.quick
@@ -26,18 +28,16 @@ def test_every_collective(np, framework):
         _check_every_collective(result.lines(rank), framework, result.output)
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("framework", ["tensorflow", "tensorflow-graph"])
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", QUICK_AT_NP_2)
 def test_every_collective_through_tensorflow(np, framework, tensorflow_job):
     result = tensorflow_job(np)
     for rank in range(np):
         _check_every_collective(result.command_lines(rank, COLLECTIVES), framework, result.output)
 
 
-@pytest.mark.quick
 @pytest.mark.parametrize("framework", ["jax", "jax-jit"])
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", QUICK_AT_NP_2)
 def test_every_collective_through_jax(np, framework, jax_job):
     result = jax_job(np)
     for rank in range(np):
