@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,6 +116,34 @@ def shared_jobs_in_order(jobs: list[tuple[int, list[str]]], index: int, timeout:
         shared_script("together.py", np, *commands, timeout=timeout)
     np, commands = jobs[index]
     return shared_script("together.py", np, *commands, timeout=timeout)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointAcrossSizes:
+    """Three shared ``together.py`` jobs, run in order, for scripts that save a checkpoint at one size
+    and load it at the other: np=2 saves into ``folder/at2``; np=3 saves into ``at3`` and loads
+    ``at2``; a last np=2 job loads ``at3``. ``commands(save, load)``: a job's commands, given the
+    folder it saves into and the one it loads from (``None``: it does not). ``jobs(index)``: the
+    result of job ``index`` (those before it run first)."""
+
+    folder: Path
+    commands: Callable[[Path | None, Path | None], list[str]]
+
+    def job_commands(self, index: int) -> list[str]:
+        save, load = [("at2", None), ("at3", "at2"), (None, "at3")][index]
+        return self.commands(save and self.folder / save, load and self.folder / load)
+
+    def __call__(self, index: int) -> JobResult:
+        order = [(np, self.job_commands(position)) for position, np in enumerate((2, 3, 2))]
+        return shared_jobs_in_order(order, index, timeout=240)
+
+
+def checkpoint_across_sizes(folder: Path, commands: Callable[[Path | None, Path | None], list[str]]
+                            ) -> CheckpointAcrossSizes:
+    """:class:`CheckpointAcrossSizes` in ``folder``, with its two checkpoint folders made."""
+    for name in ("at2", "at3"):
+        (folder / name).mkdir()
+    return CheckpointAcrossSizes(folder, commands)
 
 
 @functools.cache

@@ -3,7 +3,7 @@ through the core (NumPy) and through each framework adapter."""
 
 import pytest
 
-from .harness import run_script, shared_script
+from .harness import JobResult, run_script, shared_script
 from .jax_job import COLLECTIVES as JAX_COLLECTIVES
 from .tensorflow_job import COLLECTIVES
 
@@ -23,30 +23,27 @@ QUICK_AT_NP_2 = [pytest.param(2, marks=pytest.mark.quick), 3]
 @pytest.mark.parametrize("framework", list(JOBS))
 @pytest.mark.parametrize("np", [2, 3])
 def test_every_collective(np, framework):
-    result = shared_script("collectives.py", np, JOBS[framework])
-    for rank in range(np):
-        _check_every_collective(result.lines(rank), framework, result.output)
+    _check_every_collective(shared_script("collectives.py", np, JOBS[framework]), None, framework, np)
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "tensorflow-graph"])
 @pytest.mark.parametrize("np", QUICK_AT_NP_2)
 def test_every_collective_through_tensorflow(np, framework, tensorflow_job):
-    result = tensorflow_job(np)
-    for rank in range(np):
-        _check_every_collective(result.command_lines(rank, COLLECTIVES), framework, result.output)
+    _check_every_collective(tensorflow_job(np), COLLECTIVES, framework, np)
 
 
 @pytest.mark.parametrize("framework", ["jax", "jax-jit"])
 @pytest.mark.parametrize("np", QUICK_AT_NP_2)
 def test_every_collective_through_jax(np, framework, jax_job):
-    result = jax_job(np)
+    _check_every_collective(jax_job(np), JAX_COLLECTIVES, framework, np)
+
+
+def _check_every_collective(result: JobResult, command: str | None, framework: str, np: int) -> None:
+    """Every rank printed each check's line for ``framework``, in order (of ``command`` in a shared job)."""
     for rank in range(np):
-        _check_every_collective(result.command_lines(rank, JAX_COLLECTIVES), framework, result.output)
-
-
-def _check_every_collective(lines: list[str], framework: str, output: str) -> None:
-    done = [x for x in lines if x.startswith(f"ok {framework} ")]
-    assert done == [f"ok {framework} {name}" for name in CHECKS + ["reinit"]], output
+        lines = result.lines(rank) if command is None else result.command_lines(rank, command)
+        done = [x for x in lines if x.startswith(f"ok {framework} ")]
+        assert done == [f"ok {framework} {name}" for name in CHECKS + ["reinit"]], result.output
 
 
 @pytest.mark.parametrize("np", [2, 3])

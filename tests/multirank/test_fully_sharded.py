@@ -1,12 +1,11 @@
 """fully_shard with real ranks: the same parameters as one process on the whole batch, case by case."""
 
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
-from .harness import SCRIPTS, JobResult, run_job, run_script, shared_jobs_in_order, shared_script
+from .harness import SCRIPTS, CheckpointAcrossSizes, checkpoint_across_sizes, run_job, run_script, shared_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumulate", "accumulate_no_sync", "clip",
@@ -16,31 +15,17 @@ CASES = ["sgd", "adam", "offload", "keep_after_forward", "prefetch_off", "accumu
          "mixed_dtypes", "hidden_outputs", "copies"]
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardedJobs:
-    """``jobs(index)``: one of three jobs that run in order (together.py): every case and a sharded
-    checkpoint saved at np=2; every case, a checkpoint saved at np=3 and np=2's loaded; np=3's
-    loaded at np=2. Each case builds its own models; each test checks its own lines."""
-
-    folder: Path  # the checkpoints: at2/, at3/
-
-    def commands(self, index: int) -> list[str]:
-        every = f"fully_sharded.py {','.join(CASES)},save_sharded"
-        return [[f"{every} {self.folder / 'at2'}"],
-                [f"{every} {self.folder / 'at3'}", f"fully_sharded.py load_sharded {self.folder / 'at2'}"],
-                [f"fully_sharded.py load_sharded {self.folder / 'at3'}"]][index]
-
-    def __call__(self, index: int) -> JobResult:
-        order = [(np, self.commands(position)) for position, np in enumerate((2, 3, 2))]
-        return shared_jobs_in_order(order, index, timeout=240)
+def _commands(save: Path | None, load: Path | None) -> list[str]:
+    """Every case (each builds its own models) and a sharded checkpoint saved where a job saves one;
+    the checkpoint of the other size loaded where it loads one (harness.CheckpointAcrossSizes)."""
+    return [*([f"fully_sharded.py {','.join(CASES)},save_sharded {save}"] if save else []),
+            *([f"fully_sharded.py load_sharded {load}"] if load else [])]
 
 
 @pytest.fixture(scope="session")
-def jobs(tmp_path_factory) -> ShardedJobs:
-    folder = tmp_path_factory.mktemp("sharded_checkpoints")
-    for np in (2, 3):
-        (folder / f"at{np}").mkdir()
-    return ShardedJobs(folder)
+def jobs(tmp_path_factory) -> CheckpointAcrossSizes:
+    """``jobs(0)``: np=2, ``jobs(1)``: np=3, ``jobs(2)``: np=2 loading np=3's checkpoint."""
+    return checkpoint_across_sizes(tmp_path_factory.mktemp("sharded_checkpoints"), _commands)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -86,14 +71,14 @@ def test_a_sharded_checkpoint_loads_at_another_world_size(saved_at, loaded_at, j
     # Each rank writes its rows (and its rows of Adam's state); the other size reads them back and
     # must gather the very tensors the saving job gathered, then train on.
     saved, folder = jobs(saved_at - 2), jobs.folder / f"at{saved_at}"
-    assert [line for rank in range(saved_at) for line in saved.command_lines(rank, jobs.commands(saved_at - 2)[0])
+    assert [line for rank in range(saved_at) for line in saved.command_lines(rank, jobs.job_commands(saved_at - 2)[0])
             if line == "ok save_sharded"] == ["ok save_sharded"] * saved_at, saved.output
     files = ["expected.pt", "layout.json", *[f"rank-{r}.pt" for r in range(saved_at)]]
     assert sorted(p.name for p in folder.iterdir()) == [*files, "tied"]  # tied: a model with a tied weight
     assert sorted(p.name for p in (folder / "tied").iterdir()) == files
     loading = 1 if loaded_at == 3 else 2  # the job, and its last command
     loaded = jobs(loading)
-    assert [line for rank in range(loaded_at) for line in loaded.command_lines(rank, jobs.commands(loading)[-1])
+    assert [line for rank in range(loaded_at) for line in loaded.command_lines(rank, jobs.job_commands(loading)[-1])
             if line == "ok load_sharded"] == ["ok load_sharded"] * loaded_at, loaded.output
 
 

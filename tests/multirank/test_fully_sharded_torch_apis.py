@@ -1,42 +1,28 @@
 """torch's own tools on hvd.fully_shard's parameters, with real ranks: each was a silent local answer
 while the shards were plain tensors (a shard's norm, a shard's rows as the whole state dict)."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from .harness import JobResult, run_script, shared_jobs_in_order
+from .harness import CheckpointAcrossSizes, checkpoint_across_sizes, run_script
 
 pytestmark = pytest.mark.multirank
 CASES = ["clip", "model_state_dict", "optimizer_state_dict", "full_tensor", "unshard", "collectives_refuse"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Jobs:
-    """``jobs(index)``: one of three jobs that run in order, every case first after ``device_mesh``
-    (which must start the default group): at np=2, saving a DCP checkpoint; at np=3, saving one and
-    loading np=2's; at np=2, loading np=3's."""
-
-    folder: Path  # the checkpoints: at2/, at3/
-
-    def cases(self, index: int) -> str:
-        every = ["device_mesh", *CASES]
-        return ",".join([[*every, f"dcp_save={self.folder / 'at2'}"],
-                         [*every, f"dcp_save={self.folder / 'at3'}", f"dcp_load={self.folder / 'at2'}"],
-                         [f"dcp_load={self.folder / 'at3'}"]][index])
-
-    def __call__(self, index: int) -> JobResult:
-        order = [(np, [f"fully_sharded_torch_apis.py {self.cases(position)}"]) for position, np in enumerate((2, 3, 2))]
-        return shared_jobs_in_order(order, index, timeout=240)
+def _commands(save: Path | None, load: Path | None) -> list[str]:
+    """One command a job: every case first after ``device_mesh`` (which must start the default group)
+    and a DCP checkpoint saved where a job saves one; the other size's loaded where it loads one
+    (harness.CheckpointAcrossSizes)."""
+    cases = [*(["device_mesh", *CASES, f"dcp_save={save}"] if save else []), *([f"dcp_load={load}"] if load else [])]
+    return [f"fully_sharded_torch_apis.py {','.join(cases)}"]
 
 
 @pytest.fixture(scope="session")
-def jobs(tmp_path_factory) -> Jobs:
-    folder = tmp_path_factory.mktemp("dcp_checkpoints")
-    for np in (2, 3):
-        (folder / f"at{np}").mkdir()
-    return Jobs(folder)
+def jobs(tmp_path_factory) -> CheckpointAcrossSizes:
+    """``jobs(0)``: np=2, ``jobs(1)``: np=3, ``jobs(2)``: np=2 loading np=3's checkpoint."""
+    return checkpoint_across_sizes(tmp_path_factory.mktemp("dcp_checkpoints"), _commands)
 
 
 @pytest.mark.parametrize("case", CASES)
