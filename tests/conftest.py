@@ -1,8 +1,8 @@
 """Suite-wide settings: the quick subset, and where the suite's cores go.
 
 ``pytest -m quick`` is the inner loop: every unit test and the multi-rank tests marked ``quick``
-(every collective through every framework at np=2 and np=3, and torch training against one
-process), about a minute and a half on 2 cores.
+(every collective through NumPy and torch at np=2 and np=3, through TensorFlow and JAX at np=2 in
+their shared jobs, and torch training against one process), about two and a half minutes on 2 cores.
 
 ``HVDLITE_TEST_CPU_LOG=path`` appends, per test, its wall seconds and the CPU seconds of the
 processes it started and waited for (the ranks of its jobs; a job shared by several tests counts
@@ -11,8 +11,8 @@ for the first), then its xdist worker and the time it ended: where the suite's t
 Two pytest-xdist workers (``-n 2 --dist loadgroup --no-loadscope-reorder``, in pyproject's addopts),
 each taking whole groups: a multi-rank file is a group (its shared jobs run once, on one worker), the
 files that use the network-namespace hosts are one group (they use the same namespaces), the tests of
-other files that check the shared TensorFlow job (the ``tensorflow_job`` fixture) join
-test_tensorflow's, the unit tests are one. Groups go out in the order this file sorts them (longest
+other files that check the shared TensorFlow or JAX job (the ``tensorflow_job`` and ``jax_job``
+fixtures) join test_tensorflow's or test_jax's, the unit tests are one. Groups go out in the order this file sorts them (longest
 first; xdist would otherwise order them by their number of tests). Measured on 2 cores, fresh clone,
 2026-12-01: 46:10 of tests (51:53 with the install), and 2026-12-02 48:40 (53:05), then 55:18 (about 61:00) with the
 trainers' tests and the Lightning estimator, on days the machine ran 3-4x slower
@@ -22,7 +22,9 @@ the FSDP2 example shared their torch jobs and three files the TensorFlow job; 20
 before with only the TensorFlow one, in a slow hour for this machine (its speed drifts by 10-15%); 18:53
 to 19:35 (20:52 to 21:29) earlier that day before either; 21:31 without the shared JAX compilation
 cache, 29:34 before the Spark JVMs' settings, 40:43 before small scripts shared jobs through
-scripts/together.py. The cores are the limit, not the workers: most of a small job's CPU is its ranks
+scripts/together.py. 2026-12-03: 21:37 to 22:20 of tests, then 18:55 and 20:46 (a slower hour: the unit
+tests alone took 125 s instead of 107) once Lightning's three kinds, more TensorFlow scripts, a JAX job
+and the checkpoints across sizes shared jobs, and MPICH slept in its blocking waits. The cores are the limit, not the workers: most of a small job's CPU is its ranks
 importing their framework, so scripts that need nothing of their own from the launcher share one job per
 size. Two jobs at a time oversubscribe the cores, so no test bounds a time tighter than its generous
 margin, and tests that look at machine-wide state (MPICH's files in /dev/shm) tell their job's from a
