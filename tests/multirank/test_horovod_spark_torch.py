@@ -2,7 +2,9 @@
 hvdlite: the user-facing ones (fit, restore from a checkpoint, transform of a multi-class model built
 by hand, direct Parquet training), with only their imports and harness changed
 (horovod_spark_common.py: the shared Spark session, a local store, ``CallbackBackend``). Where a
-test watched Horovod's private ``_load_checkpoint`` with a mock, it looks at the history instead."""
+test watched Horovod's private ``_load_checkpoint`` with a mock, it looks at the history instead.
+Direct Parquet training loops over ``inmemory_cache_all`` with one ``reader_pool_type`` (Petastorm's,
+unused here: both values fit the same), as in test_horovod_spark_keras.py."""
 
 import sys
 
@@ -167,7 +169,7 @@ def test_torch_direct_parquet_train(spark, validation):
                 loss = nn.BCELoss()
 
                 for inmemory_cache_all in [False, True]:
-                    for reader_pool_type in ['process', 'thread']:
+                    for reader_pool_type in ['process']:  # Horovod's: ['process', 'thread'] (Petastorm's, unused here)
                         est = hvd_spark.TorchEstimator(
                             backend=backend,
                             store=store,
