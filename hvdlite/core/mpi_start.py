@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import HvdliteError
 from ..settings.config import set_environ
+from .topology import usable_cores
 
 NETMOD = "MPIR_CVAR_CH4_NETMOD"
 QUIET_WAITS = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}  # where a host has more ranks than cores
@@ -118,7 +119,7 @@ def start_mpi(env: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
     mpi4py's ``MPI`` first), it is too late to set anything, and nothing is set. Raises
     :class:`~hvdlite.errors.HvdliteError` for :func:`unconnected_step`.
     """
-    added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env, len(os.sched_getaffinity(0)))
+    added = {} if "mpi4py.MPI" in sys.modules else variables_before_mpi(env, usable_cores())
     set_environ(added)
     if "mpi4py.MPI" not in sys.modules:
         wait_for_local_ranks(env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +17,18 @@ class Topology:
     cross_rank: int
     cross_size: int
     is_homogeneous: bool
+
+    def outnumbers_cores(self) -> bool:
+        """True if this host runs more of the job's ranks than this process has cores: a rank
+        that waits by spinning then takes the core another rank needs."""
+        return self.local_size > usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a cgroup or ``taskset`` may allow fewer
+    than the machine has), or the machine's count where the platform has no affinity (macOS)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def topology_from_hosts(hosts: list[str], rank: int) -> Topology:

@@ -10,7 +10,6 @@ gloo's and NCCL's do; ``wait()`` completes it on the caller's thread if that com
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -188,7 +187,7 @@ def _waiter() -> _FutureWaiter | None:
     global _WAITER, _WAITER_DECIDED
     if not _WAITER_DECIDED and is_initialized():  # (a work made without hvdlite running: tests)
         _WAITER_DECIDED = True
-        if current().topology.local_size > len(os.sched_getaffinity(0)):
+        if current().topology.outnumbers_cores():
             _WAITER = _FutureWaiter()
     return _WAITER
 
