@@ -20,24 +20,15 @@ SHARDED = {2: [("adam", "eager")], 3: [("adam", "jit"), ("sgd", "jit")]}
 COLLECTIVES = "collectives.py jax,jax-jit"  # test_collectives.py's JAX forms
 ADASUM = "jax_adasum_optimizer.py"  # test_adasum.py's optax optimizer
 ELASTIC_STATE = "jax_elastic_state.py"  # test_elastic_frameworks.py's JAX state on a fixed world
-PROCESS_SETS = "jax_process_sets.py static,dynamic"  # test_process_sets.py's JAX sets, at np=3
-# test_diloco.py's JAX DiLoCo at np=3, in groups of one, eagerly (its np=4 jitted job is its own).
-DILOCO_EAGER_RUNS = "refusals,1/0,2/1/int8,2/1/bf16"
 EXAMPLE_COMMAND = f"{EXAMPLE} --epochs 2 --checkpoint {{state_dir}}/ckpt.npz"  # at np=2
-# test_gpu_scripts_on_cpu.py's run of the GPU modes script with both copies on the CPU, at np=2. Last:
-# it sets JAX's default matmul precision for the rest of the process.
-GPU_MODES_ON_CPU = f"{Path(__file__).resolve().parents[1] / 'gpu' / 'scripts' / 'jax_modes.py'} --device cpu"
 
 
 def commands(np: int, state_dir: str) -> list[str]:
-    """test_jax.py's scripts (and at np=2 the example), then the other files' scripts (at np=2 the
-    GPU modes script on the CPU, at np=3 the process sets' and DiLoCo's in groups of one)."""
+    """test_jax.py's scripts (and at np=2 the example), then the other files' scripts."""
     return [f"jax_training.py {','.join(TRAINING)}", f"jax_api.py {','.join(API)}",
             *(f"jax_local_sgd.py {' '.join(run)}" for run in LOCAL_SGD[np]),
             *(f"jax_sharded.py {' '.join(run)}" for run in SHARDED[np]), "jax_powersgd.py eager,jit",
-            COLLECTIVES, ADASUM, ELASTIC_STATE,
-            *([EXAMPLE_COMMAND.format(state_dir=state_dir), GPU_MODES_ON_CPU] if np == 2
-              else [PROCESS_SETS, f"jax_diloco.py 1 eager {DILOCO_EAGER_RUNS}"])]
+            COLLECTIVES, ADASUM, ELASTIC_STATE, *([EXAMPLE_COMMAND.format(state_dir=state_dir)] if np == 2 else [])]
 
 
 @dataclasses.dataclass(frozen=True)

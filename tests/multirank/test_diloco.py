@@ -8,7 +8,6 @@ from collections.abc import Callable
 import pytest
 
 from .harness import SCRIPTS, JobResult, run_job, shared_jobs_in_order, shared_script
-from .jax_job import DILOCO_EAGER_RUNS as JAX_DILOCO_EAGER_RUNS
 from .tensorflow_job import KERAS_DILOCO_FIT_RUNS
 
 # np=4 in two groups of two (a DistributedOptimizer, or fully_shard, inside each group; pseudo-gradients
@@ -76,22 +75,17 @@ def test_diloco_with_h16_reaches_synchronous_accuracy_on_digits_in_two_groups_of
     assert not behind, f"more than 1 point below synchronous training: {behind}; all: {accuracy}"
 
 
-# JAX (optax): np=4 in two groups of two under jax.jit, np=3 in groups of one eagerly (jax_diloco.py; np=3 in
-# the JAX job several files share, jax_job.py); bf16 at np=3 only (the codec is the shared NumPy one, checked
-# bit for bit in tests/unit/test_diloco_parts.py).
-JAX_JIT_RUNS = "refusals,1/0,2/1,2/1/int8"
+# JAX (optax): np=4 in two groups of two under jax.jit, np=3 in groups of one eagerly (jax_diloco.py); bf16 at
+# np=3 only (the codec is the shared NumPy one, checked bit for bit in tests/unit/test_diloco_parts.py).
+JAX_RUNS = {(4, 2, "jit"): "refusals,1/0,2/1,2/1/int8", (3, 1, "eager"): "refusals,1/0,2/1/int8,2/1/bf16"}
 
 
-@pytest.mark.parametrize("run", JAX_JIT_RUNS.split(","))
-def test_jax_diloco_in_groups_of_two_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(run):
-    result = shared_script("jax_diloco.py", 4, "2", "jit", JAX_JIT_RUNS, timeout=240)
-    assert result.output.count(f"ok jax diloco {run} ") == 4, result.output
-
-
-@pytest.mark.parametrize("run", JAX_DILOCO_EAGER_RUNS.split(","))
-def test_jax_diloco_in_groups_of_one_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(run, jax_job):
-    result = jax_job(3)
-    assert result.output.count(f"ok jax diloco {run} ") == 3, result.output
+@pytest.mark.parametrize(("np", "group_size", "mode", "run"),
+                         [(np, group_size, mode, run) for (np, group_size, mode), runs in JAX_RUNS.items()
+                          for run in runs.split(",")])
+def test_jax_diloco_steps_every_rank_like_its_replay_and_resumes_from_a_checkpoint(np, group_size, mode, run):
+    result = shared_script("jax_diloco.py", np, str(group_size), mode, JAX_RUNS[(np, group_size, mode)], timeout=240)
+    assert result.output.count(f"ok jax diloco {run} ") == np, result.output
 
 
 # Keras 3: np=4 in two groups of two through an eager loop, np=3 in groups of one through model.fit

@@ -12,28 +12,19 @@ import pytest
 from tests.gpu.test_training_modes import JAX_MODES, TORCH_MODES
 
 from .harness import run_job
-from .jax_job import GPU_MODES_ON_CPU
 
 pytestmark = pytest.mark.multirank
 GPU_SCRIPTS = Path(__file__).resolve().parents[1] / "gpu" / "scripts"
 
 
-def _modes_pass(lines_of, framework: str, modes: list[str], output: str) -> None:
+@pytest.mark.parametrize(("script", "framework", "modes"), [("torch_modes.py", "torch", TORCH_MODES),
+                                                            ("jax_modes.py", "jax", JAX_MODES)])
+def test_every_training_mode_script_passes_with_both_copies_on_the_cpu(script, framework, modes):
+    result = run_job(["python", str(GPU_SCRIPTS / script), "--device", "cpu"], np=2, timeout=120)
+    assert result.returncode == 0, result.output
     for rank in range(2):
-        assert [line for line in lines_of(rank) if line.startswith(("ok ", "FAILED "))] == \
-            [f"ok {framework} {mode}" for mode in modes], output
-
-
-def test_every_torch_training_mode_script_passes_with_both_copies_on_the_cpu():
-    result = run_job(["python", str(GPU_SCRIPTS / "torch_modes.py"), "--device", "cpu"], np=2, timeout=120)
-    assert result.returncode == 0, result.output
-    _modes_pass(result.lines, "torch", TORCH_MODES, result.output)
-
-
-def test_every_jax_training_mode_script_passes_with_both_copies_on_the_cpu(jax_job):
-    result = jax_job(2)  # in the JAX job several files share (jax_job.py)
-    assert result.returncode == 0, result.output
-    _modes_pass(lambda rank: result.command_lines(rank, GPU_MODES_ON_CPU), "jax", JAX_MODES, result.output)
+        assert [line for line in result.lines(rank) if line.startswith(("ok ", "FAILED "))] == \
+            [f"ok {framework} {mode}" for mode in modes], result.output
 
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"

@@ -7,7 +7,6 @@ import re
 import pytest
 
 from .harness import run_script, shared_script
-from .jax_job import PROCESS_SETS as JAX_PROCESS_SETS
 
 pytestmark = pytest.mark.multirank
 
@@ -97,17 +96,17 @@ JAX_HOST_ONLY = ["alltoall_splits", "barrier", "join", "broadcast_parameters", "
 # np=3 only: the sets' bookkeeping is the core's, run at np=3 and 4 by the collectives and torch tests above.
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 @pytest.mark.parametrize("np", [3])
-def test_jax_collectives_and_optax_train_on_overlapping_and_disjoint_sets(np, mode, jax_job):
+def test_jax_collectives_and_optax_train_on_overlapping_and_disjoint_sets(np, mode):
     """Every JAX collective outside and inside jit on each set a rank is in; two optax groups (evens,
     odds) each equal to one process on the group's whole batch; and, on each set a rank is not in,
     the core's ProcessSetError from every call at once (inside jit: while tracing)."""
-    result = jax_job(np)  # the JAX job several files share (jax_job.py); both modes in it
+    result = shared_script("jax_process_sets.py", np, "static,dynamic", timeout=400)  # one job for both modes
     assert result.returncode == 0, result.output
     sets = [list(range(0, np, 2)), list(range(1, np, 2)), [0, 1] if np == 3 else [0, 1, 2]]  # ids 1, 2, 3
     refused = re.compile(r"caught ProcessSetError (eager|jit) (\w+): .* rank (\d+) is not in process set "
                          r"(\d+) (\[.*?\])")
     for rank in range(np):
-        lines = result.command_lines(rank, JAX_PROCESS_SETS)
+        lines = result.lines(rank)
         assert f"ok jax process sets {mode}" in lines, result.output
         caught = {(m.group(1), m.group(2), int(m.group(4)), m.group(5)) for line in lines
                   if (m := refused.match(line)) and int(m.group(3)) == rank}

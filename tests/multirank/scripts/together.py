@@ -43,17 +43,14 @@ def run(command: str) -> None:
     cwd, home = env.pop("--cwd", None), os.getcwd()
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
-    path = HERE / script  # HERE / an absolute path is that path
-    sys.argv = [str(path), *args]
-    sys.path.insert(0, str(path.parent))  # as `python script.py` does: its folder's modules import
+    sys.argv = [str(HERE / script), *args]  # HERE / an absolute path is that path
     try:
         os.chdir(cwd or home)
-        runpy.run_path(str(path), run_name="__main__")
+        runpy.run_path(str(HERE / script), run_name="__main__")
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise
     finally:
-        sys.path.remove(str(path.parent))
         os.chdir(home)
         for name, value in saved.items():
             if value is None:
