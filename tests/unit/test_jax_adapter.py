@@ -108,3 +108,22 @@ def test_an_elastic_sync_zeroes_int8_residuals_of_every_diloco_state_and_keeps_t
     assert np.array_equal(synced["other"][0], np.full(2, 0.5))  # not DiLoCo's: left as synced
     unchanged = diloco_state(0.5)._replace(residuals=[])
     assert _without_residuals(unchanged).residuals == []
+
+
+def test_jax_does_not_log_hvdlite_errors_that_reach_the_caller_but_still_logs_others(caplog):
+    # hvdlite's errors inside jit reach the caller in JaxRuntimeError; JAX's own log of them is dropped.
+    from jax.experimental import io_callback
+
+    from hvdlite.errors import TensorMismatchError
+
+    def failing(error):
+        def callback(x):
+            raise error
+        return jax.jit(lambda x: io_callback(callback, jax.ShapeDtypeStruct((2,), jnp.float32), x, ordered=True))
+
+    for error, logged in ((TensorMismatchError("mismatched shape for allreduce of 'w'"), False),
+                          (ValueError("the user's own callback"), True)):
+        caplog.clear()
+        with pytest.raises(Exception, match=str(error)):
+            failing(error)(jnp.ones(2)).block_until_ready()
+        assert any("io_callback failed" in record.getMessage() for record in caplog.records) == logged, caplog.text

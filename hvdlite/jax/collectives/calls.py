@@ -27,6 +27,7 @@ calls, inside jit when the function is traced.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from jax.experimental import io_callback
 from ... import api
 from ...core.communicators import Communicator
 from ...core.runtime import before_shutdown, current
-from ...errors import UnsupportedOperationError
+from ...errors import HvdliteError, UnsupportedOperationError
 from ...ops import Collective, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ...training.broadcast import broadcast_arrays
@@ -58,6 +59,19 @@ _SCRATCH = "jax.scratch"
 # when the script ends; atexit's shutdown must wait for it, or the step's collectives are never
 # submitted and the peers that did submit them get "rank(s) [r] called shutdown() without submitting it".
 before_shutdown(jax.effects_barrier)
+
+
+class _RaisedToTheCaller(logging.Filter):
+    """JAX logs every exception an io_callback raises, with its traceback, before it raises the
+    failure to the jitted function's caller (whose ``JaxRuntimeError`` ends with the same message).
+    hvdlite's own errors (a mismatch, a dead rank at every elastic survivor) reach the caller that
+    way; the log would repeat each on stderr even where the caller catches it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], HvdliteError))
+
+
+logging.getLogger("jax._src.callback").addFilter(_RaisedToTheCaller())
 
 
 def _run(kind: str, tree: Any, name: str | None, host: Host, result_specs: ResultSpecs, detail: Any = (),
