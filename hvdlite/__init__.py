@@ -1,40 +1,24 @@
 """hvdlite: Horovod-style data-parallel training for PyTorch, TensorFlow/Keras and JAX.
 
 This package is the framework-free core; its tensors are NumPy arrays. Framework adapters live
-in ``hvdlite.torch``, ``hvdlite.tensorflow`` and ``hvdlite.jax``.
+in ``hvdlite.torch``, ``hvdlite.tensorflow`` and ``hvdlite.jax``. Its names load on first use
+(:mod:`hvdlite.utils.lazy_names`), so that ``hvdliterun`` does not import the core.
 """
 
-from .api import (
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_async,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_async,
-    grouped_allgather,
-    grouped_allgather_async,
-    grouped_allreduce,
-    grouped_allreduce_async,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    join,
-    poll,
-    reducescatter,
-    reducescatter_async,
-    synchronize,
-)
-from .common import *  # noqa: F403 - the names every adapter shares
-from .common import __all__ as _common_names
-from .core.work.request import Handle
+from typing import TYPE_CHECKING
+
+from .utils.lazy_names import lazy_names
+
+if TYPE_CHECKING:  # the names, for type checkers, editors and the docs' reference (griffe reads __all__ here)
+    from .api import *  # noqa: F403 - the collectives on NumPy arrays
+    from .api import __all__ as _api_names
+    from .common import *  # noqa: F403 - the names every adapter shares
+    from .common import __all__ as _common_names
+    from .core.work.request import Handle
+
+    __all__ = [*_common_names, *_api_names, "Handle"]
 
 __version__ = "0.1.0"
 
-__all__ = [
-    *_common_names, "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
-    "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall",
-    "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize", "Handle",
-]
+# At run time, each name comes from its module when first used: common.__all__, api.__all__, Handle.
+__getattr__, __dir__ = lazy_names(globals(), {"Handle": ".core.work.request"}, rest=(".common", ".api"))

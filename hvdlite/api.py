@@ -37,6 +37,11 @@ from .process_sets import ProcessSet, global_process_set
 from .utils import dtypes
 
 _T = TypeVar("_T")
+# The collectives on NumPy arrays that ``hvdlite`` exports; the rest here serves the adapters.
+__all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
+           "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async",
+           "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+           "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize"]
 
 
 def blocking(start: Callable[[], _T]) -> _T:

@@ -7,7 +7,7 @@ tested. The modules, in the order a failure meets them:
 
 - :mod:`.state`: Horovod's ``State`` / ``ObjectState`` (commit, restore, sync) and the base of the
   adapters' framework states (``hvdlite.torch.elastic.TorchState``, ...);
-- :mod:`.run`: Horovod's ``hvd.elastic.run``, the retry loop around the training function;
+- :mod:`.retry`: Horovod's ``hvd.elastic.run``, the retry loop around the training function;
 - :mod:`.reform`: re-forming the world on MPI (shrink without the dead; spawn, merge and remove);
 - :mod:`.agreement`: the survivors ask hvdliterun for the one decision on the new world
   (``hvdlite.runner.elastic.membership`` decides), and :mod:`.forming` creates its communicator
@@ -20,7 +20,17 @@ Who died is found by :mod:`hvdlite.utils.failed_peers`, below the engine's waits
 side (discovery, the channel's server, the job's watch) is :mod:`hvdlite.runner.elastic`.
 """
 
-from .run import run
-from .state import FrameworkState, ObjectState, State
+from typing import TYPE_CHECKING
+
+from ..utils.lazy_names import lazy_names
+
+if TYPE_CHECKING:
+    from .retry import run
+    from .state import FrameworkState, ObjectState, State
 
 __all__ = ["State", "ObjectState", "FrameworkState", "run"]
+# Loaded on first use: hvdliterun imports .wrapper and .channel, which need none of the rest. (The
+# retry loop's module is not called ``run``: importing a submodule sets the package's attribute of
+# its name, which would hide the function.)
+__getattr__, __dir__ = lazy_names(globals(), {"State": ".state", "ObjectState": ".state",
+                                              "FrameworkState": ".state", "run": ".retry"})

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from ..elastic import FrameworkState, ObjectState, State
-from ..elastic.run import translating_run
+from ..elastic.retry import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .collectives.state import broadcast_parameters
 from .slow_links.diloco import DiLoCoState

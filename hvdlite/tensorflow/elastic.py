@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..elastic import FrameworkState, ObjectState, State
-from ..elastic.run import translating_run
+from ..elastic.retry import translating_run
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from .collectives.variables import broadcast_variables
 from .gradients.averaging import averages_every_step
