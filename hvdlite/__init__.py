@@ -11,10 +11,10 @@ from .utils.lazy_names import lazy_names
 
 if TYPE_CHECKING:  # the names, for type checkers, editors and the docs' reference (griffe reads __all__ here)
     from .api import *  # noqa: F403 - the collectives on NumPy arrays
-    from .api import __all__ as _api_names
+    from .api import __all__ as _api_names  # noqa: F401
     from .common import *  # noqa: F403 - the names every adapter shares
-    from .common import __all__ as _common_names
-    from .core.work.request import Handle
+    from .common import __all__ as _common_names  # noqa: F401
+    from .core.work.request import Handle  # noqa: F401
 
     __all__ = [*_common_names, *_api_names, "Handle"]
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from ..utils.lazy_names import lazy_names
 
 if TYPE_CHECKING:
-    from .retry import run
-    from .state import FrameworkState, ObjectState, State
+    from .retry import run  # noqa: F401
+    from .state import FrameworkState, ObjectState, State  # noqa: F401
 
 __all__ = ["State", "ObjectState", "FrameworkState", "run"]
 # Loaded on first use: hvdliterun imports .wrapper and .channel, which need none of the rest. (The
