@@ -20,5 +20,7 @@ if TYPE_CHECKING:  # the names, for type checkers, editors and the docs' referen
 
 __version__ = "0.1.0"
 
-# At run time, each name comes from its module when first used: common.__all__, api.__all__, Handle.
-__getattr__, __dir__ = lazy_names(globals(), {"Handle": ".core.work.request"}, rest=(".common", ".api"))
+# At run time, each name comes from its module when first used: common.__all__, api.__all__, Handle,
+# and hvd.elastic (Horovod's hvd.elastic.run, State, ...).
+__getattr__, __dir__ = lazy_names(globals(), {"Handle": ".core.work.request"}, rest=(".common", ".api"),
+                                  submodules=("elastic",))

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_names(package: dict[str, Any], homes: Mapping[str, str], rest: tuple[str, ...] = ()
-               ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_names(package: dict[str, Any], homes: Mapping[str, str], rest: tuple[str, ...] = (),
+               submodules: tuple[str, ...] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of the package whose globals are ``package``: each name of
     ``homes`` comes from the module it maps to (relative to the package), and every name in the
-    ``__all__`` of a module of ``rest`` from that module. ``__all__`` itself is their union."""
+    ``__all__`` of a module of ``rest`` from that module. ``__all__`` itself is their union. Each of
+    ``submodules`` is that submodule, imported: ``import hvdlite as hvd; hvd.elastic.run`` worked
+    when the package imported its submodules eagerly, and still does."""
     name = package["__name__"]
 
     def module(relative: str) -> Any:
@@ -36,9 +38,12 @@ def lazy_names(package: dict[str, Any], homes: Mapping[str, str], rest: tuple[st
             value: Any = public()
         else:
             found = home(attribute)
-            if found is None:
+            if found is not None:
+                value = getattr(module(found), attribute)
+            elif attribute in submodules:
+                value = module(f".{attribute}")
+            else:
                 raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
-            value = getattr(module(found), attribute)
         package[attribute] = value  # looked up once
         return value
 

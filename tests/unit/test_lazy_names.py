@@ -30,6 +30,14 @@ def test_the_first_use_of_a_name_loads_its_module():
     assert "numpy" in loaded and "hvdlite.api" in loaded
 
 
+def test_hvd_elastic_is_there_on_a_fresh_import_as_in_horovod():
+    # Scripts do `import hvdlite as hvd` and use hvd.elastic.run, hvd.elastic.ObjectState first thing.
+    code = ("import hvdlite as hvd\nassert hvd.elastic.run.__module__ == 'hvdlite.elastic.retry'\n"
+            "assert hvd.elastic.ObjectState.__name__ == 'ObjectState'\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 @pytest.mark.parametrize(("package", "homes"), [(hvdlite, ("hvdlite.common", "hvdlite.api", "hvdlite.core.work.request")),
                                                 (hvdlite.elastic, ("hvdlite.elastic.state", "hvdlite.elastic.retry"))])
 def test_every_public_name_is_its_modules_object(package, homes):
