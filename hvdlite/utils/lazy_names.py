@@ -31,6 +31,8 @@ def lazy_names(package: dict[str, Any], homes: Mapping[str, str], rest: tuple[st
     def home(attribute: str) -> str | None:
         if attribute in homes:
             return homes[attribute]
+        if attribute.startswith("__"):  # a tool's probe (__wrapped__, ...): not worth loading ``rest`` for
+            return None
         return next((relative for relative in rest if attribute in module(relative).__all__), None)
 
     def getattr_(attribute: str) -> Any:
