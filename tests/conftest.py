@@ -24,7 +24,8 @@ to 19:35 (20:52 to 21:29) earlier that day before either; 21:31 without the shar
 cache, 29:34 before the Spark JVMs' settings, 40:43 before small scripts shared jobs through
 scripts/together.py. 2026-12-03: 21:37 to 22:20 of tests, then 18:55 and 20:46 (a slower hour: the unit
 tests alone took 125 s instead of 107) once Lightning's three kinds, more TensorFlow scripts, a JAX job
-and the checkpoints across sizes shared jobs, and MPICH slept in its blocking waits. The cores are the limit, not the workers: most of a small job's CPU is its ranks
+and the checkpoints across sizes shared jobs, and MPICH slept in its blocking waits; 19:07 (run started
+at 16:57) once hvdliterun no longer imported the core (0.08 CPU s a job instead of 0.27). The cores are the limit, not the workers: most of a small job's CPU is its ranks
 importing their framework, so scripts that need nothing of their own from the launcher share one job per
 size. Two jobs at a time oversubscribe the cores, so no test bounds a time tighter than its generous
 margin, and tests that look at machine-wide state (MPICH's files in /dev/shm) tell their job's from a
