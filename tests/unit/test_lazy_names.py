@@ -1,6 +1,7 @@
 """hvdlite's and hvdlite.elastic's names load on first use (hvdlite/utils/lazy_names.py), so that
 hvdliterun, started for every job, imports neither NumPy nor the core."""
 
+import ast
 import importlib
 import pkgutil
 import subprocess
@@ -16,12 +17,19 @@ def _modules_after(statement: str, prefixes: tuple[str, ...]) -> list[str]:
     code = f"import sys\n{statement}\nprint(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    return eval(done.stdout.strip().splitlines()[-1])  # a list of module names that code printed
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
 
 def test_the_launcher_imports_neither_numpy_nor_the_core():
     heavy = ("numpy", "mpi4py", "hvdlite.core", "hvdlite.api", "hvdlite.common", "hvdlite.elastic.retry")
     assert _modules_after("import hvdlite.runner.cli", heavy) == []
+
+
+def test_a_spark_rank_of_a_torch_fit_imports_no_pyspark():
+    # The rank unpickles its training function from hvdlite.spark.torch.remote (a Spark task imports
+    # pyspark, the rank it starts need not).
+    assert _modules_after("import hvdlite.spark.torch.remote", ("pyspark", "pandas", "scipy")) == []
+    assert "pyspark" in _modules_after("from hvdlite.spark.torch import TorchEstimator", ("pyspark",))
 
 
 def test_the_first_use_of_a_name_loads_its_module():
