@@ -26,7 +26,7 @@ scripts/together.py. 2026-12-03: 21:37 to 22:20 of tests, then 18:55 and 20:46 (
 tests alone took 125 s instead of 107) once Lightning's three kinds, more TensorFlow scripts, a JAX job
 and the checkpoints across sizes shared jobs, and MPICH slept in its blocking waits; 19:07 (run started
 at 16:57) once hvdliterun no longer imported the core (0.08 CPU s a job instead of 0.27); 19:15 (18:57) with ml_dtypes
-0.6.0 pinned and 19:33 (19:35) installed with --no-compile (1:11 from the clone to the first test instead of 1:44). The cores are the limit, not the workers: most of a small job's CPU is its ranks
+0.6.0 pinned and 19:33 (19:35), 19:50 (20:02) installed with --no-compile (1:11 from the clone to the first test instead of 1:44). The cores are the limit, not the workers: most of a small job's CPU is its ranks
 importing their framework, so scripts that need nothing of their own from the launcher share one job per
 size. Two jobs at a time oversubscribe the cores, so no test bounds a time tighter than its generous
 margin, and tests that look at machine-wide state (MPICH's files in /dev/shm) tell their job's from a
